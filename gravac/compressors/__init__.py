@@ -1,0 +1,39 @@
+"""Gradient compressors and their registry.
+
+``names()`` lists the registered compressors; ``create(name, **options)`` builds one.
+"""
+
+from gravac.compressors import dense, topk
+from gravac.compressors.base import (
+    Collective,
+    Compressor,
+    Context,
+    Payload,
+    Round,
+    check_cf,
+    k_for_cf,
+    payload_tensors,
+    sum_payloads,
+    wire_bytes,
+)
+from gravac.compressors.registry import create, get, names, options, register
+
+__all__ = [
+    "Collective",
+    "Compressor",
+    "Context",
+    "Payload",
+    "Round",
+    "check_cf",
+    "create",
+    "dense",
+    "get",
+    "k_for_cf",
+    "names",
+    "options",
+    "payload_tensors",
+    "register",
+    "sum_payloads",
+    "topk",
+    "wire_bytes",
+]

@@ -1,0 +1,209 @@
+"""The compressor interface shared by every gradient compressor.
+
+A compressor maps a requested compression factor (CF, DESIGN.md section 1) to its own knob (k
+kept elements, bits, rank), compresses a tensor into a named *payload* (the tensors that travel)
+and a local *context* (what the sender keeps), and decompresses back to a dense tensor of the
+input's shape and dtype. Error feedback is not part of a compressor: see :mod:`gravac.memory`.
+
+Aggregation follows the compressor's collective:
+
+* ``"allreduce"``: payload tensors are summed elementwise across ranks, then decompressed once
+  (the compressors whose decompression is linear in the payload: none, fp16, Random-k, ...);
+* ``"allgather"``: every rank's payload is gathered and the decompressed payloads are summed
+  (Top-k, DGC, RedSync), with payloads of exact, CF-determined size so no size exchange is needed.
+
+Compressors that need values agreed by all ranks before compressing (THC's max-norm, TopKC's
+chunk norms) return them from :meth:`Compressor.local_stats`; the caller reduces them across ranks
+with :attr:`Compressor.stats_op` and passes the result as :attr:`Round.agreed`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "Collective",
+    "Compressor",
+    "Context",
+    "Payload",
+    "Round",
+    "StatsOp",
+    "check_cf",
+    "k_for_cf",
+    "payload_tensors",
+    "sum_payloads",
+    "wire_bytes",
+]
+
+Collective = Literal["allreduce", "allgather"]
+StatsOp = Literal["sum", "max"]
+
+#: Bits of the float32 reference element that every CF is measured against (DESIGN.md 1).
+REFERENCE_BITS = 32
+
+
+@dataclass(frozen=True)
+class Round:
+    """Facts about one compression call that every rank shares.
+
+    Attributes:
+        step: global optimizer step; seeds shared randomness (Random-k indices, THC diagonals).
+        key: which bucket or tensor this is; keys per-tensor state and seeds.
+        world_size: number of ranks whose payloads will be aggregated.
+        agreed: the result of reducing every rank's :meth:`Compressor.local_stats` with
+            :attr:`Compressor.stats_op`; ``None`` for compressors that need none.
+        layout: shapes of the tensors packed, in order, into a flat bucket ``x`` (their numels
+            add up to ``x.numel()``); ``None`` when ``x`` is a single tensor of its own shape.
+            Compressors that work per matrix (PowerSGD) read it.
+    """
+
+    step: int = 0
+    key: int = 0
+    world_size: int = 1
+    agreed: Tensor | None = None
+    layout: tuple[torch.Size, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.step < 0:
+            raise ValueError(f"Round.step must be >= 0, got {self.step}")
+        if self.world_size < 1:
+            raise ValueError(f"Round.world_size must be >= 1, got {self.world_size}")
+
+
+@dataclass(frozen=True)
+class Payload:
+    """Base of every payload: a frozen record whose tensor fields are what travels on the wire."""
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the sender keeps locally to decompress and to report.
+
+    Attributes:
+        shape: shape of the compressed input.
+        dtype: dtype of the compressed input (decompression returns it).
+        numel: number of elements of the input.
+        achieved_cf: the CF really achieved (DESIGN.md 1), >= 1.
+    """
+
+    shape: torch.Size
+    dtype: torch.dtype
+    numel: int
+    achieved_cf: float
+
+
+def payload_tensors(payload: Payload) -> list[Tensor]:
+    """The tensors of a payload, in field order (the order they travel in)."""
+    return [getattr(payload, f.name) for f in dataclasses.fields(payload)]
+
+
+def wire_bytes(payload: Payload) -> int:
+    """Bytes the payload puts on the wire: the sum of its tensors' sizes."""
+    return sum(t.numel() * t.element_size() for t in payload_tensors(payload))
+
+
+def check_cf(cf: float, *, name: str = "cf") -> float:
+    """Validate a compression factor: a finite number >= 1."""
+    if isinstance(cf, bool) or not isinstance(cf, int | float):
+        raise ValueError(f"{name} must be a number >= 1, got {cf!r}")
+    if not math.isfinite(cf) or cf < 1:
+        raise ValueError(f"{name} must be a finite number >= 1, got {cf!r}")
+    return float(cf)
+
+
+def k_for_cf(numel: int, cf: float) -> int:
+    """Elements a sparsifier keeps for CF ``cf``: ``k = clamp(round(d / cf), 1, d)``.
+
+    An empty tensor keeps 0. At least one element is kept so that every rank sends a payload of
+    the same, non-zero size and the all-gather never sees an empty tensor.
+    """
+    if numel == 0:
+        return 0
+    return max(1, min(numel, round(numel / check_cf(cf))))
+
+
+class Compressor(ABC):
+    """Base class of all compressors.
+
+    Subclasses set the class attributes and implement :meth:`compress` and :meth:`decompress`;
+    sparsifiers that can compress their own output further override :meth:`recompress`.
+    """
+
+    #: registry name
+    name: ClassVar[str]
+    #: the collective that aggregates payloads (an instance may choose, e.g. THC's transport)
+    collective: Collective
+    #: whether :meth:`recompress` is implemented (multi-level compression, DESIGN.md 4)
+    supports_multilevel: bool = False
+    #: how :meth:`local_stats` are reduced across ranks
+    stats_op: ClassVar[StatsOp] = "sum"
+
+    def local_stats(self, x: Tensor, cf: float, rnd: Round) -> Tensor | None:
+        """Values all ranks must agree on before compressing ``x`` (``None``: nothing)."""
+        return None
+
+    @abstractmethod
+    def compress(self, x: Tensor, cf: float, rnd: Round) -> tuple[Payload, Context]:
+        """Compress ``x`` at CF ``cf``; returns the payload that travels and the local context."""
+
+    @abstractmethod
+    def decompress(self, payload: Payload, ctx: Context) -> Tensor:
+        """Dense tensor of ``ctx.shape`` and ``ctx.dtype`` that the payload represents."""
+
+    def recompress(
+        self, payload: Payload, ctx: Context, cf: float, rnd: Round
+    ) -> tuple[Payload, Context]:
+        """Compress an already compressed result further, to the overall CF ``cf``.
+
+        Multi-level compression (DESIGN.md 4): for a sparsifier, compressing the theta_1 result
+        to theta_2 equals compressing the input at theta_2 directly, at a fraction of the cost.
+        """
+        raise NotImplementedError(f"compressor {self.name!r} does not support multi-level")
+
+    def combine(self, payloads: Sequence[Payload], ctx: Context) -> Tensor:
+        """Sum over ranks of the decompressed payloads, as the collective computes it.
+
+        For ``allreduce`` compressors the payload tensors are summed and decompressed once; a
+        single already all-reduced payload is simply decompressed. ``allgather`` compressors
+        decompress each payload and sum (subclasses override with a fused scatter-add).
+        """
+        if not payloads:
+            raise ValueError("combine() needs at least one payload, got none")
+        if self.collective == "allreduce":
+            return self.decompress(sum_payloads(payloads), ctx)
+        total = self.decompress(payloads[0], ctx)
+        for p in payloads[1:]:
+            total = total + self.decompress(p, ctx)
+        return total
+
+    def state_dict(self) -> dict[str, Any]:
+        """Per-tensor state to checkpoint (warm starts, PRNG counters); empty by default."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        if state:
+            raise ValueError(f"compressor {self.name!r} keeps no state, got keys {sorted(state)}")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+def sum_payloads(payloads: Sequence[Payload]) -> Payload:
+    """Elementwise sum of payloads of one type (what an all-reduce computes)."""
+    first = payloads[0]
+    summed = {}
+    for f in dataclasses.fields(first):
+        total = getattr(first, f.name).clone()
+        for p in payloads[1:]:
+            total.add_(getattr(p, f.name))
+        summed[f.name] = total
+    return dataclasses.replace(first, **summed)

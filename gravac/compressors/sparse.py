@@ -1,0 +1,84 @@
+"""Shared machinery of the all-gather sparsifiers (Top-k, DGC, RedSync).
+
+Each keeps exactly ``k = round(d / CF)`` elements (:func:`gravac.compressors.base.k_for_cf`), so
+every rank's payload has the same, CF-determined size and can be all-gathered without a size
+exchange. Subclasses only choose *which* k elements (:meth:`SparseCompressor.select`); the
+payload, decompression, fused aggregation and multi-level compression are common.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar, cast
+
+import torch
+from torch import Tensor
+
+from gravac.compressors.base import (
+    Collective,
+    Compressor,
+    Context,
+    Payload,
+    Round,
+    check_cf,
+    k_for_cf,
+)
+from gravac.kernels import index_dtype, scatter_add
+
+__all__ = ["SparseCompressor", "SparsePayload"]
+
+
+@dataclass(frozen=True)
+class SparsePayload(Payload):
+    """Exactly k values (input dtype) and their flat indices (int32 below 2^31 elements)."""
+
+    values: Tensor
+    indices: Tensor
+
+
+class SparseCompressor(Compressor):
+    """Base of the sparsifiers that send values and indices through an all-gather."""
+
+    collective: Collective = "allgather"
+    supports_multilevel: bool = True
+
+    @abstractmethod
+    def select(self, values: Tensor, k: int, rnd: Round) -> Tensor:
+        """int64 positions of the ``k`` entries of 1-D ``values`` to send (exactly ``k``)."""
+
+    def _payload(
+        self, values: Tensor, indices: Tensor, numel: int, shape: torch.Size, dtype: torch.dtype
+    ) -> tuple[SparsePayload, Context]:
+        k = values.numel()
+        cf = numel / k if k else 1.0
+        payload = SparsePayload(values=values, indices=indices.to(index_dtype(numel)))
+        return payload, Context(shape=shape, dtype=dtype, numel=numel, achieved_cf=cf)
+
+    def compress(self, x: Tensor, cf: float, rnd: Round) -> tuple[SparsePayload, Context]:
+        flat = x.detach().reshape(-1)
+        k = k_for_cf(flat.numel(), cf)
+        idx = self.select(flat, k, rnd)
+        return self._payload(flat[idx], idx, flat.numel(), x.shape, x.dtype)
+
+    def recompress(
+        self, payload: Payload, ctx: Context, cf: float, rnd: Round
+    ) -> tuple[SparsePayload, Context]:
+        p = cast(SparsePayload, payload)
+        k = min(k_for_cf(ctx.numel, check_cf(cf)), p.values.numel())
+        sub = self.select(p.values, k, rnd)
+        return self._payload(p.values[sub], p.indices[sub], ctx.numel, ctx.shape, ctx.dtype)
+
+    def decompress(self, payload: Payload, ctx: Context) -> Tensor:
+        p = cast(SparsePayload, payload)
+        return scatter_add(ctx.numel, p.indices, p.values.to(ctx.dtype)).view(ctx.shape)
+
+    def combine(self, payloads: Sequence[Payload], ctx: Context) -> Tensor:
+        """Sum of all gathered payloads in one scatter-add, rank order preserved."""
+        if not payloads:
+            raise ValueError("combine() needs at least one payload, got none")
+        ps = [cast(SparsePayload, p) for p in payloads]
+        values = torch.cat([p.values.reshape(-1) for p in ps]).to(ctx.dtype)
+        indices = torch.cat([p.indices.reshape(-1) for p in ps])
+        return scatter_add(ctx.numel, indices, values).view(ctx.shape)

@@ -1,0 +1,53 @@
+"""Compression gain (DESIGN.md section 3; GraVAC, Tyagi and Swany, IEEE CLOUD 2023, section III).
+
+GraVAC measures the information a compressed gradient keeps as the ratio of the variance of the
+compressed gradient to the variance of the error-fed gradient. We compute it as the squared cosine
+similarity of ``x = g + e`` and what is sent, ``c = D(C(x))``, accumulated in float64::
+
+    gain = <c, x>^2 / (||c||^2 ||x||^2)  in [0, 1]
+
+For projection-type compressors (Top-k, DGC, RedSync, unscaled Random-k, PowerSGD)
+``<c, x> = ||c||^2`` and the gain is ``||c||^2 / ||x||^2``, the paper's variance ratio for
+zero-mean gradients. A zero ``x`` has gain 1 by definition; a zero ``c`` with non-zero ``x`` has 0.
+
+Gains over a whole model (several buckets) and over ranks add their three terms first:
+:func:`gain_terms` gives the terms of one tensor, :func:`gain_from_terms` the gain of a sum.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = ["compression_gain", "gain_from_terms", "gain_terms"]
+
+
+def gain_terms(x: Tensor, sent: Tensor) -> Tensor:
+    """``[<c, x>, ||c||^2, ||x||^2]`` as a float64 tensor of shape (3,) on ``x``'s device."""
+    if x.shape != sent.shape:
+        raise ValueError(
+            f"gain needs tensors of one shape, got x {tuple(x.shape)} and sent {tuple(sent.shape)}"
+        )
+    xd = x.detach().reshape(-1).to(torch.float64)
+    cd = sent.detach().reshape(-1).to(torch.float64)
+    return torch.stack([torch.dot(cd, xd), torch.dot(cd, cd), torch.dot(xd, xd)])
+
+
+def gain_from_terms(terms: Tensor) -> float:
+    """Gain of summed terms ``[<c, x>, ||c||^2, ||x||^2]``; NaN if any term is not finite."""
+    dot, cc, xx = (float(t) for t in terms.tolist())
+    if not all(math.isfinite(t) for t in (dot, cc, xx)):
+        return math.nan
+    if xx == 0.0:
+        return 1.0
+    if cc == 0.0:
+        return 0.0
+    # The squared cosine; the clamp removes float64 rounding just above 1.
+    return min(1.0, dot * dot / (cc * xx))
+
+
+def compression_gain(x: Tensor, sent: Tensor) -> float:
+    """Gain of sending ``sent`` for the error-fed gradient ``x`` (see module docstring)."""
+    return gain_from_terms(gain_terms(x, sent))

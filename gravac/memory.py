@@ -1,0 +1,83 @@
+"""Error feedback (EF): the residual memory kept beside any compressor.
+
+Each step the residual of what was not sent is added back (Seide et al. 2014; Stich et al. 2018;
+DESIGN.md section 1)::
+
+    x = g + e            (compensate)
+    send C(x)
+    e <- x - D(C(x))     (update)
+
+so that ``g + e_old == D(C(x)) + e_new`` holds exactly. Residuals are keyed by bucket (an ``int``
+that is the same on every rank) and never shared between ranks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["Memory", "NoMemory", "ResidualMemory"]
+
+
+class Memory:
+    """Interface of an error-feedback memory (GRACE's "memory" abstraction)."""
+
+    def compensate(self, key: int, g: Tensor) -> Tensor:
+        """The tensor to compress this step for the gradient ``g`` of bucket ``key``."""
+        return g
+
+    def update(self, key: int, x: Tensor, sent: Tensor) -> None:
+        """Record that ``sent`` (dense, ``D(C(x))``) was sent for the compensated ``x``."""
+
+    def reset(self, key: int | None = None) -> None:
+        """Forget the residual of ``key`` (all keys when ``None``), e.g. after a dense step."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Checkpointable state."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+
+class NoMemory(Memory):
+    """No error feedback: what is not sent is dropped (for baselines and ablations)."""
+
+
+class ResidualMemory(Memory):
+    """Plain residual error feedback: ``x = g + e``; ``e <- x - sent``.
+
+    Residuals keep the gradient's dtype and device. A residual whose shape no longer matches its
+    key's gradient is an error (the caller re-keys residuals when bucket layouts change).
+    """
+
+    def __init__(self) -> None:
+        self.residuals: dict[int, Tensor] = {}
+
+    def compensate(self, key: int, g: Tensor) -> Tensor:
+        e = self.residuals.get(key)
+        if e is None:
+            return g.clone()
+        if e.shape != g.shape or e.dtype != g.dtype:
+            raise ValueError(
+                f"residual of bucket {key} has shape {tuple(e.shape)} and dtype {e.dtype}, "
+                f"gradient has {tuple(g.shape)} and {g.dtype}"
+            )
+        return g + e
+
+    def update(self, key: int, x: Tensor, sent: Tensor) -> None:
+        self.residuals[key] = x - sent
+
+    def reset(self, key: int | None = None) -> None:
+        if key is None:
+            self.residuals.clear()
+        else:
+            self.residuals.pop(key, None)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"residuals": {k: v.clone() for k, v in self.residuals.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.residuals = {int(k): torch.as_tensor(v).clone() for k, v in state["residuals"].items()}

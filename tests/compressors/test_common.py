@@ -1,0 +1,188 @@
+"""Properties every registered compressor shares, parametrised over the registry."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gravac import compressors
+from gravac.compressors import Round, payload_tensors, wire_bytes
+from gravac.gain import compression_gain
+from gravac.memory import ResidualMemory
+from gravac.simulation import simulate
+
+NAMES = compressors.names()
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+SHAPES = [(), (1,), (7,), (3, 5), (4, 3, 2), (64, 33)]
+# Compressors whose sent values equal x or 0 elementwise, or are a cast within a factor of two of
+# x (Sterbenz): for them g + e_old == D(C(x)) + e_new holds bit for bit. The rest (low-rank,
+# rotated quantizers) hold it to one rounding of the largest magnitude involved.
+BITWISE_EF = {"none", "fp16", "bf16", "topk", "dgc", "redsync", "randomk", "topkc"}
+
+
+def _round(world_size: int = 1) -> Round:
+    return Round(step=3, key=0, world_size=world_size)
+
+
+def _compress(c: compressors.Compressor, x: torch.Tensor, cf: float, rnd: Round):
+    """Compress one worker's ``x`` with stats agreed among that single worker."""
+    stats = c.local_stats(x, cf, rnd)
+    rnd = Round(rnd.step, rnd.key, rnd.world_size, stats, rnd.layout)
+    return c.compress(x, cf, rnd)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_round_trip_shape_and_dtype(name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    torch.manual_seed(0)
+    c = compressors.create(name)
+    x = torch.randn(shape).to(dtype)
+    payload, ctx = _compress(c, x, 4.0, _round())
+    out = c.decompress(payload, ctx)
+    assert out.shape == x.shape
+    assert out.dtype == x.dtype
+    assert ctx.achieved_cf >= 1.0
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_non_contiguous_input(name: str) -> None:
+    torch.manual_seed(1)
+    c = compressors.create(name)
+    base = torch.randn(32, 48)
+    x = base.t()
+    assert not x.is_contiguous()
+    out_nc = c.decompress(*_compress(c, x, 8.0, _round()))
+    out_c = c.decompress(*_compress(c, x.contiguous(), 8.0, _round()))
+    torch.testing.assert_close(out_nc, out_c, rtol=0, atol=0)
+
+
+def _check_ef_identity(name: str, g: torch.Tensor, e_old: torch.Tensor, cf: float) -> None:
+    c = compressors.create(name)
+    mem = ResidualMemory()
+    mem.residuals[0] = e_old.clone()
+    x = mem.compensate(0, g)
+    sent = c.decompress(*_compress(c, x, cf, _round()))
+    mem.update(0, x, sent)
+    lhs = g + e_old
+    rhs = sent + mem.residuals[0]
+    if name in BITWISE_EF:
+        assert torch.equal(lhs, rhs), f"{name}: EF identity is not bit-exact"
+    else:
+        scale = max(float(x.abs().max()), float(sent.abs().max()), 1e-30)
+        atol = 4 * torch.finfo(x.dtype).eps * scale
+        torch.testing.assert_close(rhs, lhs, rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("cf", [1.0, 3.0, 10.0, 100.0])
+def test_error_feedback_identity(name: str, cf: float) -> None:
+    torch.manual_seed(2)
+    _check_ef_identity(name, torch.randn(40, 25), 0.3 * torch.randn(40, 25), cf)
+
+
+@given(
+    shape=st.lists(st.integers(1, 9), min_size=0, max_size=3),
+    cf=st.floats(1.0, 200.0),
+    seed=st.integers(0, 2**31 - 1),
+    scale=st.sampled_from([1e-6, 1.0, 1e4]),
+)
+@settings(max_examples=25, deadline=None)
+@pytest.mark.parametrize("name", NAMES)
+def test_property_round_trip_and_ef(
+    name: str, shape: list[int], cf: float, seed: int, scale: float
+) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    g = torch.randn(shape, generator=gen) * scale
+    e = torch.randn(shape, generator=gen) * scale
+    _check_ef_identity(name, g, e, cf)
+    c = compressors.create(name)
+    payload, ctx = _compress(c, g, cf, _round())
+    out = c.decompress(payload, ctx)
+    assert out.shape == g.shape and torch.isfinite(out).all()
+    assert 0.0 <= compression_gain(g, out) <= 1.0
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_wire_bytes_are_the_payload_bytes(name: str) -> None:
+    torch.manual_seed(3)
+    c = compressors.create(name)
+    payload, _ = _compress(c, torch.randn(1000), 10.0, _round())
+    expected = sum(t.numel() * t.element_size() for t in payload_tensors(payload))
+    assert wire_bytes(payload) == expected > 0
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_empty_input(name: str) -> None:
+    """Empty tensors compress to an empty payload with CF 1 and decompress to empty."""
+    c = compressors.create(name)
+    x = torch.empty(0, 5)
+    payload, ctx = _compress(c, x, 10.0, _round())
+    assert wire_bytes(payload) == 0
+    assert ctx.achieved_cf == 1.0
+    out = c.decompress(payload, ctx)
+    assert out.shape == (0, 5)
+    assert compression_gain(x, out) == 1.0
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("bad", [0.0, 0.5, -3.0, math.nan, math.inf, "10"])
+def test_invalid_cf_raises(name: str, bad: object) -> None:
+    c = compressors.create(name)
+    with pytest.raises(ValueError, match="cf"):
+        simulate(c, [torch.randn(10)], bad)  # type: ignore[arg-type]
+
+
+def test_unknown_name_and_option_raise() -> None:
+    with pytest.raises(ValueError, match="unknown compressor 'nope'.*topk"):
+        compressors.create("nope")
+    with pytest.raises(ValueError, match="no option 'bogus'"):
+        compressors.create("topk", bogus=1)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_gain_of_nonfinite_input_is_nan(name: str) -> None:
+    """Non-finite gradients propagate: the gain is NaN, which the optimizer turns into a skip."""
+    c = compressors.create(name)
+    x = torch.randn(100)
+    x[7] = math.nan
+    out = c.decompress(*_compress(c, x, 4.0, _round()))
+    assert math.isnan(compression_gain(x, out))
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("workers", [1, 3])
+def test_combine_matches_sum_of_decompressed(name: str, workers: int) -> None:
+    """The aggregate equals the sum of what each worker sent (the collective loses nothing)."""
+    torch.manual_seed(4)
+    c = compressors.create(name)
+    grads = [torch.randn(20, 30) for _ in range(workers)]
+    res = simulate(c, grads, 5.0, step=2)
+    expected = torch.stack(res.sent).sum(0) / workers
+    payload, _ = _compress(c, grads[0], 5.0, _round(workers))
+    # A 16-bit payload is summed in 16 bits, as the real all-reduce does: one rounding per add.
+    half = any(t.element_size() == 2 for t in payload_tensors(payload) if t.is_floating_point())
+    tol = 1e-2 if half else 1e-5
+    torch.testing.assert_close(res.mean, expected, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_multilevel_keeps_fewer_elements(name: str) -> None:
+    """Where supported, the theta_2 result reached through theta_1 has theta_2's CF."""
+    c = compressors.create(name)
+    if not c.supports_multilevel:
+        pytest.skip(f"{name} does not support multi-level compression")
+    torch.manual_seed(5)
+    x = torch.randn(10_000)
+    rnd = _round()
+    p1, ctx1 = _compress(c, x, 10.0, rnd)
+    p2, ctx2 = c.recompress(p1, ctx1, 100.0, rnd)
+    assert ctx2.achieved_cf == pytest.approx(100.0, rel=0.01)
+    d1 = c.decompress(p1, ctx1)
+    d2 = c.decompress(p2, ctx2)
+    kept = d2 != 0
+    torch.testing.assert_close(d2[kept], d1[kept], rtol=0, atol=0)

@@ -83,9 +83,11 @@ def simulate(
     if memories is not None and len(memories) != len(grads):
         raise ValueError(f"memories must be one per worker: {len(memories)} for {len(grads)}")
     n = len(grads)
-    xs = [m.compensate(key, g) for m, g in zip(memories, grads, strict=True)] if memories else [
-        g.detach() for g in grads
-    ]
+    xs = (
+        [m.compensate(key, g) for m, g in zip(memories, grads, strict=True)]
+        if memories
+        else [g.detach() for g in grads]
+    )
     probe = Round(step=step, key=key, world_size=n)
     agreed = reduce_stats(compressor, [compressor.local_stats(x, cf, probe) for x in xs])
     rnd = Round(step=step, key=key, world_size=n, agreed=agreed)

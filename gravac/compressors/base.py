@@ -29,6 +29,8 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor
 
+from gravac.memory import Memory, ResidualMemory
+
 __all__ = [
     "Collective",
     "Compressor",
@@ -183,6 +185,10 @@ class Compressor(ABC):
         for p in payloads[1:]:
             total = total + self.decompress(p, ctx)
         return total
+
+    def make_memory(self) -> Memory:
+        """A fresh error-feedback memory for this compressor (plain residuals by default)."""
+        return ResidualMemory()
 
     def state_dict(self) -> dict[str, Any]:
         """Per-tensor state to checkpoint (warm starts, PRNG counters); empty by default."""

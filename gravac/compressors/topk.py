@@ -37,4 +37,3 @@ class TopKCompressor(SparseCompressor):
 
     def __repr__(self) -> str:
         return f"TopKCompressor(backend={self.backend!r})"
-

@@ -28,7 +28,8 @@ def _cupy_usable() -> bool:
 
 def available_backends() -> list[Backend]:
     """Backends usable on this machine, best first."""
-    return (["cupy"] if _cupy_usable() else []) + ["torch"]
+    found: list[Backend] = ["cupy"] if _cupy_usable() else []
+    return [*found, "torch"]
 
 
 def check_backend_name(backend: str | None) -> str | None:

@@ -138,7 +138,7 @@ def test_invalid_cf_raises(name: str, bad: object) -> None:
 
 
 def test_unknown_name_and_option_raise() -> None:
-    with pytest.raises(ValueError, match="unknown compressor 'nope'.*topk"):
+    with pytest.raises(ValueError, match=r"unknown compressor 'nope'.*topk"):
         compressors.create("nope")
     with pytest.raises(ValueError, match="no option 'bogus'"):
         compressors.create("topk", bogus=1)

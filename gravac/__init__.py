@@ -1,17 +1,24 @@
 """gravac: adaptive gradient compression for distributed PyTorch training (GraVAC)."""
 
-from gravac import compressors
+from gravac import compressors, policies
 from gravac.gain import compression_gain
 from gravac.memory import Memory, NoMemory, ResidualMemory
+from gravac.monitor import StepRecord, TensorBoardMonitor
+from gravac.optimizer import GravacOptimizer, broadcast_parameters
 from gravac.simulation import SimulationResult, simulate
 
 __all__ = [
+    "GravacOptimizer",
     "Memory",
     "NoMemory",
     "ResidualMemory",
     "SimulationResult",
+    "StepRecord",
+    "TensorBoardMonitor",
+    "broadcast_parameters",
     "compression_gain",
     "compressors",
+    "policies",
     "simulate",
 ]
 

@@ -34,6 +34,10 @@ class Memory:
     def reset(self, key: int | None = None) -> None:
         """Forget the residual of ``key`` (all keys when ``None``), e.g. after a dense step."""
 
+    def residual(self, key: int) -> Tensor | None:
+        """The error not yet sent for bucket ``key`` (``None`` if there is none)."""
+        return None
+
     def state_dict(self) -> dict[str, Any]:
         """Checkpointable state."""
         return {}
@@ -75,6 +79,9 @@ class ResidualMemory(Memory):
             self.residuals.clear()
         else:
             self.residuals.pop(key, None)
+
+    def residual(self, key: int) -> Tensor | None:
+        return self.residuals.get(key)
 
     def state_dict(self) -> dict[str, Any]:
         return {"residuals": {k: v.clone() for k, v in self.residuals.items()}}

@@ -1,0 +1,120 @@
+"""Fixed-order gradient buckets (DESIGN.md sections 1 and 2).
+
+Parameters are taken in the order of the optimizer's param groups (lists, never sets), so every
+rank builds the same layout. Frozen parameters (``requires_grad=False``) are left out. Small and
+1-D tensors travel dense, like the bias and norm parameters that PowerSGD, CGX and BytePS skip;
+the rest are packed, per dtype, into buckets of at most ``bucket_bytes`` that are compressed
+whole. A bucket is keyed by its index, which is how error-feedback residuals are stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["Bucket", "Layout", "build_layout", "flatten_grads", "write_grads"]
+
+#: default bucket size: PyTorch DDP's 25 MiB
+DEFAULT_BUCKET_BYTES = 25 * 2**20
+#: tensors smaller than this travel dense (BytePS-Compress' 1 MiB; DESIGN.md 2)
+DEFAULT_DENSE_BYTES = 2**20
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Parameters whose gradients are packed, in order, into one flat tensor."""
+
+    key: int
+    params: tuple[Tensor, ...]
+    dtype: torch.dtype
+
+    @property
+    def shapes(self) -> tuple[torch.Size, ...]:
+        """Shapes of the packed tensors (``Round.layout``)."""
+        return tuple(p.shape for p in self.params)
+
+    @property
+    def numel(self) -> int:
+        """Elements in the bucket."""
+        return sum(p.numel() for p in self.params)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Compressed buckets and dense buckets (one per dtype) of one parameter configuration."""
+
+    compressed: tuple[Bucket, ...]
+    dense: tuple[Bucket, ...]
+    signature: tuple[tuple[int, bool], ...]
+
+    @property
+    def params(self) -> list[Tensor]:
+        """Every parameter that takes part, compressed ones first."""
+        return [p for b in (*self.compressed, *self.dense) for p in b.params]
+
+
+def _signature(params: Sequence[Tensor]) -> tuple[tuple[int, bool], ...]:
+    return tuple((id(p), p.requires_grad) for p in params)
+
+
+def build_layout(params: Sequence[Tensor], *, bucket_bytes: int, dense_bytes: int) -> Layout:
+    """Split ``params`` into compressed buckets and dense per-dtype buckets, in order."""
+    compressed: list[Bucket] = []
+    open_: dict[torch.dtype, list[Tensor]] = {}
+    dense: dict[torch.dtype, list[Tensor]] = {}
+
+    def close(dtype: torch.dtype) -> None:
+        members = open_.pop(dtype, [])
+        if members:
+            compressed.append(Bucket(key=len(compressed), params=tuple(members), dtype=dtype))
+
+    for p in params:
+        if not p.requires_grad:
+            continue
+        nbytes = p.numel() * p.element_size()
+        if p.dim() <= 1 or nbytes < dense_bytes:
+            dense.setdefault(p.dtype, []).append(p)
+            continue
+        members = open_.setdefault(p.dtype, [])
+        used = sum(q.numel() * q.element_size() for q in members)
+        if members and used + nbytes > bucket_bytes:
+            close(p.dtype)
+            open_[p.dtype] = [p]
+        else:
+            members.append(p)
+    for dtype in list(open_):
+        close(dtype)
+    dense_buckets = tuple(
+        Bucket(key=i, params=tuple(ps), dtype=dt) for i, (dt, ps) in enumerate(dense.items())
+    )
+    return Layout(tuple(compressed), dense_buckets, _signature(params))
+
+
+def flatten_grads(bucket: Bucket) -> Tensor:
+    """The bucket's gradients as one flat tensor; a missing gradient counts as zeros and a
+    sparse one is densified, so that every rank packs the same layout."""
+    parts = []
+    for p in bucket.params:
+        g = p.grad
+        if g is None:
+            parts.append(torch.zeros(p.numel(), dtype=bucket.dtype, device=p.device))
+        else:
+            g = g.to_dense() if g.is_sparse else g
+            parts.append(g.reshape(-1).to(bucket.dtype))
+    return torch.cat(parts) if parts else torch.empty(0, dtype=bucket.dtype)
+
+
+def write_grads(bucket: Bucket, flat: Tensor) -> None:
+    """Write the aggregated flat gradient back into ``p.grad`` (dense), in order."""
+    offset = 0
+    for p in bucket.params:
+        n = p.numel()
+        piece = flat[offset : offset + n].view(p.shape).to(p.dtype)
+        offset += n
+        if p.grad is None or p.grad.is_sparse:
+            p.grad = piece.clone()
+        else:
+            p.grad.copy_(piece)

@@ -1,0 +1,285 @@
+"""The GraVAC controller: which CF to evaluate and which to send (GraVAC Algorithm 1).
+
+Tyagi and Swany, "GraVAC: Adaptive Compression for Communication-Efficient Distributed DL
+Training", IEEE CLOUD 2023, Algorithm 1, as DESIGN.md section 5 states it. Every step the
+optimizer compresses at ``theta_min`` and, outside warm-up, at a candidate
+``theta_c = min(theta_min * s, theta_max)``; the controller then chooses what to send::
+
+    warm-up:                          send theta_min
+    gain[theta_c]   >= epsilon:       send theta_c
+    gain[theta_min] >= epsilon:       send theta_min
+    otherwise:                        send dense (CF 1) and reset the residuals
+
+where ``gain[.]`` are EWMAs of the compression gain (:mod:`gravac.gain`). It keeps the system
+throughput ``tsys[cf]`` (global samples per second while sending at ``cf``) and the compression
+throughput ``tput[cf] = tsys[cf] * gain[cf]`` (``gain[1] = 1``). At the end of every window of
+search steps::
+
+    if |gain[theta_c] - gain[theta_min]| <= omega * gain[theta_min]:  theta_min = theta_c
+    (cf1, cf2) = the two CFs of largest tput
+    if tput[cf1] - tput[cf2] <= omega * tput[cf1]:   theta_ideal = min(cf1, cf2); settle
+    else:                                            s = policy.next(s)
+
+and a settled controller reopens the search when ``gain[theta_ideal]`` drops below ``epsilon``.
+
+.. note::
+   Two choices where the paper is silent: ``theta_ideal`` is never below ``theta_min`` (it is
+   clamped up, since the controller sends nothing under ``theta_min`` except the dense
+   fallback); and once the candidate has reached ``theta_max`` and been evaluated for a window
+   without saturating, the search settles on the CF of largest ``tput`` rather than re-testing
+   ``theta_max`` forever.
+
+Every input (gains, step times) must be agreed by all ranks before it reaches the controller:
+the controller is deterministic, so identical inputs give identical decisions on every rank.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from enum import Enum
+from typing import Any, Literal
+
+from gravac.compressors.base import check_cf
+from gravac.policies.base import ScalingPolicy
+
+__all__ = ["Controller", "ControllerConfig", "Decision", "Phase", "Plan", "cf_key", "ewma"]
+
+#: EWMA smoothing per worker: alpha = min(1, N * _ALPHA_PER_WORKER), the paper's N / 100.
+_ALPHA_PER_WORKER = 0.01
+#: digits CF keys are rounded to, so that theta_min * s computed twice names one table entry
+_CF_DIGITS = 9
+
+
+def ewma(old: float | None, new: float, alpha: float) -> float:
+    """Exponentially weighted moving average; the first sample is taken as it is."""
+    return new if old is None else (1.0 - alpha) * old + alpha * new
+
+
+def cf_key(cf: float) -> float:
+    """The table key of a CF (rounded, so that one CF computed twice names one entry)."""
+    return round(cf, _CF_DIGITS)
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """Hyperparameters of Algorithm 1.
+
+    Attributes:
+        theta_min: the lowest CF ever sent compressed (it may escalate during training).
+        theta_max: the highest CF the search may reach.
+        epsilon: minimum smoothed gain for a compressed gradient to be sent.
+        omega: relative tolerance for "gains close enough to escalate theta_min" and for
+            "compression throughput saturated".
+        window: steps each candidate CF is evaluated for.
+        warmup_steps: steps at theta_min before the search starts.
+        ewma_alpha: gain and throughput smoothing; ``None`` picks ``min(1, N / 100)``.
+    """
+
+    theta_min: float = 10.0
+    theta_max: float = 1000.0
+    epsilon: float = 0.5
+    omega: float = 0.05
+    window: int = 25
+    warmup_steps: int = 25
+    ewma_alpha: float | None = None
+
+    def __post_init__(self) -> None:
+        check_cf(self.theta_min, name="theta_min")
+        check_cf(self.theta_max, name="theta_max")
+        if self.theta_max < self.theta_min:
+            raise ValueError(
+                f"theta_max must be >= theta_min ({self.theta_min}), got {self.theta_max}"
+            )
+        for field, value in (("epsilon", self.epsilon), ("omega", self.omega)):
+            if not (isinstance(value, int | float) and 0.0 <= value <= 1.0):
+                raise ValueError(f"{field} must be a number in [0, 1], got {value!r}")
+        if not isinstance(self.window, int) or self.window < 1:
+            raise ValueError(f"window must be an integer >= 1, got {self.window!r}")
+        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
+        a = self.ewma_alpha
+        if a is not None and not (isinstance(a, int | float) and 0.0 < a <= 1.0):
+            raise ValueError(f"ewma_alpha must be None or a number in (0, 1], got {a!r}")
+
+    def alpha(self, world_size: int) -> float:
+        """The EWMA factor for ``world_size`` workers."""
+        if self.ewma_alpha is not None:
+            return float(self.ewma_alpha)
+        return min(1.0, world_size * _ALPHA_PER_WORKER)
+
+
+class Phase(str, Enum):
+    """Where the controller is: warm-up, searching, settled on theta_ideal, or pinned."""
+
+    WARMUP = "warmup"
+    SEARCH = "search"
+    SETTLED = "settled"
+    FIXED = "fixed"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to compress this step: always at ``theta_min``; at ``candidate`` too when set."""
+
+    theta_min: float
+    candidate: float | None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to send this step: ``cf`` (1.0 for dense) and which compression produced it."""
+
+    cf: float
+    which: Literal["candidate", "min", "dense"]
+
+
+class Controller:
+    """State machine of Algorithm 1; see the module docstring.
+
+    Args:
+        config: the hyperparameters.
+        policy: the scaling policy; one with a ``static_cf`` pins the CF (no search).
+        world_size: number of workers (sets the default EWMA factor).
+    """
+
+    def __init__(self, config: ControllerConfig, policy: ScalingPolicy, world_size: int) -> None:
+        self.config = config
+        self.policy = policy
+        self.alpha = config.alpha(world_size)
+        self.theta_min = config.theta_min
+        self.s = policy.first()
+        self.theta_ideal: float | None = None
+        self.window_index = 0  # search windows completed
+        self.window_step = 0  # steps into the current window (or warm-up)
+        self.gain: dict[float, float] = {}
+        self.tsys: dict[float, float] = {}
+        if policy.static_cf is not None:
+            self.phase = Phase.FIXED
+        elif config.warmup_steps > 0:
+            self.phase = Phase.WARMUP
+        else:
+            self.phase = Phase.SEARCH
+
+    # ----------------------------------------------------------------- per step
+    @property
+    def theta_c(self) -> float:
+        """The candidate CF: ``min(theta_min * s, theta_max)`` (theta_ideal once settled)."""
+        if self.phase is Phase.SETTLED and self.theta_ideal is not None:
+            return self.theta_ideal
+        return cf_key(min(self.theta_min * self.s, self.config.theta_max))
+
+    def plan(self) -> Plan:
+        """The CFs to compress at this step."""
+        static = self.policy.static_cf
+        if static is not None:
+            return Plan(theta_min=static, candidate=None)
+        if self.phase is Phase.WARMUP or self.theta_c <= self.theta_min:
+            return Plan(theta_min=self.theta_min, candidate=None)
+        return Plan(theta_min=self.theta_min, candidate=self.theta_c)
+
+    def observe(self, plan: Plan, gain_min: float, gain_candidate: float | None) -> Decision:
+        """Fold this step's agreed gains into the EWMAs and decide what to send."""
+        self._update_gain(plan.theta_min, gain_min)
+        if plan.candidate is not None:
+            if gain_candidate is None:
+                raise ValueError(f"a gain for candidate CF {plan.candidate} is required")
+            self._update_gain(plan.candidate, gain_candidate)
+        if self.phase in (Phase.FIXED, Phase.WARMUP):
+            return Decision(cf=plan.theta_min, which="min")
+        eps = self.config.epsilon
+        if plan.candidate is not None and self.gain[cf_key(plan.candidate)] >= eps:
+            return Decision(cf=plan.candidate, which="candidate")
+        if self.gain[cf_key(plan.theta_min)] >= eps:
+            return Decision(cf=plan.theta_min, which="min")
+        return Decision(cf=1.0, which="dense")
+
+    def smoothed_gain(self, cf: float) -> float | None:
+        """The EWMA gain of ``cf`` (1 for dense), ``None`` before its first sample."""
+        return 1.0 if cf == 1.0 else self.gain.get(cf_key(cf))
+
+    def record_throughput(self, cf: float, samples_per_second: float) -> None:
+        """Fold an agreed system-throughput sample measured while sending at ``cf``."""
+        if not math.isfinite(samples_per_second) or samples_per_second <= 0:
+            raise ValueError(f"samples_per_second must be finite and > 0, got {samples_per_second}")
+        k = cf_key(cf)
+        self.tsys[k] = ewma(self.tsys.get(k), samples_per_second, self.alpha)
+
+    def tput(self) -> dict[float, float]:
+        """Compression throughput ``tsys[cf] * gain[cf]`` of every CF with both known."""
+        gains = {**self.gain, 1.0: 1.0}
+        return {cf: t * gains[cf] for cf, t in self.tsys.items() if cf in gains}
+
+    def end_step(self) -> None:
+        """Advance the window; at a window's end apply the search rules."""
+        if self.phase is Phase.FIXED:
+            return
+        self.window_step += 1
+        if self.phase is Phase.WARMUP:
+            if self.window_step >= self.config.warmup_steps:
+                self.phase = Phase.SEARCH
+                self.window_step = 0
+            return
+        if self.window_step < self.config.window:
+            return
+        self.window_step = 0
+        if self.phase is Phase.SEARCH:
+            self._end_search_window()
+        elif self.theta_ideal is not None:
+            g = self.gain.get(cf_key(self.theta_ideal))
+            if g is not None and g < self.config.epsilon:
+                self.phase = Phase.SEARCH
+                self.theta_ideal = None
+
+    # ----------------------------------------------------------------- windows
+    def _update_gain(self, cf: float, g: float) -> None:
+        k = cf_key(cf)
+        self.gain[k] = ewma(self.gain.get(k), g, self.alpha)
+
+    def _end_search_window(self) -> None:
+        self.window_index += 1
+        theta_c = self.theta_c
+        omega = self.config.omega
+        g_min = self.gain.get(cf_key(self.theta_min))
+        g_c = self.gain.get(theta_c)
+        close = g_min is not None and g_c is not None and abs(g_c - g_min) <= omega * g_min
+        if theta_c > self.theta_min and close:
+            self.theta_min = theta_c
+        ranked = sorted(self.tput().items(), key=lambda kv: (-kv[1], kv[0]))
+        if len(ranked) >= 2 and ranked[0][1] - ranked[1][1] <= omega * ranked[0][1]:
+            self._settle(min(ranked[0][0], ranked[1][0]))
+        elif theta_c >= self.config.theta_max and ranked:
+            self._settle(ranked[0][0])
+        else:
+            self.s = self.policy.next(self.s, self.window_index)
+
+    def _settle(self, cf: float) -> None:
+        self.theta_ideal = cf_key(max(cf, self.theta_min))
+        self.phase = Phase.SETTLED
+
+    # ----------------------------------------------------------------- checkpoint
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume exactly (plain Python values)."""
+        return {
+            "config": asdict(self.config),
+            "theta_min": self.theta_min,
+            "s": self.s,
+            "phase": self.phase.value,
+            "theta_ideal": self.theta_ideal,
+            "window_index": self.window_index,
+            "window_step": self.window_step,
+            "gain": sorted(self.gain.items()),
+            "tsys": sorted(self.tsys.items()),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        self.theta_min = float(state["theta_min"])
+        self.s = float(state["s"])
+        self.phase = Phase(state["phase"])
+        ideal = state["theta_ideal"]
+        self.theta_ideal = None if ideal is None else float(ideal)
+        self.window_index = int(state["window_index"])
+        self.window_step = int(state["window_step"])
+        self.gain = {float(k): float(v) for k, v in state["gain"]}
+        self.tsys = {float(k): float(v) for k, v in state["tsys"]}

@@ -1,0 +1,116 @@
+"""Start N worker processes on this machine joined in a gloo process group over loopback.
+
+Used by ``gravac demo`` and by the multi-process tests: every worker runs ``fn(rank, world_size,
+*args)`` inside an initialised ``torch.distributed`` group and its return value is sent back.
+Workers that fail or outlive ``timeout`` are killed, and the error names the rank.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import queue
+import socket
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+__all__ = ["free_port", "spawn_workers"]
+
+#: loopback only: workers never listen on another interface
+_HOST = "127.0.0.1"
+#: seconds a finished worker gets to exit after reporting
+_EXIT_GRACE = 10.0
+
+
+def free_port() -> int:
+    """A TCP port on loopback that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((_HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def _worker(
+    rank: int,
+    world_size: int,
+    port: int,
+    backend: str,
+    threads: int,
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    results: Any,
+) -> None:
+    torch.set_num_threads(threads)
+    try:
+        dist.init_process_group(
+            backend, init_method=f"tcp://{_HOST}:{port}", rank=rank, world_size=world_size
+        )
+        try:
+            out = fn(rank, world_size, *args)
+        finally:
+            dist.destroy_process_group()
+        buf = io.BytesIO()
+        torch.save(out, buf)  # tensors by value: shared-memory handles die with the worker
+        results.put((rank, True, buf.getvalue()))
+    except BaseException:
+        results.put((rank, False, traceback.format_exc()))
+
+
+def spawn_workers(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    backend: str = "gloo",
+    timeout: float = 300.0,
+    threads: int | None = None,
+) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` processes; results in rank order.
+
+    Args:
+        fn: a module-level (picklable) function.
+        world_size: number of processes (>= 1).
+        backend: the ``torch.distributed`` backend.
+        timeout: seconds before every worker is killed and ``TimeoutError`` raised.
+        threads: torch intra-op threads per worker (default: cores / world_size, at least 1).
+
+    Raises:
+        RuntimeError: a worker raised; the message holds its traceback.
+        TimeoutError: the workers did not finish in time.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if threads is None:
+        threads = max(1, (os.cpu_count() or 1) // world_size)
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_worker, args=(r, world_size, port, backend, threads, fn, args, results))
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    out: dict[int, Any] = {}
+    try:
+        while len(out) < world_size:
+            try:
+                rank, ok, value = results.get(timeout=timeout)
+            except queue.Empty:
+                raise TimeoutError(
+                    f"{world_size - len(out)} of {world_size} workers did not finish in {timeout} s"
+                ) from None
+            if not ok:
+                raise RuntimeError(f"worker {rank} failed:\n{value}")
+            out[rank] = torch.load(io.BytesIO(value), weights_only=False)
+        for p in procs:
+            p.join(_EXIT_GRACE)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return [out[r] for r in range(world_size)]

@@ -1,0 +1,468 @@
+"""GravacOptimizer: adaptive gradient compression around any ``torch.optim`` optimizer.
+
+One step (DESIGN.md section 2; GraVAC Algorithm 1)::
+
+    x_b   = g_b + e_b                        for every compressed bucket b (error feedback)
+    X_min = C(x_b, theta_min);  X_c = C(X_min, theta_c / theta_min)   (multi-level)
+    gains of both, summed over buckets and ranks  ->  controller decides what to send
+    aggregate over ranks, divide by N, e_b <- x_b - D(sent)   (or e_b <- 0 after a dense send)
+    write p.grad; wrapped.step()
+
+Every decision reads only values agreed by all ranks: two all-gathers of a few float64 scalars
+per step (a non-finite flag with the step time, then the gain terms), reduced on every rank in
+rank order. The extra round trips are tiny next to the payloads; DESIGN.md 5 allows piggybacking
+them on the payload collective instead, which this version does not do.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from gravac import compressors, policies
+from gravac.buckets import (
+    DEFAULT_BUCKET_BYTES,
+    DEFAULT_DENSE_BYTES,
+    Layout,
+    build_layout,
+    flatten_grads,
+    write_grads,
+)
+from gravac.comm import Communicator
+from gravac.compressors.base import Compressor, Context, Payload, Round, wire_bytes
+from gravac.controller import Controller, ControllerConfig, Decision, Plan, cf_key
+from gravac.gain import gain_from_terms, gain_terms
+from gravac.memory import Memory, NoMemory
+from gravac.monitor import Monitor, StepRecord, TensorBoardMonitor
+from gravac.policies.base import ScalingPolicy
+
+__all__ = ["GravacOptimizer", "broadcast_parameters"]
+
+_NONFINITE_CHOICES = ("skip", "raise")
+
+
+def broadcast_parameters(
+    module: torch.nn.Module, *, src: int = 0, group: dist.ProcessGroup | None = None
+) -> None:
+    """Copy ``module``'s parameters and buffers from rank ``src`` to every rank (in order)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    with torch.no_grad():
+        for t in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(t.data, src=src, group=group)
+
+
+class _Compressed:
+    """One bucket's compression at one CF: payload, context, and the dense tensor it sends."""
+
+    def __init__(self, payload: Payload, ctx: Context, sent: Tensor) -> None:
+        self.payload = payload
+        self.ctx = ctx
+        self.sent = sent
+
+
+def _achieved_cf(chosen: list[_Compressed]) -> float:
+    """The CF achieved over the compressed buckets: elements over float32 elements sent."""
+    numel = sum(c.ctx.numel for c in chosen)
+    sent = sum(c.ctx.numel / c.ctx.achieved_cf for c in chosen)
+    return numel / sent if sent > 0 else 1.0
+
+
+class GravacOptimizer(torch.optim.Optimizer):
+    """Wraps ``optimizer`` and compresses its gradients across ranks with an adaptive CF.
+
+    Args:
+        optimizer: the optimizer to wrap; its ``param_groups`` are shared (LR schedulers work).
+        compressor: a compressor name (:func:`gravac.compressors.names`) or instance.
+        policy: a scaling-policy name (:func:`gravac.policies.names`) or instance.
+        theta_min, theta_max, epsilon, omega, window, warmup_steps, ewma_alpha: the controller
+            hyperparameters (:class:`gravac.controller.ControllerConfig`).
+        compressor_options: keyword options for a compressor given by name.
+        policy_options: keyword options for a policy given by name (e.g. ``{"cf": 100}`` for
+            ``"fixed"``).
+        error_feedback: keep residuals of what was not sent (default) or drop them.
+        process_group: the group to communicate in (``None``: the default group, or a single
+            worker when ``torch.distributed`` is not initialised).
+        bucket_bytes: largest compressed bucket (DDP's 25 MiB by default).
+        dense_bytes: tensors smaller than this, and every 1-D tensor, travel dense.
+        batch_size: samples per rank per step, for throughput in samples/s; ``None`` measures
+            steps/s times the world size (the same ranking of CFs).
+        nonfinite: ``"skip"`` (default) skips a step whose gradient holds NaN or Inf on any rank,
+            leaving parameters, residuals and controller untouched (as ``GradScaler`` does);
+            ``"raise"`` raises ``FloatingPointError`` on every rank.
+        monitor: a :class:`gravac.monitor.Monitor`, a ``SummaryWriter``, or a log directory;
+            used on rank 0 only.
+        clock: seconds for step timing (tests inject a deterministic one).
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        *,
+        compressor: str | Compressor = "topk",
+        policy: str | ScalingPolicy = "exponential",
+        theta_min: float = 10.0,
+        theta_max: float = 1000.0,
+        epsilon: float = ControllerConfig.epsilon,
+        omega: float = ControllerConfig.omega,
+        window: int = ControllerConfig.window,
+        warmup_steps: int = ControllerConfig.warmup_steps,
+        ewma_alpha: float | None = None,
+        compressor_options: dict[str, Any] | None = None,
+        policy_options: dict[str, Any] | None = None,
+        error_feedback: bool = True,
+        process_group: dist.ProcessGroup | None = None,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        dense_bytes: int = DEFAULT_DENSE_BYTES,
+        batch_size: int | None = None,
+        nonfinite: str = "skip",
+        monitor: Monitor | Any | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer)}")
+        if isinstance(optimizer, GravacOptimizer):
+            raise ValueError("optimizer is already a GravacOptimizer; wrap the inner one once")
+        if nonfinite not in _NONFINITE_CHOICES:
+            raise ValueError(f"nonfinite must be one of {_NONFINITE_CHOICES}, got {nonfinite!r}")
+        for name, value in (("bucket_bytes", bucket_bytes), ("dense_bytes", dense_bytes)):
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+            raise ValueError(f"batch_size must be None or an integer >= 1, got {batch_size!r}")
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        super().__init__([{"params": params}], {})
+        self.optimizer = optimizer
+        self.param_groups = optimizer.param_groups
+        self.defaults = optimizer.defaults
+
+        if isinstance(compressor, str):
+            compressor = compressors.create(compressor, **(compressor_options or {}))
+        elif compressor_options:
+            raise ValueError("compressor_options go with a compressor name, not an instance")
+        if isinstance(policy, str):
+            policy = policies.create(policy, **(policy_options or {}))
+        elif policy_options:
+            raise ValueError("policy_options go with a policy name, not an instance")
+        self.compressor: Compressor = compressor
+        self.comm = Communicator(process_group)
+        config = ControllerConfig(
+            theta_min=theta_min,
+            theta_max=theta_max,
+            epsilon=epsilon,
+            omega=omega,
+            window=window,
+            warmup_steps=warmup_steps,
+            ewma_alpha=ewma_alpha,
+        )
+        self.controller = Controller(config, policy, self.comm.world_size)
+        self.memory: Memory = compressor.make_memory() if error_feedback else NoMemory()
+        self.bucket_bytes = bucket_bytes
+        self.dense_bytes = dense_bytes
+        self.batch_size = batch_size
+        self.nonfinite = nonfinite
+        if monitor is not None and not hasattr(monitor, "log"):
+            monitor = TensorBoardMonitor(monitor)
+        self.monitor: Monitor | None = monitor if self.comm.rank == 0 else None
+        self.clock = clock
+        self.steps = 0
+        self.skipped_steps = 0
+        self.total_wire_bytes = 0
+        self.total_dense_wire_bytes = 0
+        self.last_record: StepRecord | None = None
+        self._layout: Layout | None = None
+        self._last_time: float | None = None
+        self._last_cf: float | None = None
+
+    # ------------------------------------------------------------------ torch.optim API
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group to the wrapped optimizer (the groups are shared)."""
+        if not hasattr(self, "optimizer"):  # called by Optimizer.__init__ for the placeholder
+            super().add_param_group(param_group)
+            return
+        self.optimizer.add_param_group(param_group)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Wrapped optimizer state, residuals, controller, compressor state and counters."""
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "gravac": {
+                "steps": self.steps,
+                "skipped_steps": self.skipped_steps,
+                "total_wire_bytes": self.total_wire_bytes,
+                "total_dense_wire_bytes": self.total_dense_wire_bytes,
+                "last_cf": self._last_cf,
+                "memory": self.memory.state_dict(),
+                "compressor": self.compressor.state_dict(),
+                "controller": self.controller.state_dict(),
+            },
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (same model, compressor and world size)."""
+        if set(state_dict) != {"optimizer", "gravac"}:
+            raise ValueError(
+                f"not a GravacOptimizer state dict: keys {sorted(state_dict)}, "
+                "expected ['gravac', 'optimizer']"
+            )
+        self.optimizer.load_state_dict(state_dict["optimizer"])
+        g = state_dict["gravac"]
+        self.steps = int(g["steps"])
+        self.skipped_steps = int(g["skipped_steps"])
+        self.total_wire_bytes = int(g["total_wire_bytes"])
+        self.total_dense_wire_bytes = int(g["total_dense_wire_bytes"])
+        self._last_cf = g["last_cf"]
+        self.memory.load_state_dict(g["memory"])
+        self.compressor.load_state_dict(g["compressor"])
+        self.controller.load_state_dict(g["controller"])
+        self._last_time = None
+
+    # ------------------------------------------------------------------ step
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        """Aggregate compressed gradients across ranks, then step the wrapped optimizer."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        now = self.clock()
+        interval = -1.0 if self._last_time is None else now - self._last_time
+        self._last_time = now
+        layout = self._current_layout()
+
+        grads = [flatten_grads(b) for b in layout.compressed]
+        dense = [flatten_grads(b) for b in layout.dense]
+        local_bad = any(not bool(torch.isfinite(t).all()) for t in (*grads, *dense))
+        head = self._gather_scalars([float(local_bad), interval])
+        if head[:, 0].max() > 0:
+            return self._skip(loss)
+        agreed_interval = float(head[:, 1].max())
+        if agreed_interval > 0 and self._last_cf is not None:
+            samples = (self.batch_size or 1) * self.comm.world_size
+            self.controller.record_throughput(self._last_cf, samples / agreed_interval)
+
+        plan = self.controller.plan()
+        t0 = self.clock()
+        xs = [
+            self.memory.compensate(b.key, g) for b, g in zip(layout.compressed, grads, strict=True)
+        ]
+        at_min, at_c = self._compress_all(layout, xs, plan)
+        terms = torch.zeros(6, dtype=torch.float64)
+        for i, x in enumerate(xs):
+            terms[:3] += gain_terms(x, at_min[i].sent).cpu()
+            if at_c:
+                terms[3:] += gain_terms(x, at_c[i].sent).cpu()
+        compress_seconds = self.clock() - t0
+        summed = self._gather_scalars(terms.tolist()).sum(dim=0)
+        gain_min = gain_from_terms(summed[:3])
+        gain_c = gain_from_terms(summed[3:]) if at_c else None
+        decision = self.controller.observe(plan, gain_min, gain_c)
+
+        t1 = self.clock()
+        chosen = at_c if decision.which == "candidate" else at_min
+        achieved = _achieved_cf(chosen) if decision.which != "dense" else 1.0
+        step_bytes = self._communicate(layout, xs, chosen, decision, dense)
+        comm_seconds = self.clock() - t1
+
+        self.optimizer.step()
+        self._finish_step(
+            layout,
+            plan,
+            decision,
+            achieved,
+            (gain_min, gain_c),
+            step_bytes,
+            (compress_seconds, comm_seconds),
+        )
+        return loss
+
+    # ------------------------------------------------------------------ internals
+    def _current_layout(self) -> Layout:
+        params = [p for g in self.param_groups for p in g["params"]]
+        sig = tuple((id(p), p.requires_grad) for p in params)
+        if self._layout is not None and self._layout.signature == sig:
+            return self._layout
+        new = build_layout(params, bucket_bytes=self.bucket_bytes, dense_bytes=self.dense_bytes)
+        if self._layout is not None:
+            self._flush_residuals(self._layout)
+        self._layout = new
+        return new
+
+    def _flush_residuals(self, old: Layout) -> None:
+        """Move the residuals of an outdated layout into the gradients, so none is lost."""
+        for b in old.compressed:
+            e = self.memory.residual(b.key)
+            if e is None:
+                continue
+            offset = 0
+            for p in b.params:
+                piece = e[offset : offset + p.numel()].view(p.shape).to(p.dtype)
+                offset += p.numel()
+                if p.grad is None:
+                    p.grad = piece.clone()
+                else:
+                    p.grad = (p.grad.to_dense() if p.grad.is_sparse else p.grad) + piece
+        self.memory.reset()
+
+    def _gather_scalars(self, values: list[float]) -> Tensor:
+        """All ranks' ``values`` as a (world_size, len) float64 CPU tensor, in rank order."""
+        device = self._comm_device()
+        local = torch.tensor(values, dtype=torch.float64, device=device)
+        return torch.stack(self.comm.all_gather(local)).cpu()
+
+    def _comm_device(self) -> torch.device:
+        if self.comm.distributed and dist.get_backend(self.comm.group) == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def _rounds(self, layout: Layout) -> list[Round]:
+        return [
+            Round(step=self.steps, key=b.key, world_size=self.comm.world_size, layout=b.shapes)
+            for b in layout.compressed
+        ]
+
+    def _agree_stats(self, xs: list[Tensor], cf: float, rounds: list[Round]) -> list[Round]:
+        """Reduce every bucket's local stats across ranks in one collective."""
+        stats = [self.compressor.local_stats(x, cf, r) for x, r in zip(xs, rounds, strict=True)]
+        present = [s for s in stats if s is not None]
+        if not present:
+            return rounds
+        flat = torch.cat([s.reshape(-1).to(torch.float64) for s in present])
+        self.comm.all_reduce_([flat], op=self.compressor.stats_op)
+        out, offset = [], 0
+        for s, r in zip(stats, rounds, strict=True):
+            if s is None:
+                out.append(r)
+                continue
+            agreed = flat[offset : offset + s.numel()].view(s.shape).to(s.dtype)
+            offset += s.numel()
+            out.append(Round(r.step, r.key, r.world_size, agreed, r.layout))
+        return out
+
+    def _compress_all(
+        self, layout: Layout, xs: list[Tensor], plan: Plan
+    ) -> tuple[list[_Compressed], list[_Compressed]]:
+        c = self.compressor
+        rounds = self._agree_stats(xs, plan.theta_min, self._rounds(layout))
+        at_min = []
+        for x, r in zip(xs, rounds, strict=True):
+            payload, ctx = c.compress(x, plan.theta_min, r)
+            at_min.append(_Compressed(payload, ctx, c.decompress(payload, ctx)))
+        if plan.candidate is None:
+            return at_min, []
+        at_c = []
+        if c.supports_multilevel:
+            for m, r in zip(at_min, rounds, strict=True):
+                payload, ctx = c.recompress(m.payload, m.ctx, plan.candidate, r)
+                at_c.append(_Compressed(payload, ctx, c.decompress(payload, ctx)))
+        else:
+            rounds_c = self._agree_stats(xs, plan.candidate, self._rounds(layout))
+            for x, r in zip(xs, rounds_c, strict=True):
+                payload, ctx = c.compress(x, plan.candidate, r)
+                at_c.append(_Compressed(payload, ctx, c.decompress(payload, ctx)))
+        return at_min, at_c
+
+    def _communicate(
+        self,
+        layout: Layout,
+        xs: list[Tensor],
+        chosen: list[_Compressed],
+        decision: Decision,
+        dense: list[Tensor],
+    ) -> int:
+        """Aggregate what the decision sends, update residuals, write gradients; wire bytes."""
+        n = self.comm.world_size
+        sent_bytes = 0
+        if decision.which == "dense":
+            flats = [x.clone() for x in xs]
+            self.comm.all_reduce_(flats)
+            for b, flat in zip(layout.compressed, flats, strict=True):
+                self.memory.reset(b.key)
+                write_grads(b, flat / n)
+                sent_bytes += flat.numel() * flat.element_size()
+        else:
+            for b, x, comp in zip(layout.compressed, xs, chosen, strict=True):
+                total = self._aggregate(comp)
+                self.memory.update(b.key, x, comp.sent)
+                write_grads(b, total / n)
+                sent_bytes += wire_bytes(comp.payload)
+        self.comm.all_reduce_(dense)
+        for b, flat in zip(layout.dense, dense, strict=True):
+            write_grads(b, flat / n)
+            sent_bytes += flat.numel() * flat.element_size()
+        return sent_bytes
+
+    def _aggregate(self, comp: _Compressed) -> Tensor:
+        c = self.compressor
+        if c.collective == "allreduce":
+            return c.combine([self.comm.reduce_payload(comp.payload)], comp.ctx)
+        return c.combine(self.comm.gather_payload(comp.payload), comp.ctx)
+
+    def _dense_bytes(self, layout: Layout) -> int:
+        """What a dense float32 all-reduce of every gradient would send."""
+        return 4 * sum(b.numel for b in (*layout.compressed, *layout.dense))
+
+    def _skip(self, loss: float | None) -> float | None:
+        if self.nonfinite == "raise":
+            raise FloatingPointError(
+                f"non-finite gradient at step {self.steps} on at least one rank"
+            )
+        self.skipped_steps += 1
+        self._last_cf = None
+        return loss
+
+    def _finish_step(
+        self,
+        layout: Layout,
+        plan: Plan,
+        decision: Decision,
+        achieved: float,
+        step_gains: tuple[float, float | None],
+        step_bytes: int,
+        seconds: tuple[float, float],
+    ) -> None:
+        ctl = self.controller
+        dense_bytes = self._dense_bytes(layout)
+        self.total_wire_bytes += step_bytes
+        self.total_dense_wire_bytes += dense_bytes
+        record = StepRecord(
+            step=self.steps,
+            phase=ctl.phase.value,
+            cf_sent=decision.cf,
+            cf_achieved=achieved,
+            sent=decision.which,
+            theta_min=plan.theta_min,
+            cf_candidate=plan.candidate,
+            gain_min=ctl.smoothed_gain(plan.theta_min),
+            gain_candidate=None if plan.candidate is None else ctl.smoothed_gain(plan.candidate),
+            gain_min_step=step_gains[0],
+            gain_candidate_step=step_gains[1],
+            system_throughput=ctl.tsys.get(cf_key(decision.cf)),
+            compression_throughput=ctl.tput().get(cf_key(decision.cf)),
+            wire_bytes=step_bytes,
+            dense_wire_bytes=dense_bytes,
+            compress_seconds=seconds[0],
+            comm_seconds=seconds[1],
+        )
+        self.last_record = record
+        if self.monitor is not None:
+            self.monitor.log(record)
+        self._last_cf = decision.cf
+        ctl.end_step()
+        self.steps += 1
+
+    def close(self) -> None:
+        """Flush and close the monitor."""
+        if self.monitor is not None:
+            self.monitor.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"GravacOptimizer({type(self.optimizer).__name__}, compressor={self.compressor!r}, "
+            f"policy={self.controller.policy!r}, world_size={self.comm.world_size})"
+        )

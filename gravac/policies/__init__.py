@@ -1,0 +1,21 @@
+"""CF scaling policies and their registry: ``names()``, ``create(name, **options)``."""
+
+from gravac.policies import exponential, fixed, geometric
+from gravac.policies.base import ScalingPolicy, create, get, names, register
+from gravac.policies.exponential import ExponentialPolicy
+from gravac.policies.fixed import FixedPolicy
+from gravac.policies.geometric import GeometricPolicy
+
+__all__ = [
+    "ExponentialPolicy",
+    "FixedPolicy",
+    "GeometricPolicy",
+    "ScalingPolicy",
+    "create",
+    "exponential",
+    "fixed",
+    "geometric",
+    "get",
+    "names",
+    "register",
+]

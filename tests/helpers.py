@@ -1,0 +1,45 @@
+"""Small models and data shared by the optimizer tests."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+
+def tiny_model(seed: int = 0) -> nn.Module:
+    """Two linear layers and a conv: 2-D, 4-D and 1-D parameters."""
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(4 * 8 * 8, 32),
+        nn.ReLU(),
+        nn.Linear(32, 10),
+    )
+
+
+def batch(rank: int, step: int, size: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """Deterministic data, different per rank and step."""
+    gen = torch.Generator().manual_seed(1000 * rank + step)
+    x = torch.randn(size, 1, 8, 8, generator=gen)
+    y = torch.randint(0, 10, (size,), generator=gen)
+    return x, y
+
+
+def counter_clock() -> Callable[[], float]:
+    """A deterministic clock: every call is one (exactly representable) second later."""
+    ticks = itertools.count()
+    return lambda: float(next(ticks))
+
+
+def train_step(model: nn.Module, opt: torch.optim.Optimizer, rank: int, step: int) -> float:
+    opt.zero_grad()
+    x, y = batch(rank, step)
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    return float(loss.detach())

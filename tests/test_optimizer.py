@@ -1,0 +1,242 @@
+"""GravacOptimizer as one worker: torch.optim behaviour, checkpoints, edge cases, monitoring."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from gravac import GravacOptimizer, TensorBoardMonitor
+from gravac.memory import ResidualMemory
+from tests.helpers import batch, counter_clock, tiny_model, train_step
+
+
+def make(model: nn.Module, **kw: object) -> GravacOptimizer:
+    opts: dict[str, object] = {
+        "compressor": "topk",
+        "policy": "exponential",
+        "dense_bytes": 0,
+        "window": 3,
+        "warmup_steps": 2,
+        "ewma_alpha": 0.5,
+        "clock": counter_clock(),
+    }
+    opts.update(kw)
+    return GravacOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), **opts)  # type: ignore[arg-type]
+
+
+def test_param_groups_are_shared_and_lr_scheduler_steps_the_wrapped_lr() -> None:
+    model = tiny_model()
+    opt = make(model)
+    assert opt.param_groups is opt.optimizer.param_groups
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.1)
+    for step in range(4):
+        train_step(model, opt, 0, step)
+        sched.step()
+    assert opt.optimizer.param_groups[0]["lr"] == pytest.approx(0.05 * 0.01)
+
+
+def test_add_param_group_reaches_the_wrapped_optimizer() -> None:
+    model = tiny_model()
+    extra = nn.Linear(3, 3)
+    opt = make(model)
+    opt.add_param_group({"params": extra.parameters(), "lr": 0.5})
+    assert len(opt.optimizer.param_groups) == 2
+    assert opt.param_groups[1]["lr"] == 0.5
+
+
+def test_zero_grad_sets_none() -> None:
+    model = tiny_model()
+    opt = make(model)
+    train_step(model, opt, 0, 0)
+    opt.zero_grad(set_to_none=True)
+    assert all(p.grad is None for p in model.parameters())
+
+
+def _run(opt_state: dict | None, steps: range) -> tuple[nn.Module, GravacOptimizer]:
+    model = tiny_model()
+    opt = make(model)
+    if opt_state is not None:
+        model.load_state_dict(opt_state["model"])
+        opt.load_state_dict(opt_state["opt"])
+    for step in steps:
+        train_step(model, opt, 0, step)
+    return model, opt
+
+
+@pytest.mark.parametrize("compressor", ["topk", "randomk", "fp16"])
+def test_checkpoint_resume_is_bit_exact(compressor: str) -> None:
+    if compressor not in __import__("gravac").compressors.names():
+        pytest.skip(f"{compressor} not registered")
+    torch.manual_seed(0)
+    ref_model = tiny_model()
+    ref_opt = make(ref_model, compressor=compressor)
+    for step in range(12):
+        train_step(ref_model, ref_opt, 0, step)
+
+    model = tiny_model()
+    opt = make(model, compressor=compressor)
+    for step in range(5):
+        train_step(model, opt, 0, step)
+    buf = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buf)
+    buf.seek(0)
+    saved = torch.load(buf, weights_only=False)
+    resumed_model = tiny_model(seed=123)  # different init: everything must come from the file
+    resumed_opt = make(resumed_model, compressor=compressor)
+    resumed_model.load_state_dict(saved["model"])
+    resumed_opt.load_state_dict(saved["opt"])
+    for step in range(5, 12):
+        train_step(resumed_model, resumed_opt, 0, step)
+
+    for a, b in zip(ref_model.parameters(), resumed_model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert ref_opt.controller.state_dict() == resumed_opt.controller.state_dict()
+
+
+def test_state_dict_holds_residuals_and_controller() -> None:
+    model = tiny_model()
+    opt = make(model)
+    for step in range(4):
+        train_step(model, opt, 0, step)
+    sd = opt.state_dict()
+    assert sd["gravac"]["steps"] == 4
+    assert sd["gravac"]["memory"]["residuals"]
+    assert sd["gravac"]["controller"]["phase"] in {"search", "settled"}
+    with pytest.raises(ValueError, match="not a GravacOptimizer state dict"):
+        opt.load_state_dict(opt.optimizer.state_dict())
+
+
+def test_nonfinite_gradient_skips_the_step() -> None:
+    model = tiny_model()
+    opt = make(model)
+    train_step(model, opt, 0, 0)
+    before = [p.detach().clone() for p in model.parameters()]
+    residuals = {k: v.clone() for k, v in opt.memory.residuals.items()}  # type: ignore[attr-defined]
+    opt.zero_grad()
+    x, y = batch(0, 1)
+    nn.functional.cross_entropy(model(x), y).backward()
+    next(model.parameters()).grad[0, 0, 0, 0] = math.nan  # type: ignore[index]
+    opt.step()
+    assert opt.skipped_steps == 1 and opt.steps == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert all(torch.equal(residuals[k], v) for k, v in opt.memory.residuals.items())  # type: ignore[attr-defined]
+
+
+def test_nonfinite_raise_mode() -> None:
+    model = tiny_model()
+    opt = make(model, nonfinite="raise")
+    opt.zero_grad()
+    x, y = batch(0, 0)
+    nn.functional.cross_entropy(model(x), y).backward()
+    next(model.parameters()).grad.fill_(math.inf)  # type: ignore[union-attr]
+    with pytest.raises(FloatingPointError, match="non-finite gradient"):
+        opt.step()
+
+
+def test_frozen_and_missing_gradients() -> None:
+    """Frozen parameters are left alone; a parameter without a gradient counts as zeros."""
+    model = tiny_model()
+    frozen = model[0].weight
+    frozen.requires_grad_(False)
+    unused = nn.Parameter(torch.randn(16, 16))
+    opt = make(nn.ModuleList([model, nn.ParameterList([unused])]))
+    before = frozen.detach().clone()
+    train_step(model, opt, 0, 0)
+    assert frozen.grad is None and torch.equal(frozen, before)
+    assert unused.grad is not None and torch.equal(unused.grad, torch.zeros(16, 16))
+
+
+def test_freezing_mid_training_moves_the_residual_into_the_gradient() -> None:
+    model = tiny_model()
+    opt = make(model, compressor="topk", policy="fixed", policy_options={"cf": 50})
+    train_step(model, opt, 0, 0)
+    mem = opt.memory
+    assert isinstance(mem, ResidualMemory)
+    layout = opt._layout
+    assert layout is not None
+    bucket = layout.compressed[0]
+    residual = mem.residuals[bucket.key].clone()
+    # freeze the first layer; give every other parameter a zero gradient, then step with CF 1
+    model[0].weight.requires_grad_(False)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p) if p.requires_grad else None
+    opt.controller.policy = __import__("gravac").policies.create("fixed", cf=1.0)
+    opt.step()
+    offset = 0
+    for p in bucket.params:
+        piece = residual[offset : offset + p.numel()].view(p.shape)
+        offset += p.numel()
+        if p.requires_grad:
+            assert torch.equal(p.grad, piece)  # type: ignore[arg-type]
+
+
+def test_sparse_gradients_are_densified() -> None:
+    emb = nn.Embedding(100, 16, sparse=True)
+    opt = GravacOptimizer(
+        torch.optim.SGD(emb.parameters(), lr=0.1), compressor="topk", dense_bytes=0
+    )
+    emb(torch.tensor([1, 2, 3])).sum().backward()
+    assert emb.weight.grad is not None and emb.weight.grad.is_sparse
+    expected = emb.weight.grad.to_dense()
+    opt.step()
+    assert not emb.weight.grad.is_sparse
+    kept = emb.weight.grad != 0
+    assert torch.equal(emb.weight.grad[kept], expected[kept])
+
+
+def test_mixed_dtypes_go_to_separate_buckets() -> None:
+    a = nn.Linear(32, 32)
+    b = nn.Linear(32, 32).double()
+    opt = GravacOptimizer(
+        torch.optim.SGD([*a.parameters(), *b.parameters()], lr=0.1), dense_bytes=0
+    )
+    a(torch.randn(4, 32)).sum().backward()
+    b(torch.randn(4, 32, dtype=torch.float64)).sum().backward()
+    opt.step()
+    layout = opt._layout
+    assert layout is not None
+    assert sorted(str(bk.dtype) for bk in layout.compressed) == ["torch.float32", "torch.float64"]
+    assert b.weight.grad is not None and b.weight.grad.dtype == torch.float64
+
+
+def test_tensorboard_event_file_holds_the_tags(tmp_path: object) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    model = tiny_model()
+    monitor = TensorBoardMonitor(tmp_path)
+    opt = make(model, monitor=monitor)
+    for step in range(8):
+        train_step(model, opt, 0, step)
+    opt.close()
+    acc = EventAccumulator(str(tmp_path))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    for tag in ("cf_sent", "cf_candidate", "theta_min", "gain_min", "wire_bytes", "comm_seconds"):
+        assert f"gravac/{tag}" in tags
+    assert len(acc.Scalars("gravac/cf_sent")) == 8
+    assert acc.Scalars("gravac/theta_min")[0].value == 10.0
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"compressor": "nope"}, "unknown compressor"),
+        ({"policy": "nope"}, "unknown policy"),
+        ({"nonfinite": "ignore"}, "nonfinite"),
+        ({"theta_min": 0.1}, "theta_min"),
+        ({"bucket_bytes": -1}, "bucket_bytes"),
+        ({"batch_size": 0}, "batch_size"),
+    ],
+)
+def test_bad_arguments_raise(kw: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        make(tiny_model(), **kw)
+
+
+def test_wrapping_a_non_optimizer_raises() -> None:
+    with pytest.raises(ValueError, match="torch.optim.Optimizer"):
+        GravacOptimizer(object())  # type: ignore[arg-type]

@@ -157,7 +157,9 @@ def resume_run(rank: int, world_size: int) -> dict[str, Any]:
     opt.load_state_dict(state["opt"])
     for step in range(4, 10):
         train_step(model, opt, rank, step)
-    same = all(torch.equal(a, b) for a, b in zip(ref_model.parameters(), model.parameters()))
+    same = all(
+        torch.equal(a, b) for a, b in zip(ref_model.parameters(), model.parameters(), strict=True)
+    )
     return {"same": same}
 
 

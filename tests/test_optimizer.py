@@ -238,5 +238,5 @@ def test_bad_arguments_raise(kw: dict[str, object], match: str) -> None:
 
 
 def test_wrapping_a_non_optimizer_raises() -> None:
-    with pytest.raises(ValueError, match="torch.optim.Optimizer"):
+    with pytest.raises(ValueError, match=r"torch\.optim\.Optimizer"):
         GravacOptimizer(object())  # type: ignore[arg-type]

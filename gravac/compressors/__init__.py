@@ -3,7 +3,7 @@
 ``names()`` lists the registered compressors; ``create(name, **options)`` builds one.
 """
 
-from gravac.compressors import dense, topk
+from gravac.compressors import dense, dgc, powersgd, randomk, redsync, topk, topkc
 from gravac.compressors.base import (
     Collective,
     Compressor,
@@ -27,13 +27,18 @@ __all__ = [
     "check_cf",
     "create",
     "dense",
+    "dgc",
     "get",
     "k_for_cf",
     "names",
     "options",
     "payload_tensors",
+    "powersgd",
+    "randomk",
+    "redsync",
     "register",
     "sum_payloads",
     "topk",
+    "topkc",
     "wire_bytes",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -30,8 +31,8 @@ def test_exponential_growth_grows() -> None:
     for j in range(1, 5):
         s.append(p.next(s[-1], j))
     assert s == [2.0, 4.0, 16.0, 128.0, 2048.0]
-    ratios = [b / a for a, b in zip(s, s[1:], strict=False)]
-    assert all(r2 > r1 for r1, r2 in zip(ratios, ratios[1:], strict=False))
+    ratios = [b / a for a, b in itertools.pairwise(s)]
+    assert all(r2 > r1 for r1, r2 in itertools.pairwise(ratios))
 
 
 def test_exponential_reaches_theta_max_in_fewer_windows() -> None:

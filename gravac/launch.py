@@ -11,6 +11,7 @@ import io
 import os
 import queue
 import socket
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -25,6 +26,8 @@ __all__ = ["free_port", "spawn_workers"]
 _HOST = "127.0.0.1"
 #: seconds a finished worker gets to exit after reporting
 _EXIT_GRACE = 10.0
+#: seconds between checks that every worker is still alive
+_POLL_SECONDS = 0.5
 
 
 def free_port() -> int:
@@ -58,6 +61,19 @@ def _worker(
         results.put((rank, True, buf.getvalue()))
     except BaseException:
         results.put((rank, False, traceback.format_exc()))
+
+
+def _check_alive(procs: list[Any], done: dict[int, Any], deadline: float, timeout: float) -> None:
+    """Raise if a worker that has not reported is dead, or if time is up."""
+    for rank, p in enumerate(procs):
+        if rank not in done and not p.is_alive():
+            raise RuntimeError(
+                f"worker {rank} exited with code {p.exitcode} without reporting (if the main "
+                "module has no `if __name__ == '__main__':` guard, spawned workers cannot start)"
+            )
+    if time.monotonic() > deadline:
+        missing = len(procs) - len(done)
+        raise TimeoutError(f"{missing} of {len(procs)} workers did not finish in {timeout} s")
 
 
 def spawn_workers(
@@ -95,14 +111,14 @@ def spawn_workers(
     for p in procs:
         p.start()
     out: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout
     try:
         while len(out) < world_size:
             try:
-                rank, ok, value = results.get(timeout=timeout)
+                rank, ok, value = results.get(timeout=_POLL_SECONDS)
             except queue.Empty:
-                raise TimeoutError(
-                    f"{world_size - len(out)} of {world_size} workers did not finish in {timeout} s"
-                ) from None
+                _check_alive(procs, out, deadline, timeout)
+                continue
             if not ok:
                 raise RuntimeError(f"worker {rank} failed:\n{value}")
             out[rank] = torch.load(io.BytesIO(value), weights_only=False)

@@ -1,0 +1,466 @@
+"""PowerSGD: low-rank gradient compression by warm-started power iteration, one all-reduce a step.
+
+Vogels, Karimireddy and Jaggi, "PowerSGD: Practical Low-Rank Gradient Compression for Distributed
+Optimization", NeurIPS 2019 (DESIGN.md sections 1 and 6). Each tensor of a bucket with two or more
+dimensions is viewed as a matrix ``M`` of shape ``(shape[0], -1) = (m, n)`` and approximated at
+rank ``r``, chosen from the requested CF by the rule of DESIGN.md section 1::
+
+    CF = m n / (r (m + n))   =>   r = clamp(floor(m n / (CF (m + n))), 1, min(m, n))
+
+Like the authors' reference code (epfml/powersgd), a step sends *one* factor and the steps
+alternate between the two sides of the matrix, so that one all-reduce suffices. The ranks share
+an orthonormal basis from the previous step (initially random, seeded identically everywhere):
+
+* a *left* step, with the shared right basis ``Q`` (n x r), sends ``P = M Q`` and reconstructs
+  ``P Q^T``; the aggregate ``sum_i P_i`` is orthonormalised into the next shared *left* basis;
+* a *right* step, with the shared left basis ``P^`` (m x r), sends ``Q = M^T P^`` and
+  reconstructs ``P^ Q^T``; ``sum_i Q_i`` is orthonormalised into the next right basis.
+
+Both reconstructions are linear in the factor sent, so decompressing the all-reduced sum gives the
+sum of the ranks' approximations, and each is an orthogonal projection of ``M`` (of its rows onto
+``span Q``, of its columns onto ``span P^``). Two consecutive steps make one power iteration; with
+warm start (the reuse of the basis) the bases track the gradient's leading singular subspaces.
+
+Tensors with fewer than two dimensions, fewer than ``min_numel`` elements, or whose rate
+``m n / (r (m + n))`` at the chosen rank is below ``min_compression_rate`` travel dense, exactly.
+The achieved CF is the bucket's element count over the elements this step's payload holds (one
+factor per matrix plus the dense values).
+
+.. note::
+   The state update (orthonormalising the aggregated factor, flipping the side) happens in
+   :meth:`PowerSGDCompressor.combine`, which every rank calls once per round with the same
+   aggregate; :meth:`~PowerSGDCompressor.compress` and :meth:`~PowerSGDCompressor.decompress` are
+   pure, so a step may compress at several CFs and only the payload that travels moves the state.
+   When the rank changes, the stored basis is cut to its leading columns or extended by seeded
+   random columns and re-orthonormalised; a new layout for a bucket key resets its state.
+
+.. note::
+   Because each step sends one factor, the per-step CF is ``n / r`` (left) or ``m / r`` (right),
+   about twice the CF of the rank rule for square matrices: the rank rule counts a whole power
+   iteration, ``r (m + n)`` elements, which the alternation spreads over two steps.
+
+.. note::
+   Factors are computed and sent in float32 (float64 for float64 gradients) whatever the
+   gradient's dtype: orthonormalisation in 16 bits loses the basis. ``achieved_cf`` counts
+   elements (DESIGN.md section 1); ``wire_bytes`` counts the real bytes. With
+   ``warm_start=False`` each step draws a fresh seeded basis and sends ``P = M Q`` for it: with
+   one all-reduce a step that is a random rank-r projection, not a power iteration.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, cast
+
+import torch
+from torch import Tensor
+
+from gravac.compressors.base import (
+    Collective,
+    Compressor,
+    Context,
+    Payload,
+    Round,
+    check_cf,
+    sum_payloads,
+)
+from gravac.compressors.registry import register
+from gravac.seeding import generator
+
+__all__ = [
+    "DEFAULT_MIN_COMPRESSION_RATE",
+    "DEFAULT_MIN_NUMEL",
+    "LEFT",
+    "RIGHT",
+    "PowerSGDCompressor",
+    "PowerSGDContext",
+    "PowerSGDPayload",
+    "TensorPlan",
+    "compression_rate",
+    "fit_basis",
+    "orthonormalize",
+    "rank_for_cf",
+]
+
+#: Compress a matrix only if it shrinks at least this much, m n / (r (m + n)) >= rate: below it
+#: the two matrix products and the orthonormalisation cost more than the bytes they save. The
+#: default of PyTorch's PowerSGD hook and of epfml/powersgd.
+DEFAULT_MIN_COMPRESSION_RATE = 2.0
+#: Tensors with fewer elements go dense: 256 float32 values are 1 KiB, less than the per-tensor
+#: overhead (two small matmuls and a QR) is worth; the optimizer's bucketing sends small tensors
+#: dense anyway (DESIGN.md section 2), this only guards direct callers.
+DEFAULT_MIN_NUMEL = 256
+#: Seed of the shared random bases when none is given (every rank must use the same).
+DEFAULT_SEED = 0
+#: Sides: which factor a step sends. LEFT sends P = M Q (basis: n x r); RIGHT sends Q = M^T P^.
+LEFT = 0
+RIGHT = 1
+#: Domain separator in the seed of the random basis columns, so they never share a stream with
+#: another user of :func:`gravac.seeding.derive_seed` seeded by the same (seed, key, step).
+_BASIS_STREAM = 0x50535344  # "PSSD"
+
+
+def rank_for_cf(m: int, n: int, cf: float) -> int:
+    """Rank of an ``m x n`` matrix at CF ``cf``: ``clamp(floor(mn / (cf (m + n))), 1, min(m, n))``.
+
+    The inverse of DESIGN.md's ``CF = mn / (r (m + n))``, rounded down so the CF is at least met.
+    """
+    return max(1, min(m, n, math.floor(m * n / (check_cf(cf) * (m + n)))))
+
+
+def compression_rate(m: int, n: int, rank: int) -> float:
+    """Rate of sending both rank-``rank`` factors of an ``m x n`` matrix: ``mn / (r (m + n))``."""
+    return m * n / (rank * (m + n))
+
+
+def orthonormalize(a: Tensor) -> Tensor:
+    """An orthonormal basis (``dim x r``) whose leading columns span those of ``a`` (``dim >= r``).
+
+    Householder QR (``torch.linalg.qr``): ``Q`` is a product of reflections, so its columns are
+    orthonormal to rounding even when ``a`` is rank deficient. A zero or repeated column leaves the
+    reflection as it is and ``Q`` completes the basis with other directions, where Gram-Schmidt
+    would divide by a zero norm (NaN) or need an epsilon that leaves a column that is not unit.
+    The result is a deterministic function of ``a``, identical on every rank that holds ``a``.
+    """
+    return torch.linalg.qr(a, mode="reduced").Q
+
+
+def fit_basis(
+    basis: Tensor | None,
+    dim: int,
+    rank: int,
+    gen: torch.Generator,
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> Tensor:
+    """An orthonormal ``dim x rank`` basis that extends ``basis`` (``None``: a random one).
+
+    Fewer columns than ``basis`` has: its leading columns. More: ``basis`` followed by random
+    columns from ``gen``, re-orthonormalised (the span of ``basis`` is kept).
+    """
+    have = 0 if basis is None else basis.shape[1]
+    if basis is not None and rank <= have:
+        return basis[:, :rank]
+    fresh = torch.randn(dim, rank - have, generator=gen, dtype=dtype, device=device)
+    return orthonormalize(fresh if basis is None else torch.cat([basis, fresh], dim=1))
+
+
+@dataclass(frozen=True)
+class PowerSGDPayload(Payload):
+    """What travels: this step's factors of every compressed matrix, and the dense values.
+
+    Attributes:
+        factors: flat concatenation of the factors (``P`` or ``Q``) in layout order, float32.
+        dense: flat concatenation of the tensors sent dense, in the input's dtype.
+    """
+
+    factors: Tensor
+    dense: Tensor
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    """How one tensor of the bucket was sent.
+
+    Attributes:
+        index: position in the layout.
+        start: offset of the tensor in the flat bucket.
+        rows, cols: the matrix view ``(shape[0], numel / shape[0])``.
+        rank: the rank used, or 0 if the tensor was sent dense.
+        side: :data:`LEFT` (sent ``M @ basis``) or :data:`RIGHT` (sent ``M^T @ basis``).
+        basis: the shared orthonormal basis used (``cols x rank`` if LEFT, ``rows x rank`` if
+            RIGHT), ``None`` if dense.
+        offset: offset of its values in ``factors`` (or in ``dense`` if dense).
+    """
+
+    index: int
+    start: int
+    rows: int
+    cols: int
+    rank: int
+    side: int
+    basis: Tensor | None
+    offset: int
+
+    @property
+    def numel(self) -> int:
+        return self.rows * self.cols
+
+    @property
+    def factor_rows(self) -> int:
+        """Rows of the factor sent: ``rows`` on a left step, ``cols`` on a right one."""
+        return self.rows if self.side == LEFT else self.cols
+
+
+@dataclass(frozen=True)
+class PowerSGDContext(Context):
+    """The sender's context: the bucket key and layout, and a plan per tensor."""
+
+    key: int
+    layout: tuple[torch.Size, ...]
+    plans: tuple[TensorPlan, ...]
+
+
+@dataclass
+class _KeyState:
+    """Shared bases of one bucket key: per tensor index, (orthonormal basis, side to send next)."""
+
+    layout: tuple[torch.Size, ...]
+    bases: dict[int, tuple[Tensor, int]]
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32) if dtype.is_floating_point else torch.float32
+
+
+def _matrix_view(shape: torch.Size) -> tuple[int, int]:
+    numel = math.prod(shape)
+    rows = shape[0] if len(shape) else 1
+    return rows, (numel // rows if rows else 0)
+
+
+def _check_int(name: str, value: object, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+@register
+class PowerSGDCompressor(Compressor):
+    """Rank-r PowerSGD with alternating factors, warm start and seeded shared bases.
+
+    Args:
+        seed: seed of the shared random bases (an integer >= 0, the same on every rank).
+        warm_start: reuse the aggregated factor of the previous step as the next basis (the
+            power iteration); ``False`` draws a fresh seeded basis every step.
+        min_compression_rate: compress a matrix only if ``mn / (r (m + n)) >=`` this (>= 1).
+        min_numel: tensors with fewer elements are sent dense (an integer >= 0).
+    """
+
+    name: ClassVar[str] = "powersgd"
+    collective: Collective = "allreduce"
+    supports_multilevel: bool = False
+
+    def __init__(
+        self,
+        *,
+        seed: int = DEFAULT_SEED,
+        warm_start: bool = True,
+        min_compression_rate: float = DEFAULT_MIN_COMPRESSION_RATE,
+        min_numel: int = DEFAULT_MIN_NUMEL,
+    ) -> None:
+        self.seed = _check_int("seed", seed, 0)
+        if not isinstance(warm_start, bool):
+            raise ValueError(f"warm_start must be True or False, got {warm_start!r}")
+        self.warm_start = warm_start
+        rate = min_compression_rate
+        if (
+            isinstance(rate, bool)
+            or not isinstance(rate, int | float)
+            or not math.isfinite(rate)
+            or rate < 1
+        ):
+            raise ValueError(f"min_compression_rate must be a finite number >= 1, got {rate!r}")
+        self.min_compression_rate = float(rate)
+        self.min_numel = _check_int("min_numel", min_numel, 0)
+        # Per bucket key: the shared bases, identical on every rank (updated by combine()).
+        self._state: dict[int, _KeyState] = {}
+
+    # --- planning -------------------------------------------------------------------------
+
+    def rank_for(self, shape: torch.Size, cf: float) -> int:
+        """Rank a tensor of ``shape`` is sent at for CF ``cf``; 0 means dense."""
+        numel = math.prod(shape)
+        if len(shape) < 2 or numel == 0 or numel < self.min_numel:
+            return 0
+        m, n = _matrix_view(shape)
+        r = rank_for_cf(m, n, cf)
+        return r if compression_rate(m, n, r) >= self.min_compression_rate else 0
+
+    @staticmethod
+    def _layout(x: Tensor, rnd: Round) -> tuple[torch.Size, ...]:
+        if rnd.layout is None:
+            return (x.shape,)
+        layout = tuple(torch.Size(s) for s in rnd.layout)
+        total = sum(math.prod(s) for s in layout)
+        if total != x.numel():
+            raise ValueError(
+                f"Round.layout must describe x: its shapes hold {total} elements, x has {x.numel()}"
+            )
+        return layout
+
+    def _stored(self, key: int, layout: tuple[torch.Size, ...]) -> dict[int, tuple[Tensor, int]]:
+        state = self._state.get(key)
+        if not self.warm_start or state is None or state.layout != layout:
+            return {}  # no state yet, or the bucket changed: start afresh (combine resets it)
+        return state.bases
+
+    def _basis(
+        self,
+        rnd: Round,
+        matrix: tuple[int, int],
+        index: int,
+        rank: int,
+        stored: tuple[Tensor, int] | None,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> tuple[Tensor, int]:
+        """The shared basis (``dim x rank``) and side for tensor ``index`` this step.
+
+        Random columns, where needed, come from a generator seeded by (seed, key, index, step,
+        columns kept, rank): the same on every rank, and the same for every compress() call of
+        the step at that rank.
+        """
+        old, side = (None, LEFT) if stored is None else stored
+        dim = matrix[1] if side == LEFT else matrix[0]
+        have = 0
+        if old is not None:
+            old = old.to(device=device, dtype=dtype)
+            have = old.shape[1]
+            if rank <= have:
+                return old[:, :rank], side
+        gen = generator(device, self.seed, _BASIS_STREAM, rnd.key, index, rnd.step, have, rank)
+        return fit_basis(old, dim, rank, gen, dtype=dtype, device=device), side
+
+    # --- the Compressor interface -----------------------------------------------------------
+
+    def compress(self, x: Tensor, cf: float, rnd: Round) -> tuple[PowerSGDPayload, PowerSGDContext]:
+        cf = check_cf(cf)
+        flat = x.detach().reshape(-1)
+        layout = self._layout(x, rnd)
+        dtype = _compute_dtype(x.dtype)
+        stored = self._stored(rnd.key, layout)
+        factors: list[Tensor] = []
+        dense: list[Tensor] = []
+        plans: list[TensorPlan] = []
+        start = n_factor = n_dense = 0
+        for index, shape in enumerate(layout):
+            rows, cols = _matrix_view(shape)
+            seg = flat[start : start + rows * cols]
+            rank = self.rank_for(shape, cf)
+            if rank == 0:
+                plans.append(TensorPlan(index, start, rows, cols, 0, LEFT, None, n_dense))
+                dense.append(seg)
+                n_dense += seg.numel()
+            else:
+                basis, side = self._basis(
+                    rnd, (rows, cols), index, rank, stored.get(index), dtype, flat.device
+                )
+                m = seg.view(rows, cols).to(dtype)
+                f = (m if side == LEFT else m.t()) @ basis
+                plans.append(TensorPlan(index, start, rows, cols, rank, side, basis, n_factor))
+                factors.append(f.reshape(-1))
+                n_factor += f.numel()
+            start += rows * cols
+        payload = PowerSGDPayload(
+            factors=torch.cat(factors) if factors else flat.new_empty(0, dtype=dtype),
+            dense=torch.cat(dense) if dense else flat.new_empty(0),
+        )
+        sent = n_factor + n_dense
+        achieved = flat.numel() / sent if sent else 1.0
+        ctx = PowerSGDContext(
+            x.shape, x.dtype, flat.numel(), achieved, key=rnd.key, layout=layout, plans=tuple(plans)
+        )
+        return payload, ctx
+
+    def decompress(self, payload: Payload, ctx: Context) -> Tensor:
+        """Dense values as sent; ``P Q^T`` with the context's shared basis for each matrix."""
+        p, c = cast(PowerSGDPayload, payload), cast(PowerSGDContext, ctx)
+        out = torch.empty(c.numel, dtype=c.dtype, device=p.dense.device)
+        for plan in c.plans:
+            seg = out[plan.start : plan.start + plan.numel]
+            if plan.basis is None:
+                seg.copy_(p.dense[plan.offset : plan.offset + plan.numel])
+                continue
+            size = plan.factor_rows * plan.rank
+            f = p.factors[plan.offset : plan.offset + size].view(plan.factor_rows, plan.rank)
+            # LEFT: P Q^T with P = f; RIGHT: P^ Q^T with Q = f. Both give (rows, cols) directly.
+            b = plan.basis
+            approx = f @ b.t() if plan.side == LEFT else b @ f.t()
+            seg.view(plan.rows, plan.cols).copy_(approx)
+        return out.view(c.shape)
+
+    def combine(self, payloads: Sequence[Payload], ctx: Context) -> Tensor:
+        """Sum the payloads (the all-reduce), decompress, and advance the shared bases.
+
+        Every rank calls this exactly once per round with the same aggregate, so every rank
+        orthonormalises the same summed factors into the same next basis and flips the side.
+        A non-finite aggregated factor leaves that tensor's basis as it was (the optimizer skips
+        such a step; a NaN basis would poison every later step).
+        """
+        if not payloads:
+            raise ValueError("combine() needs at least one payload, got none")
+        total = cast(PowerSGDPayload, sum_payloads(payloads))
+        c = cast(PowerSGDContext, ctx)
+        out = self.decompress(total, c)
+        if self.warm_start:
+            self._advance(total, c)
+        return out
+
+    def _advance(self, total: PowerSGDPayload, ctx: PowerSGDContext) -> None:
+        old = self._state.get(ctx.key)
+        # Tensors sent dense this round keep their bases, unless the bucket's layout changed.
+        bases = dict(old.bases) if old is not None and old.layout == ctx.layout else {}
+        all_finite = bool(torch.isfinite(total.factors).all())
+        for plan in ctx.plans:
+            if plan.basis is None:
+                continue
+            size = plan.factor_rows * plan.rank
+            f = total.factors[plan.offset : plan.offset + size].view(plan.factor_rows, plan.rank)
+            if not all_finite and not bool(torch.isfinite(f).all()):
+                continue
+            bases[plan.index] = (orthonormalize(f), RIGHT if plan.side == LEFT else LEFT)
+        self._state[ctx.key] = _KeyState(layout=ctx.layout, bases=bases)
+
+    # --- checkpointing ------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every key's layout, shared bases and sides (tensors, lists and ints)."""
+        return {
+            "keys": {
+                key: {
+                    "layout": [list(s) for s in st.layout],
+                    "bases": {i: b.clone() for i, (b, _) in st.bases.items()},
+                    "sides": {i: side for i, (_, side) in st.bases.items()},
+                }
+                for key, st in self._state.items()
+            }
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        unknown = sorted(set(state) - {"keys"})
+        if unknown:
+            raise ValueError(f"powersgd state has unknown entries {unknown}; expected ['keys']")
+        loaded: dict[int, _KeyState] = {}
+        for key, entry in state.get("keys", {}).items():
+            layout = tuple(torch.Size(s) for s in entry["layout"])
+            bases: dict[int, tuple[Tensor, int]] = {}
+            for i, basis in entry["bases"].items():
+                side = int(entry["sides"][i])
+                basis = torch.as_tensor(basis).clone()
+                index = int(i)
+                if side not in (LEFT, RIGHT) or not 0 <= index < len(layout):
+                    raise ValueError(
+                        f"powersgd state of key {key}: tensor {index} with side {side} does not "
+                        f"fit a layout of {len(layout)} tensors (sides are {LEFT} or {RIGHT})"
+                    )
+                rows, cols = _matrix_view(layout[index])
+                dim = cols if side == LEFT else rows
+                if basis.dim() != 2 or basis.shape[0] != dim:
+                    raise ValueError(
+                        f"powersgd state of key {key}: basis {index} has shape "
+                        f"{tuple(basis.shape)}, expected ({dim}, rank) for shape "
+                        f"{tuple(layout[index])}"
+                    )
+                bases[index] = (basis, side)
+            loaded[int(key)] = _KeyState(layout=layout, bases=bases)
+        self._state = loaded
+
+    def __repr__(self) -> str:
+        return (
+            f"PowerSGDCompressor(seed={self.seed}, warm_start={self.warm_start}, "
+            f"min_compression_rate={self.min_compression_rate}, min_numel={self.min_numel})"
+        )

@@ -20,7 +20,7 @@ $(STAMP): setup.cfg pyproject.toml | $(PY)
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/gravac demo
+	$(VENV)/bin/gravac demo --compare-dense
 
 test: $(STAMP)
 	$(PY) -m pytest -q

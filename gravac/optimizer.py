@@ -294,7 +294,10 @@ class GravacOptimizer(torch.optim.Optimizer):
         return new
 
     def _flush_residuals(self, old: Layout) -> None:
-        """Move the residuals of an outdated layout into the gradients, so none is lost."""
+        """Move the residuals of an outdated layout into the gradients, so none is lost.
+
+        Other memory state (DGC's momentum) restarts with the new layout.
+        """
         for b in old.compressed:
             e = self.memory.residual(b.key)
             if e is None:

@@ -225,6 +225,9 @@ class DGCMemory(Memory):
         if self.masking and u is not None:
             u.masked_fill_(sent != 0, 0)
 
+    def residual(self, key: int) -> Tensor | None:
+        return self.residuals.get(key)
+
     def reset(self, key: int | None = None) -> None:
         if key is None:
             self.momenta.clear()

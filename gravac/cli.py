@@ -1,0 +1,54 @@
+"""The ``gravac`` command line (also ``python -m gravac``).
+
+Each subcommand lives in its own module, which exposes ``add_parser(subparsers)``; that function
+adds the subcommand's parser(s) and sets ``func`` on every leaf parser to a handler taking the
+parsed :class:`argparse.Namespace` and returning the exit status. To add a subcommand, write its
+module and append its ``add_parser`` to :data:`SUBCOMMANDS`.
+
+Subcommands:
+    demo                train a small CNN on digits with GraVAC across 2 gloo workers
+    bench compressors   throughput, NMSE, achieved CF and wire bytes of every compressor
+    bench multilevel    multi-level compression against compressing twice
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+
+from gravac import __version__, bench, demo
+
+__all__ = ["SUBCOMMANDS", "build_parser", "main"]
+
+#: ``add_parser`` functions of the subcommand modules, in the order ``--help`` lists them.
+SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None], ...] = (
+    demo.add_parser,
+    bench.add_parser,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``gravac`` argument parser with every subcommand of :data:`SUBCOMMANDS`."""
+    parser = argparse.ArgumentParser(
+        prog="gravac",
+        description="Adaptive gradient compression for distributed PyTorch training (GraVAC).",
+    )
+    parser.add_argument("--version", action="version", version=f"gravac {__version__}")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add_parser in SUBCOMMANDS:
+        add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit status.
+
+    Usage errors, including option values rejected with ``ValueError`` after parsing, exit
+    through :class:`SystemExit` with status 2 and the message, as argparse does.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except ValueError as exc:  # bad option values found past argparse: a usage error
+        parser.error(str(exc))

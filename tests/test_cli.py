@@ -1,0 +1,140 @@
+"""The ``gravac`` command line: parsing, JSON output of the benchmarks, errors."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from gravac import compressors
+from gravac.cli import build_parser, main
+
+SMALL = ["--size", "4K", "--workers", "2", "--repeats", "1"]
+ROW_KEYS = {
+    "name",
+    "input_gbps",
+    "copy_gbps",
+    "ratio_to_copy",
+    "decompress_gbps",
+    "nmse",
+    "achieved_cf",
+    "wire_bytes",
+    "cf_requested",
+    "size",
+    "workers",
+}
+#: CF of the dense baselines regardless of the request (DESIGN.md 1).
+DENSE_CF = {"none": 1.0, "fp16": 2.0, "bf16": 2.0}
+
+
+def _run_json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> list[dict[str, Any]]:
+    assert main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert isinstance(rows, list)
+    return rows
+
+
+@pytest.fixture(scope="module")
+def compressor_rows() -> list[dict[str, Any]]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["bench", "compressors", *SMALL, "--json"]) == 0
+    rows = json.loads(out.getvalue())
+    assert isinstance(rows, list)
+    return rows
+
+
+def test_bench_compressors_json_has_a_row_per_registered_compressor(
+    compressor_rows: list[dict[str, Any]],
+) -> None:
+    assert [r["name"] for r in compressor_rows] == compressors.names()
+    for r in compressor_rows:
+        assert set(r) >= ROW_KEYS, f"{r['name']}: missing {sorted(ROW_KEYS - set(r))}"
+        assert r["size"] == 4096
+        assert r["workers"] == 2
+        assert r["cf_requested"] == 100.0
+
+
+def test_bench_compressors_values_are_plausible(compressor_rows: list[dict[str, Any]]) -> None:
+    by_name = {r["name"]: r for r in compressor_rows}
+    assert float(by_name["none"]["nmse"]) < 1e-12
+    topk = by_name["topk"]
+    assert 0.0 < float(topk["nmse"]) < 1.0
+    assert float(topk["achieved_cf"]) == pytest.approx(100.0, rel=0.05)
+    for name, cf in DENSE_CF.items():
+        if name in by_name:
+            assert by_name[name]["achieved_cf"] == cf
+    for r in compressor_rows:
+        achieved = float(r["achieved_cf"])
+        assert 1.0 <= achieved <= 4096.0, r["name"]
+        assert int(r["wire_bytes"]) > 0
+        assert float(r["nmse"]) >= 0.0
+
+
+def test_bench_compressors_subset_and_table(capsys: pytest.CaptureFixture[str]) -> None:
+    rows = _run_json(
+        capsys, ["bench", "compressors", *SMALL, "--compressors", "topk,none", "--json"]
+    )
+    assert [r["name"] for r in rows] == ["topk", "none"]
+    assert main(["bench", "compressors", *SMALL, "--compressors", "none", "--cf", "10"]) == 0
+    table = capsys.readouterr().out
+    assert "local_stats + compress" in table
+    assert "copy_(src)" in table
+    assert "\nnone " in table
+
+
+def test_bench_multilevel_json(capsys: pytest.CaptureFixture[str]) -> None:
+    rows = _run_json(
+        capsys, ["bench", "multilevel", "--size", "4K", "--repeats", "1", "--cf2", "100", "--json"]
+    )
+    supported = [n for n in compressors.names() if compressors.create(n).supports_multilevel]
+    assert [r["name"] for r in rows] == supported
+    for r in rows:
+        assert {"name", "cf1", "cf2", "multilevel_s", "direct_s", "ratio"} <= set(r)
+        assert r["cf1"] == 10.0 and r["cf2"] == 100.0
+    assert main(["bench", "multilevel", "--size", "4K", "--repeats", "1", "--cf2", "100"]) == 0
+    assert "ratio = direct / multi-level" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["bench", "compressors", "--size", "16Q"], "--size"),
+        (["bench", "compressors", "--size", "0"], "--size"),
+        (["bench", "multilevel", "--size", "-4K"], "--size"),
+        (["bench", "compressors", "--cf", "0.5"], "--cf"),
+        (["bench", "compressors", "--workers", "0"], "--workers"),
+        (["bench", "compressors", "--repeats", "x"], "--repeats"),
+        (["bench", "compressors", "--compressors", "nope"], "--compressors"),
+        (["bench", "multilevel", "--cf1", "100", "--cf2", "10"], "--cf1"),
+        (["bench", "multilevel", "--compressors", "none"], "multi-level"),
+        (["bench"], "BENCHMARK"),
+        ([], "COMMAND"),
+    ],
+)
+def test_usage_errors_name_the_option(
+    capsys: pytest.CaptureFixture[str], argv: list[str], needle: str
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_parser_lists_the_bench_subcommand() -> None:
+    assert "bench" in build_parser().format_help()
+
+
+def test_python_dash_m_gravac() -> None:
+    argv = ["bench", "compressors", "--size", "1K", "--workers", "1", "--repeats", "1"]
+    argv += ["--compressors", "none", "--json"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "gravac", *argv], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)[0]["name"] == "none"

@@ -20,10 +20,27 @@ CHECK_STEP = 7
 SPAWN_TIMEOUT = 240.0
 
 
-def make(model: torch.nn.Module, compressor: str, policy: str = "geometric") -> GravacOptimizer:
+#: every registered compressor with its defaults, plus THC's second transport
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    **{name: (name, {}) for name in compressors.names()},
+    **(
+        {"thc-allgather": ("thc", {"transport": "allgather"})}
+        if "thc" in compressors.names()
+        else {}
+    ),
+}
+
+
+def make(
+    model: torch.nn.Module,
+    compressor: str,
+    policy: str = "geometric",
+    options: dict[str, Any] | None = None,
+) -> GravacOptimizer:
     return GravacOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
         compressor=compressor,
+        compressor_options=options,
         policy=policy,
         theta_min=4.0,
         theta_max=64.0,
@@ -35,13 +52,13 @@ def make(model: torch.nn.Module, compressor: str, policy: str = "geometric") -> 
     )
 
 
-def train_many(rank: int, world_size: int, names: list[str]) -> dict[str, Any]:
-    """Train with every compressor in ``names``; record decisions, params, and one aggregate."""
+def train_many(rank: int, world_size: int, variants: dict[str, Any]) -> dict[str, Any]:
+    """Train with every compressor variant; record decisions, params, and one aggregate."""
     out: dict[str, Any] = {}
-    for name in names:
+    for label, (name, options) in variants.items():
         model = tiny_model(seed=rank)  # different on purpose: broadcast must fix it
         broadcast_parameters(model)
-        opt = make(model, name)
+        opt = make(model, name, options=options)
         cfs, check = [], None
         for step in range(STEPS):
             if step == CHECK_STEP:
@@ -50,7 +67,7 @@ def train_many(rank: int, world_size: int, names: list[str]) -> dict[str, Any]:
                 train_step(model, opt, rank, step)
             assert opt.last_record is not None
             cfs.append((opt.last_record.cf_sent, opt.last_record.sent))
-        out[name] = {
+        out[label] = {
             "cfs": cfs,
             "params": [p.detach().clone() for p in model.parameters()],
             "check": check,
@@ -83,10 +100,10 @@ def _aggregate_check(
 
 @pytest.fixture(scope="module")
 def two_ranks() -> list[dict[str, Any]]:
-    return spawn_workers(train_many, 2, compressors.names(), timeout=SPAWN_TIMEOUT)
+    return spawn_workers(train_many, 2, VARIANTS, timeout=SPAWN_TIMEOUT)
 
 
-@pytest.mark.parametrize("name", compressors.names())
+@pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_ranks_take_identical_decisions_and_stay_identical(
     two_ranks: list[dict[str, Any]], name: str
 ) -> None:
@@ -97,7 +114,7 @@ def test_ranks_take_identical_decisions_and_stay_identical(
     assert all(torch.isfinite(p).all() for p in r0["params"])
 
 
-@pytest.mark.parametrize("name", compressors.names())
+@pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_aggregate_equals_in_process_simulation(two_ranks: list[dict[str, Any]], name: str) -> None:
     c0, c1 = two_ranks[0][name]["check"], two_ranks[1][name]["check"]
     torch.testing.assert_close(c0["agg"], c1["agg"], rtol=0, atol=0)
@@ -106,7 +123,9 @@ def test_aggregate_equals_in_process_simulation(two_ranks: list[dict[str, Any]],
     if c0["sent"] == "dense":
         expected = (c0["x"] + c1["x"]) / 2
     else:
-        sim = simulate(compressors.create(name), [c0["x"], c1["x"]], c0["cf"], step=CHECK_STEP)
+        compressor_name, options = VARIANTS[name]
+        compressor = compressors.create(compressor_name, **options)
+        sim = simulate(compressor, [c0["x"], c1["x"]], c0["cf"], step=CHECK_STEP)
         expected = sim.mean
     torch.testing.assert_close(c0["agg"], expected, rtol=1e-5, atol=1e-6)
 

@@ -240,3 +240,46 @@ def test_bad_arguments_raise(kw: dict[str, object], match: str) -> None:
 def test_wrapping_a_non_optimizer_raises() -> None:
     with pytest.raises(ValueError, match=r"torch\.optim\.Optimizer"):
         GravacOptimizer(object())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("policy", ["exponential", "geometric", "fixed"])
+@pytest.mark.parametrize("compressor", __import__("gravac").compressors.names())
+def test_every_compressor_under_every_policy(compressor: str, policy: str) -> None:
+    """Each compressor trains under each policy: candidates are evaluated, nothing goes NaN."""
+    model = tiny_model()
+    opt = make(
+        model,
+        compressor=compressor,
+        policy=policy,
+        policy_options={"cf": 20.0} if policy == "fixed" else None,
+        warmup_steps=1,
+        window=2,
+        epsilon=0.0,  # always send the candidate, so every CF path really runs
+    )
+    losses, records = [], []
+    for step in range(8):
+        losses.append(train_step(model, opt, 0, step % 2))
+        records.append(opt.last_record)
+    assert all(math.isfinite(v) for v in losses)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    if policy == "fixed":
+        assert all(r is not None and r.cf_sent == 20.0 for r in records)
+    else:
+        sent = [(r.sent, r.cf_sent) for r in records if r is not None]
+        assert any(which == "candidate" and cf > 10.0 for which, cf in sent)
+    assert losses[-1] < losses[1]  # the same two batches repeat: training makes progress
+
+
+def test_monitor_accepts_a_summary_writer(tmp_path: object) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(log_dir=str(tmp_path))
+    model = tiny_model()
+    opt = make(model, monitor=writer)
+    for step in range(3):
+        train_step(model, opt, 0, step)
+    writer.close()
+    acc = EventAccumulator(str(tmp_path))
+    acc.Reload()
+    assert len(acc.Scalars("gravac/gain_min")) == 3

@@ -3,7 +3,7 @@
 ``names()`` lists the registered compressors; ``create(name, **options)`` builds one.
 """
 
-from gravac.compressors import dense, dgc, powersgd, randomk, redsync, topk, topkc
+from gravac.compressors import dense, dgc, powersgd, randomk, redsync, thc, topk, topkc
 from gravac.compressors.base import (
     Collective,
     Compressor,
@@ -38,6 +38,7 @@ __all__ = [
     "redsync",
     "register",
     "sum_payloads",
+    "thc",
     "topk",
     "topkc",
     "wire_bytes",

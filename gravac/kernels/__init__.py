@@ -6,15 +6,35 @@ from gravac.kernels.backend import (
     check_backend_name,
     resolve_backend,
 )
+from gravac.kernels.hadamard import fwht, is_power_of_two, next_power_of_two
+from gravac.kernels.quantize import (
+    PACK_BITS,
+    hash_uniform,
+    lookup,
+    pack_bits,
+    packed_numel,
+    stochastic_quantize,
+    unpack_bits,
+)
 from gravac.kernels.sparse import index_dtype, scatter_add, threshold_indices, topk_indices
 
 __all__ = [
+    "PACK_BITS",
     "Backend",
     "available_backends",
     "check_backend_name",
+    "fwht",
+    "hash_uniform",
     "index_dtype",
+    "is_power_of_two",
+    "lookup",
+    "next_power_of_two",
+    "pack_bits",
+    "packed_numel",
     "resolve_backend",
     "scatter_add",
+    "stochastic_quantize",
     "threshold_indices",
     "topk_indices",
+    "unpack_bits",
 ]

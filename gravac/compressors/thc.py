@@ -1,0 +1,522 @@
+"""THC: Tensor Homomorphic Compression (Li et al., NSDI 2024; DESIGN.md section 6).
+
+Every rank quantises its gradient onto integer levels that can be *summed* by the collective and
+decompressed once, after aggregation, so nothing is decompressed and re-compressed in between::
+
+    y = clamp(sqrt(B) / l * RHT(x), -t_p, t_p)                 rotate, normalise, clamp
+    u = (y + t_p) * g / (2 t_p)                                 onto [0, g]
+    z = SQ_T(u)                                                 index into T_{b,g,p}
+    send T[z] (allreduce, integer lanes) or z packed in b bits (allgather)
+    sum_i T[z_i]  ->  (S - N g / 2) * 2 t_p / g * l / sqrt(B)  ->  RHT^-1  ->  un-pad
+
+* RHT (THC section 5.1): ``H D x / sqrt(B)`` with ``D`` a Rademacher diagonal drawn from
+  :func:`gravac.seeding.generator` of (``seed``, step, key): identical on all ranks, fresh every
+  step and bucket. ``rotation="full"`` pads the flat input to a power of two ``B = d`` and rotates
+  it whole; ``rotation="partial"`` pads to a multiple of ``B = 2^partial_stages`` (capped at the
+  input's power-of-two size) and rotates each contiguous block of ``B`` on its own,
+  ``I (x) H_B`` (the first ``partial_stages`` butterfly stages of the full transform; see
+  :mod:`gravac.kernels.hadamard`): ``partial_stages`` passes over the data instead of
+  ``log2 d``.
+* Scale: ``l`` is the largest L2 norm over ranks (THC section 5.2: the rotation preserves norms,
+  so the exchange needs no transformed data), agreed through :meth:`THCCompressor.local_stats`
+  with ``stats_op = "max"``. A rotated coordinate is then about ``N(0, ||x||^2 / B)``. With partial
+  rotation every block has its own norm, reduced across ranks block by block: one global scale
+  over block-rotated heavy-tailed data leaves most blocks far below the clamp and the table
+  (measured on log-normal(0, 2), 2^16 elements, blocks of 2^10: NMSE 0.067 with one global
+  max-norm against 0.015 with per-block norms; DESIGN.md 6 quotes 0.19 against 0.020).
+* Clamp at ``t_p = Phi^-1(1 - p/2)`` (a fraction ``p`` of normal coordinates) and stochastic
+  rounding onto the optimal table ``T_{b,g,p}`` (:mod:`gravac.compressors.thc_table`; by default
+  the mirror-symmetric optimum, which reproduces THC's published table for (4, 30, 1/32)).
+  Rounding is unbiased inside the clamp; the clamp's bias is left to error feedback (the memory
+  gets ``D(C(x))`` of this rank's own payload, outside the compressor). Ranks with similar
+  gradients clamp alike, so that bias does not average out over ranks: the NMSE of the N-rank
+  average falls as 1/N down to about ``clamp_error(p)`` (0.0073 at p = 1/32).
+* Transports (``transport``): ``"allreduce"`` sends the levels ``T[z]`` in 0..g in integer lanes
+  wide enough that the sum over ``world_size`` ranks never overflows (``g * N`` fits: uint8,
+  else int32, else int64; int16 is not used because gloo's all_reduce rejects it, checked on
+  torch 2.13, and NCCL has no 16-bit integer type), plus a one-element ``count`` lane that sums to
+  the number of contributions, so a summed payload decompresses without being told ``N``.
+  ``"allgather"`` sends the ``b``-bit indices packed into bytes (``32 / b`` times fewer bytes
+  than float32); :meth:`THCCompressor.combine` unpacks, looks up and sums the levels, then
+  decompresses once.
+
+CF -> bits: ``b`` in {1, 2, 4, 8} is CF {32, 16, 8, 4}; a requested CF picks the ``b`` with the
+largest CF not above it (CF below 4 gives ``b = 8``); ``achieved_cf = 32 / b``. ``wire_bytes`` is
+what the payload holds: the padded length (up to twice ``d`` for the full rotation) times the
+lane width, 1 byte (all-reduce with ``g * N <= 255``: 8 ranks at b = 4), 4 bytes (int32 lanes)
+or ``b / 8`` (all-gather), plus the count lane.
+
+Defaults per bit width, ``(g, p)``, chosen by the table DP's predicted NMSE of one worker on
+normal coordinates (:func:`gravac.compressors.thc_table.expected_nmse`; rounding plus clamping):
+
+====  =====  ========  ==============  ==========================================================
+ b     g      p        predicted NMSE  why
+====  =====  ========  ==============  ==========================================================
+ 1     1      1/2      0.455           two levels {0, g}: g does not matter, p = 1/2 is the best
+ 2     3      1/5      0.177           the uniform table is optimal (g = 6, 12 give the same)
+ 4     30     1/32     0.0203          THC's defaults (p = 1/64 would give 0.0194)
+ 8     510    1/16384  0.000093        g = 255 (uniform) gives 0.00016 at its best p
+====  =====  ========  ==============  ==========================================================
+
+Randomness of the rounding. Stochastic rounding must be independent across ranks (that is what
+makes the error of the N-rank average fall as 1/N) but ``compress`` does not know its rank, and
+seeding a generator from the rank would make the simulation (one process) differ from the real
+run. The uniforms are therefore a hash of each rounded value's bits, its position and
+``derive_seed(seed, step, key)`` (:func:`gravac.kernels.quantize.hash_uniform`): ranks whose
+inputs differ round independently, the same input always compresses to the same payload (no
+generator state, no host sync), and a step's noise is fresh because the seed includes the step.
+The one consequence: ranks whose rotated values are bit-identical (identical inputs, or inputs a
+few ulps apart) round identically, so their errors do not average out (the average is then as
+accurate as one rank, never worse); a relative difference of 1e-6 already decorrelates them.
+The global RNG is not used: ranks usually seed it identically, which would correlate their
+rounding for every input.
+
+.. note:: Non-finite input. The local norm is then NaN or Inf, so the agreed max-norm is too
+   (when the collective's max propagates NaN, as torch's ``amax`` does; a backend whose max
+   drops NaN would hide it in the scale, but the gain, computed from ``x``, is NaN regardless),
+   and the decompressed result is non-finite: the gain is NaN and the optimizer skips the step.
+   Quantisation itself never sees NaN (a NaN rotated value is mapped to the middle of the
+   range, an infinite one to the clamp), so nothing raises.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Literal, cast
+
+import torch
+from torch import Tensor
+
+from gravac.compressors.base import (
+    REFERENCE_BITS,
+    Collective,
+    Compressor,
+    Context,
+    Payload,
+    Round,
+    StatsOp,
+    check_cf,
+)
+from gravac.compressors.registry import register
+from gravac.compressors.thc_table import VALID_BITS, clamp_threshold, optimal_table
+from gravac.kernels import check_backend_name
+from gravac.kernels.hadamard import fwht, next_power_of_two
+from gravac.kernels.quantize import (
+    hash_uniform,
+    lookup,
+    pack_bits,
+    stochastic_quantize,
+    unpack_bits,
+)
+from gravac.seeding import derive_seed, generator
+
+__all__ = [
+    "DEFAULT_GRANULARITY",
+    "DEFAULT_P",
+    "DEFAULT_PARTIAL_STAGES",
+    "LANE_DTYPES",
+    "THCCompressor",
+    "THCContext",
+    "THCLevelsPayload",
+    "THCPackedPayload",
+    "bits_for_cf",
+    "block_norms",
+    "lane_dtype",
+    "thc_decode",
+    "thc_encode",
+]
+
+#: Granularity g per bit width (module docstring table): levels are integers in 0..g.
+DEFAULT_GRANULARITY: dict[int, int] = {1: 1, 2: 3, 4: 30, 8: 510}
+#: Clamped fraction p per bit width (module docstring table): clamp at Phi^-1(1 - p/2).
+DEFAULT_P: dict[int, float] = {1: 1 / 2, 2: 1 / 5, 4: 1 / 32, 8: 1 / 16384}
+#: Butterfly stages of the partial rotation: blocks of 2^10 = 1024 elements, as THC's code.
+DEFAULT_PARTIAL_STAGES = 10
+#: Largest partial block, 2^30 elements (beyond that, use the full rotation).
+_MAX_PARTIAL_STAGES = 30
+#: Integer lanes for the all-reduce transport, narrowest first: the dtypes that both gloo (checked
+#: with a 2-process group on torch 2.13: uint8, int8, int32, int64 sum; int16, uint16 and uint32
+#: raise "Invalid scalar type") and NCCL (no 16-bit integers) all-reduce.
+LANE_DTYPES: tuple[torch.dtype, ...] = (torch.uint8, torch.int32, torch.int64)
+
+Rotation = Literal["full", "partial"]
+Transport = Literal["allreduce", "allgather"]
+_ROTATIONS: tuple[Rotation, ...] = ("full", "partial")
+_TRANSPORTS: tuple[Collective, ...] = ("allreduce", "allgather")
+# Stream tags that keep the diagonal's and the rounding's seeds apart for one (seed, step, key).
+_DIAGONAL_STREAM = 0x5448435F44494147  # "THC_DIAG"
+_ROUNDING_STREAM = 0x5448435F524E4447  # "THC_RNDG"
+
+
+def bits_for_cf(cf: float) -> int:
+    """Bits per element for a requested CF: the largest ``32 / b <= cf``; 8 below CF 4."""
+    cf = check_cf(cf)
+    for bits in sorted(VALID_BITS):
+        if REFERENCE_BITS / bits <= cf:
+            return bits
+    return max(VALID_BITS)
+
+
+def lane_dtype(granularity: int, world_size: int) -> torch.dtype:
+    """The narrowest of :data:`LANE_DTYPES` that holds ``granularity * world_size``.
+
+    The sum over ``world_size`` ranks of levels in ``0..granularity`` then never overflows.
+    """
+    if granularity < 1 or world_size < 1:
+        raise ValueError(
+            f"granularity and world_size must be >= 1, got {granularity} and {world_size}"
+        )
+    peak = granularity * world_size
+    for dtype in LANE_DTYPES:
+        if peak <= torch.iinfo(dtype).max:
+            return dtype
+    raise ValueError(f"granularity * world_size = {peak} does not fit any of {LANE_DTYPES}")
+
+
+@dataclass(frozen=True)
+class THCLevelsPayload(Payload):
+    """All-reduce transport: table levels in integer lanes, and the number of contributions.
+
+    Attributes:
+        levels: ``T[z]`` in ``0..g`` per padded element (summed: ``0..g * N``).
+        count: one element, 1 per rank (summed: ``N``); empty for an empty input.
+    """
+
+    levels: Tensor
+    count: Tensor
+
+
+@dataclass(frozen=True)
+class THCPackedPayload(Payload):
+    """All-gather transport: the ``b``-bit table indices, ``8 / b`` per byte (uint8)."""
+
+    indices: Tensor
+
+
+@dataclass(frozen=True)
+class THCContext(Context):
+    """What the sender keeps to decompress (identical on every rank).
+
+    Attributes:
+        bits: ``b``, bits per index.
+        granularity: ``g``, levels are integers in ``0..g``.
+        clamp: ``t_p``.
+        table: the ``2^b`` levels ``T_{b,g,p}`` (int64, on the CPU).
+        norms: agreed max-norm per block (float, one per rotated block).
+        signs: the Rademacher diagonal over the padded length (float).
+        block: rotation block length ``B`` (the padded length for the full rotation).
+        padded: padded length, a multiple of ``block``.
+        world_size: ranks the all-reduce lanes were sized for.
+    """
+
+    bits: int
+    granularity: int
+    clamp: float
+    table: Tensor
+    norms: Tensor
+    signs: Tensor
+    block: int
+    padded: int
+    world_size: int
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 stays float64; every other dtype is rotated and quantised in float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _padded(flat: Tensor, length: int, dtype: torch.dtype) -> Tensor:
+    out = torch.zeros(length, dtype=dtype, device=flat.device)
+    out[: flat.numel()] = flat
+    return out
+
+
+def block_norms(x: Tensor, block: int, padded: int) -> Tensor:
+    """L2 norm of every block of ``block`` elements of ``x`` zero-padded to ``padded``."""
+    flat = x.detach().reshape(-1)
+    v = _padded(flat, padded, _compute_dtype(x.dtype))
+    return torch.linalg.vector_norm(v.view(-1, block), dim=1)
+
+
+def thc_encode(
+    x: Tensor,
+    norms: Tensor,
+    signs: Tensor,
+    table: Tensor,
+    *,
+    granularity: int,
+    clamp: float,
+    block: int,
+    seed: int,
+    backend: str | None = None,
+) -> Tensor:
+    """THC's compression of one rank's ``x``: int64 table indices over the padded length.
+
+    ``u = (clamp(sqrt(B) / l * H_B (D x), +-t) + t) * g / (2t)``, rounded onto ``table`` with
+    uniforms hashed from ``u`` and ``seed`` (module docstring).
+    """
+    padded = signs.numel()
+    v = _padded(x.detach().reshape(-1), padded, signs.dtype).mul_(signs)
+    rotated = fwht(v.view(-1, block), backend=backend)
+    scale = torch.where(norms > 0, math.sqrt(block) / norms, torch.zeros_like(norms))
+    y = rotated.mul_(scale[:, None]).reshape(-1)
+    y = torch.nan_to_num_(y, nan=0.0).clamp_(-clamp, clamp)
+    u = y.add_(clamp).mul_(granularity / (2.0 * clamp)).clamp_(0.0, float(granularity))
+    uniform = hash_uniform(u, seed, backend=backend)
+    return stochastic_quantize(u, table, uniform, backend=backend)
+
+
+def thc_decode(level_sum: Tensor, count: Tensor | int, ctx: THCContext) -> Tensor:
+    """Sum of the ``count`` ranks' estimates from the sum of their levels ``level_sum``.
+
+    ``y = (S - count * g / 2) * 2t / g`` per block, ``* l / sqrt(B)``, inverse rotation (``D H_B``:
+    the transform is its own inverse), un-pad, reshape, cast to ``ctx.dtype``.
+    """
+    cd = ctx.signs.dtype
+    g, t = ctx.granularity, ctx.clamp
+    offset = (
+        count.to(cd) * (g / 2.0) if isinstance(count, Tensor) else torch.tensor(count * g / 2.0)
+    )
+    y = level_sum.to(cd).sub_(offset.to(device=level_sum.device, dtype=cd))
+    y.mul_(2.0 * t / g)
+    r = y.view(-1, ctx.block).mul_((ctx.norms / math.sqrt(ctx.block))[:, None])
+    v = fwht(r).reshape(-1).mul_(ctx.signs)
+    return v[: ctx.numel].to(ctx.dtype).view(ctx.shape)
+
+
+@register
+class THCCompressor(Compressor):
+    """Tensor Homomorphic Compression (module docstring).
+
+    Args:
+        bits: fix the bits per index (1, 2, 4 or 8); ``None`` picks them from the requested CF.
+        granularity: ``g``, levels are integers in ``0..g``; ``None`` takes
+            :data:`DEFAULT_GRANULARITY` for the bit width in use. Larger ``g`` allows a finer
+            table but needs wider all-reduce lanes (``g * world_size`` must fit).
+        p: fraction of normal coordinates clamped, in (0, 1); ``None`` takes :data:`DEFAULT_P`.
+        rotation: ``"full"`` (one Hadamard rotation of the padded input) or ``"partial"`` (each
+            block of ``2^partial_stages`` rotated and scaled on its own).
+        partial_stages: ``log2`` of the partial rotation's block (``rotation="partial"`` only).
+        transport: ``"allreduce"`` (levels in integer lanes, summed by the collective) or
+            ``"allgather"`` (packed ``b``-bit indices, looked up and summed by :meth:`combine`).
+        seed: user seed of the shared diagonal and of the rounding hash.
+        symmetric_table: use the best mirror-symmetric table (THC's published tables) rather
+            than the unrestricted optimum (a fraction of a percent less rounding error).
+        backend: kernel backend (``None`` picks the best available; see :mod:`gravac.kernels`).
+
+    Raises:
+        ValueError: an option out of range (the message names the option, the value and what is
+            allowed).
+    """
+
+    name: ClassVar[str] = "thc"
+    supports_multilevel: bool = False
+    stats_op: ClassVar[StatsOp] = "max"
+
+    def __init__(
+        self,
+        *,
+        bits: int | None = None,
+        granularity: int | None = None,
+        p: float | None = None,
+        rotation: Rotation = "full",
+        partial_stages: int = DEFAULT_PARTIAL_STAGES,
+        transport: Transport = "allreduce",
+        seed: int = 0,
+        symmetric_table: bool = True,
+        backend: str | None = None,
+    ) -> None:
+        if bits is not None and (isinstance(bits, bool) or bits not in VALID_BITS):
+            raise ValueError(f"bits must be one of {list(VALID_BITS)} or None, got {bits!r}")
+        usable = (bits,) if bits is not None else VALID_BITS
+        if granularity is not None:
+            need = max(2**b - 1 for b in usable)
+            if isinstance(granularity, bool) or not isinstance(granularity, int):
+                raise ValueError(f"granularity must be an int or None, got {granularity!r}")
+            if granularity < need:
+                which = f"bits={bits}" if bits is not None else "bits=8 (a CF below 8 selects it)"
+                raise ValueError(
+                    f"granularity must be >= 2^bits - 1 = {need} for {which}, got {granularity}; "
+                    "fix bits to use a smaller granularity"
+                )
+        if p is not None and (
+            isinstance(p, bool) or not isinstance(p, int | float) or not 0.0 < p < 1.0
+        ):
+            raise ValueError(f"p (the clamped fraction) must be in (0, 1) or None, got {p!r}")
+        if rotation not in _ROTATIONS:
+            raise ValueError(f"rotation must be one of {list(_ROTATIONS)}, got {rotation!r}")
+        if (
+            isinstance(partial_stages, bool)
+            or not isinstance(partial_stages, int)
+            or not 1 <= partial_stages <= _MAX_PARTIAL_STAGES
+        ):
+            raise ValueError(
+                f"partial_stages must be an int in [1, {_MAX_PARTIAL_STAGES}], "
+                f"got {partial_stages!r}"
+            )
+        if transport not in _TRANSPORTS:
+            raise ValueError(f"transport must be one of {list(_TRANSPORTS)}, got {transport!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"seed must be an int, got {seed!r}")
+        if not isinstance(symmetric_table, bool):
+            raise ValueError(f"symmetric_table must be a bool, got {symmetric_table!r}")
+        self.bits = bits
+        self.granularity = granularity
+        self.p = p
+        self.rotation = rotation
+        self.partial_stages = partial_stages
+        self.transport = transport
+        self.collective: Collective = transport
+        self.seed = seed
+        self.symmetric_table = symmetric_table
+        self.backend = check_backend_name(backend)
+
+    # -- configuration -------------------------------------------------------------------------
+
+    def config(self, cf: float) -> tuple[int, int, float]:
+        """``(b, g, p)`` used at CF ``cf``."""
+        b = self.bits if self.bits is not None else bits_for_cf(cf)
+        g = self.granularity if self.granularity is not None else DEFAULT_GRANULARITY[b]
+        p = self.p if self.p is not None else DEFAULT_P[b]
+        return b, g, p
+
+    def layout(self, numel: int) -> tuple[int, int]:
+        """``(block, padded)``: rotation block length and padded length for ``numel`` elements."""
+        full = next_power_of_two(numel)
+        if self.rotation == "full":
+            return full, full
+        block = min(1 << self.partial_stages, full)
+        return block, -(-numel // block) * block
+
+    def table(self, cf: float) -> tuple[int, ...]:
+        """The table ``T_{b,g,p}`` used at CF ``cf``."""
+        b, g, p = self.config(cf)
+        return optimal_table(b, g, p, symmetric=self.symmetric_table)
+
+    # -- compressor interface ------------------------------------------------------------------
+
+    def local_stats(self, x: Tensor, cf: float, rnd: Round) -> Tensor | None:
+        """This rank's L2 norm per rotation block (one value for the full rotation)."""
+        if x.numel() == 0:
+            return None
+        block, padded = self.layout(x.numel())
+        return block_norms(x, block, padded)
+
+    def compress(self, x: Tensor, cf: float, rnd: Round) -> tuple[Payload, THCContext]:
+        b, g, p = self.config(check_cf(cf))
+        flat = x.detach().reshape(-1)
+        n = flat.numel()
+        cd = _compute_dtype(x.dtype)
+        device = flat.device
+        block, padded = self.layout(n)
+        # The table stays on the CPU: the kernels read it on the host and copy what they need.
+        table = torch.tensor(optimal_table(b, g, p, symmetric=self.symmetric_table))
+        t = clamp_threshold(p)
+        if n == 0:
+            norms = torch.zeros(0, dtype=cd, device=device)
+            signs = torch.zeros(0, dtype=cd, device=device)
+            ctx = THCContext(
+                x.shape, x.dtype, 0, 1.0, b, g, t, table, norms, signs, 1, 0, rnd.world_size
+            )
+            return self._empty_payload(g, rnd.world_size, device), ctx
+        norms = self._agreed_norms(x, block, padded, rnd)
+        gen = generator(device, self.seed, rnd.step, rnd.key, _DIAGONAL_STREAM)
+        signs = torch.randint(0, 2, (padded,), generator=gen, device=device, dtype=torch.int8)
+        signs = signs.to(cd).mul_(2.0).sub_(1.0)
+        idx = thc_encode(
+            flat,
+            norms,
+            signs,
+            table,
+            granularity=g,
+            clamp=t,
+            block=block,
+            seed=derive_seed(self.seed, rnd.step, rnd.key, _ROUNDING_STREAM),
+            backend=self.backend,
+        )
+        achieved = REFERENCE_BITS / b
+        ctx = THCContext(
+            x.shape, x.dtype, n, achieved, b, g, t, table, norms, signs, block, padded,
+            rnd.world_size,
+        )  # fmt: skip
+        payload: Payload
+        if self.transport == "allreduce":
+            lane = lane_dtype(g, rnd.world_size)
+            levels = lookup(idx, table.to(lane), backend=self.backend)
+            payload = THCLevelsPayload(
+                levels=levels, count=torch.ones(1, dtype=lane, device=device)
+            )
+        else:
+            payload = THCPackedPayload(indices=pack_bits(idx, b, backend=self.backend))
+        return payload, ctx
+
+    def decompress(self, payload: Payload, ctx: Context) -> Tensor:
+        """The estimate a (possibly all-reduced) payload stands for: the *sum* over its ranks."""
+        c = cast(THCContext, ctx)
+        if c.numel == 0:
+            return torch.zeros(c.shape, dtype=c.dtype, device=c.signs.device)
+        if isinstance(payload, THCLevelsPayload):
+            return thc_decode(payload.levels, payload.count, c)
+        if isinstance(payload, THCPackedPayload):
+            return thc_decode(self._levels(payload, c), 1, c)
+        raise TypeError(f"thc cannot decompress a {type(payload).__name__}")
+
+    def combine(self, payloads: Sequence[Payload], ctx: Context) -> Tensor:
+        """Sum of the ranks' estimates: levels summed (or looked up and summed), decoded once."""
+        if not payloads:
+            raise ValueError("combine() needs at least one payload, got none")
+        c = cast(THCContext, ctx)
+        if self.transport == "allreduce":
+            if len(payloads) > c.world_size:
+                raise ValueError(
+                    f"{len(payloads)} payloads exceed the world_size {c.world_size} their lanes "
+                    "were sized for: the integer sum could overflow"
+                )
+            return super().combine(payloads, ctx)
+        if c.numel == 0:
+            return torch.zeros(c.shape, dtype=c.dtype, device=c.signs.device)
+        total = self._levels(cast(THCPackedPayload, payloads[0]), c)
+        for p in payloads[1:]:
+            total = total + self._levels(cast(THCPackedPayload, p), c)
+        return thc_decode(total, len(payloads), c)
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _agreed_norms(self, x: Tensor, block: int, padded: int, rnd: Round) -> Tensor:
+        n_blocks = padded // block
+        if rnd.agreed is None:
+            if rnd.world_size != 1:
+                raise ValueError(
+                    "thc needs rnd.agreed: the max over ranks of local_stats() "
+                    f"(world_size={rnd.world_size})"
+                )
+            return block_norms(x, block, padded)
+        agreed = rnd.agreed.reshape(-1)
+        if agreed.numel() != n_blocks:
+            raise ValueError(
+                f"rnd.agreed must hold {n_blocks} block norms (local_stats' shape), "
+                f"got {agreed.numel()}"
+            )
+        return agreed.to(device=x.device, dtype=_compute_dtype(x.dtype))
+
+    def _levels(self, payload: THCPackedPayload, ctx: THCContext) -> Tensor:
+        """int64 levels of one packed payload over the padded length (the receiver's lookup)."""
+        idx = unpack_bits(payload.indices, ctx.bits, ctx.padded, backend=self.backend)
+        return lookup(idx, ctx.table, backend=self.backend)
+
+    def _empty_payload(self, granularity: int, world_size: int, device: torch.device) -> Payload:
+        if self.transport == "allreduce":
+            lane = lane_dtype(granularity, world_size)
+            empty = torch.zeros(0, dtype=lane, device=device)
+            return THCLevelsPayload(levels=empty, count=empty.clone())
+        return THCPackedPayload(indices=torch.zeros(0, dtype=torch.uint8, device=device))
+
+    def __repr__(self) -> str:
+        return (
+            f"THCCompressor(bits={self.bits!r}, granularity={self.granularity!r}, p={self.p!r}, "
+            f"rotation={self.rotation!r}, partial_stages={self.partial_stages}, "
+            f"transport={self.transport!r}, seed={self.seed}, "
+            f"symmetric_table={self.symmetric_table}, backend={self.backend!r})"
+        )

@@ -1,0 +1,93 @@
+"""Fast Walsh-Hadamard transform (FWHT), orthonormal, full or partial.
+
+The Sylvester-Hadamard matrix ``H_n`` (``n = 2^m``, ``H_1 = [1]``,
+``H_{2k} = [[H_k, H_k], [H_k, -H_k]] = H_2 (x) H_k``) factors into ``m`` butterfly stages::
+
+    H_n = prod_{s=0}^{m-1} (I_{n / 2^{s+1}} (x) H_2 (x) I_{2^s})
+
+where the stage of stride ``h = 2^s`` maps every pair ``(v[i], v[i + h])`` (``i`` with bit ``s``
+clear) to ``(v[i] + v[i + h], v[i] - v[i + h])``. The stages commute, so ``H_n`` costs
+``n log2(n)`` additions instead of ``n^2`` multiply-adds. Scaled by ``n^(-1/2)`` the transform is
+orthonormal and symmetric, hence its own inverse (THC, Li et al., NSDI 2024, section 5.1: the
+randomised Hadamard transform ``n^(-1/2) H D x``).
+
+*Partial* transform (``stages=t``): only the last ``t`` stages, strides ``n / 2^t ... n / 2``,
+scaled by ``2^(-t/2)``. Exactly::
+
+    fwht(x, stages=t) == (H_{2^t} (x) I_{n / 2^t}) x / 2^(t/2)
+
+i.e. ``x.view(2^t, n / 2^t)`` transformed along its first axis: it mixes elements ``n / 2^t``
+apart (THC's all-reduce follow-up runs the same last ``t`` stages). A transform of contiguous
+blocks of ``B = 2^t`` elements, ``(I_{n / B} (x) H_B) x / sqrt(B)``, is the full transform of the
+rows of ``x.view(n / B, B)``: that is what THC's partial rotation in
+:mod:`gravac.compressors.thc` uses.
+
+Vectorised torch on any device (reshape-based butterflies, one temporary of half the input per
+stage); a CuPy kernel is not written yet, so ``backend="cupy"`` raises (see
+:mod:`gravac.kernels.backend`).
+"""
+
+from __future__ import annotations
+
+import math
+
+from torch import Tensor
+
+from gravac.kernels.backend import resolve_backend
+
+__all__ = ["fwht", "is_power_of_two", "next_power_of_two"]
+
+
+def is_power_of_two(n: int) -> bool:
+    """Whether ``n`` is a power of two (1, 2, 4, ...)."""
+    return n >= 1 and n & (n - 1) == 0
+
+
+def next_power_of_two(n: int) -> int:
+    """The least power of two ``>= n`` (1 for ``n <= 1``)."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def fwht(x: Tensor, *, stages: int | None = None, backend: str | None = None) -> Tensor:
+    """Orthonormal fast Walsh-Hadamard transform of the last dimension of ``x``; a new tensor.
+
+    Args:
+        x: floating-point tensor whose last dimension ``n`` is a power of two (any leading
+            dimensions are a batch).
+        stages: ``None`` for the full transform ``H_n / sqrt(n)``; ``t`` in ``[0, log2 n]`` for
+            the partial transform ``(H_{2^t} (x) I_{n / 2^t}) / 2^(t/2)`` (module docstring).
+            Both are symmetric and orthonormal, so applying the same call twice gives ``x`` back.
+        backend: kernel backend (``None``: the best available).
+
+    Raises:
+        ValueError: ``x`` is not floating point or has no dimension, its last dimension is not a
+            power of two, or ``stages`` is out of range.
+    """
+    resolve_backend(x, backend)
+    if not x.is_floating_point():
+        raise ValueError(f"fwht needs a floating-point tensor, got {x.dtype}")
+    if x.dim() == 0:
+        raise ValueError("fwht needs a tensor with at least one dimension, got a scalar")
+    n = x.shape[-1]
+    if not is_power_of_two(n):
+        raise ValueError(f"fwht needs a power-of-two last dimension, got {n}")
+    log_n = n.bit_length() - 1
+    if stages is None:
+        stages = log_n
+    if isinstance(stages, bool) or not isinstance(stages, int) or not 0 <= stages <= log_n:
+        raise ValueError(f"stages must be an int in [0, {log_n}] for length {n}, got {stages!r}")
+    lead = x.shape[:-1]
+    out = x.reshape(-1, n).clone()
+    if out.numel() == 0 or stages == 0:
+        return out.view(*lead, n)
+    h = n >> stages
+    while h < n:
+        # Pairs (v[.., 0, :], v[.., 1, :]) are h apart: one butterfly stage, in place.
+        v = out.view(-1, n // (2 * h), 2, h)
+        a, b = v[:, :, 0, :], v[:, :, 1, :]
+        tmp = a.clone()
+        a.add_(b)
+        b.sub_(tmp).neg_()  # b <- a_old - b
+        h *= 2
+    out.mul_(math.pow(2.0, -stages / 2.0))
+    return out.view(*lead, n)

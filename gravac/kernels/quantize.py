@@ -1,0 +1,203 @@
+"""Stochastic quantisation onto an integer table, table lookup, bit packing, hashed uniforms.
+
+* :func:`stochastic_quantize`: a value ``x`` between adjacent table levels ``a < c`` rounds up to
+  ``c`` with probability ``(x - a) / (c - a)`` and down to ``a`` otherwise, so
+  ``E[T[index]] = x`` (unbiased stochastic rounding, THC, Li et al., NSDI 2024, section 4) with
+  variance ``(c - x)(x - a)``. Returns table *indices*. Because the levels are integers, the
+  interval holding ``x`` is found with one gather from a per-integer-cell index (``floor(x)`` ->
+  lower level), not a binary search.
+* :func:`lookup`: indices -> levels.
+* :func:`pack_bits` / :func:`unpack_bits`: ``b``-bit indices (``b`` in 1, 2, 4, 8), ``8 / b`` per
+  byte, the first element in the lowest bits (little-endian within the byte).
+* :func:`hash_uniform`: per-element uniforms in ``[0, 1)`` that are a hash of each element's bits,
+  its position and a 64-bit seed: deterministic for equal inputs, independent across different
+  inputs, without a generator, a host sync or a per-rank seed (see :mod:`gravac.compressors.thc`
+  for why the rounding noise is drawn this way).
+
+Vectorised torch on any device; the CuPy backend is not written yet (``backend="cupy"`` raises).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from gravac.kernels.backend import resolve_backend
+
+__all__ = [
+    "PACK_BITS",
+    "hash_uniform",
+    "lookup",
+    "pack_bits",
+    "packed_numel",
+    "stochastic_quantize",
+    "unpack_bits",
+]
+
+#: Index widths that pack whole bytes.
+PACK_BITS = (1, 2, 4, 8)
+_BYTE_BITS = 8
+
+# 32-bit hashing in int64 lanes: every product stays below 2^63 (a value < 2^32 times a constant
+# of magnitude < 2^31), so nothing overflows and the low 32 bits are exact.
+_MASK32 = 0xFFFFFFFF
+# "lowbias32" finaliser (C. Wellons, hash-prospector): xorshift-multiply rounds with good
+# avalanche. Its second multiplier 0x846CA68B is used as the congruent negative value below 2^31.
+_MUL1 = 0x7FEB352D
+_MUL2 = 0x846CA68B - (1 << 32)
+# 2^32 / golden ratio, negated mod 2^32 (below 2^31): spreads consecutive positions.
+_POSITION_MUL = 0x61C88647
+#: Uniforms take the top 24 bits of the hash: exactly representable in float32.
+_UNIFORM_BITS = 24
+
+
+def _check_table(table: Tensor) -> None:
+    if table.dim() != 1 or table.numel() < 2:
+        raise ValueError(f"table must be 1-D with >= 2 levels, got shape {tuple(table.shape)}")
+
+
+def stochastic_quantize(
+    x: Tensor, table: Tensor, uniform: Tensor, *, backend: str | None = None
+) -> Tensor:
+    """Unbiased stochastic rounding of ``x`` onto the sorted integer ``table``; int64 indices.
+
+    Args:
+        x: floating-point values in ``[table[0], table[-1]]`` (values outside are clamped first;
+            NaN is treated as ``table[0]``, so a caller that wants NaN to propagate must carry it
+            separately).
+        table: strictly increasing integer levels (any integer or float dtype), e.g. THC's
+            ``T_{b,g,p}`` over ``0..g``; best on the CPU (it is read on the host).
+        uniform: uniforms in ``[0, 1)`` of ``x``'s shape: element ``i`` rounds up when
+            ``uniform[i] < (x - a) / (c - a)``.
+        backend: kernel backend (``None``: the best available).
+
+    Returns:
+        int64 indices into ``table`` of ``x``'s shape.
+    """
+    resolve_backend(x, backend)
+    _check_table(table)
+    if uniform.shape != x.shape:
+        raise ValueError(
+            f"uniform must have x's shape {tuple(x.shape)}, got {tuple(uniform.shape)}"
+        )
+    # The table is tiny: its bounds and cell index are built on the CPU (no device sync when the
+    # caller passes a CPU table, as THC does) and copied over once per call.
+    levels_cpu = table.detach().to(device="cpu", dtype=torch.int64)
+    lo_level, hi_level = int(levels_cpu[0]), int(levels_cpu[-1])
+    # cell_index[j]: index i of the table interval [T[i], T[i+1]) that holds the cell [j, j+1).
+    cells = torch.arange(lo_level, hi_level)
+    cell_index = (torch.searchsorted(levels_cpu, cells, right=True) - 1).to(x.device)
+    levels = levels_cpu.to(x.device)
+    v = torch.nan_to_num(x, nan=float(lo_level)).clamp(lo_level, hi_level)
+    cell = v.floor().to(torch.int64).sub_(lo_level).clamp_(0, hi_level - lo_level - 1)
+    lower = cell_index[cell]
+    fvals = levels.to(v.dtype)
+    a = fvals[lower]
+    width = fvals[lower + 1] - a
+    up = uniform < (v - a) / width
+    return lower + up
+
+
+def lookup(indices: Tensor, table: Tensor, *, backend: str | None = None) -> Tensor:
+    """``table[indices]``: the levels of ``indices`` (any integer dtype), in ``table``'s dtype."""
+    resolve_backend(indices, backend)
+    _check_table(table)
+    return table.to(indices.device)[indices.long()]
+
+
+def _check_bits(bits: int) -> None:
+    if bits not in PACK_BITS:
+        raise ValueError(f"bits must be one of {list(PACK_BITS)}, got {bits!r}")
+
+
+def packed_numel(numel: int, bits: int) -> int:
+    """Bytes :func:`pack_bits` produces for ``numel`` indices of ``bits`` bits."""
+    _check_bits(bits)
+    per_byte = _BYTE_BITS // bits
+    return -(-numel // per_byte)
+
+
+def pack_bits(indices: Tensor, bits: int, *, backend: str | None = None) -> Tensor:
+    """Pack 1-D ``indices`` (values in ``[0, 2^bits)``) into uint8, ``8 / bits`` per byte.
+
+    The last byte is zero-padded. Element ``k`` of byte ``j`` is index ``j * (8 / bits) + k``, in
+    bits ``[k * bits, (k + 1) * bits)``.
+    """
+    resolve_backend(indices, backend)
+    _check_bits(bits)
+    flat = indices.reshape(-1).to(torch.uint8)
+    if bits == _BYTE_BITS:
+        return flat.clone()
+    per_byte = _BYTE_BITS // bits
+    n_bytes = packed_numel(flat.numel(), bits)
+    padded = torch.zeros(n_bytes * per_byte, dtype=torch.uint8, device=flat.device)
+    padded[: flat.numel()] = flat
+    lanes = padded.view(n_bytes, per_byte)
+    out = lanes[:, 0].clone()
+    for k in range(1, per_byte):
+        out.bitwise_or_(lanes[:, k] << (k * bits))
+    return out
+
+
+def unpack_bits(packed: Tensor, bits: int, numel: int, *, backend: str | None = None) -> Tensor:
+    """Inverse of :func:`pack_bits`: the first ``numel`` ``bits``-bit indices, as uint8."""
+    resolve_backend(packed, backend)
+    _check_bits(bits)
+    if packed.dtype != torch.uint8:
+        raise ValueError(f"packed must be uint8, got {packed.dtype}")
+    if packed.numel() != packed_numel(numel, bits):
+        raise ValueError(
+            f"{numel} indices of {bits} bits pack into {packed_numel(numel, bits)} bytes, "
+            f"got {packed.numel()}"
+        )
+    if bits == _BYTE_BITS:
+        return packed.reshape(-1).clone()
+    shifts = torch.arange(0, _BYTE_BITS, bits, dtype=torch.uint8, device=packed.device)
+    fields = (packed.reshape(-1, 1) >> shifts) & ((1 << bits) - 1)
+    return fields.reshape(-1)[:numel].clone()
+
+
+def _mix32(z: Tensor) -> Tensor:
+    """lowbias32 on int64 lanes holding 32-bit values, in place."""
+    z.bitwise_xor_(z >> 16)
+    z.mul_(_MUL1).bitwise_and_(_MASK32)
+    z.bitwise_xor_(z >> 15)
+    z.mul_(_MUL2).bitwise_and_(_MASK32)
+    z.bitwise_xor_(z >> 16)
+    return z
+
+
+def _bits32(x: Tensor) -> Tensor:
+    """The bit pattern of every element of float ``x``, folded to 32 bits, in int64 lanes."""
+    if x.dtype == torch.float64:
+        bits = x.contiguous().view(torch.int64)
+        return (bits ^ (bits >> 32)) & _MASK32
+    if x.dtype != torch.float32:
+        x = x.float()
+    return x.contiguous().view(torch.int32).to(torch.int64) & _MASK32
+
+
+def hash_uniform(x: Tensor, seed: int, *, backend: str | None = None) -> Tensor:
+    """Uniforms in ``[0, 1)`` (float32, ``x``'s shape) hashed from each element of ``x``.
+
+    ``u[i] = top24(mix(mix(bits(x[i]) + i * K + s_lo) ^ s_hi)) / 2^24`` with ``mix`` the
+    lowbias32 finaliser and ``(s_lo, s_hi)`` the halves of ``seed``: a counter-based generator
+    keyed by the data. Equal inputs (and seed) give equal uniforms; a change in any bit of an
+    element, in its position or in the seed gives an unrelated uniform.
+
+    Args:
+        x: a floating-point tensor (float64 bit patterns are folded to 32 bits).
+        seed: a 64-bit seed, e.g. :func:`gravac.seeding.derive_seed` of (user seed, step, key).
+        backend: kernel backend (``None``: the best available).
+    """
+    resolve_backend(x, backend)
+    if not x.is_floating_point():
+        raise ValueError(f"hash_uniform needs a floating-point tensor, got {x.dtype}")
+    seed = int(seed)
+    s_lo, s_hi = seed & _MASK32, (seed >> 32) & _MASK32
+    flat = x.reshape(-1)
+    pos = torch.arange(flat.numel(), dtype=torch.int64, device=x.device) & _MASK32
+    z = _bits32(flat).add_(pos.mul_(_POSITION_MUL)).add_(s_lo).bitwise_and_(_MASK32)
+    z = _mix32(_mix32(z).bitwise_xor_(s_hi))
+    u = (z >> (32 - _UNIFORM_BITS)).to(torch.float32).mul_(2.0**-_UNIFORM_BITS)
+    return u.view(x.shape)

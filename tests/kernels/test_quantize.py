@@ -1,0 +1,149 @@
+"""Stochastic quantisation onto an integer table, lookup, bit packing and hashed uniforms."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gravac.kernels.quantize import (
+    hash_uniform,
+    lookup,
+    pack_bits,
+    packed_numel,
+    stochastic_quantize,
+    unpack_bits,
+)
+
+#: THC's published table T_{4,30,1/32} (largest gap 3 levels).
+TABLE = torch.tensor([0, 3, 5, 7, 9, 11, 13, 14, 16, 17, 19, 21, 23, 25, 27, 30])
+DRAWS = 20_000
+# One draw of a value inside [a, c] has standard deviation sqrt((c-x)(x-a)) <= (c-a)/2 <= 1.5;
+# the mean of DRAWS draws has sd <= 1.5 / sqrt(20000) = 0.0106. Five of them:
+MEAN_TOL = 5 * 1.5 / math.sqrt(DRAWS)
+# Sample variance of DRAWS draws of a variance-v (bounded) variable: relative sd about
+# sqrt(2 / DRAWS) = 1%; 6% is a loose bound that still catches a wrong rounding rule.
+VAR_RTOL = 0.06
+
+VALUES = [0.0, 0.4, 2.5, 3.0, 4.2, 13.5, 14.0, 15.9, 28.7, 29.99, 30.0]
+
+
+def _draw(values: list[float], draws: int, seed: int) -> torch.Tensor:
+    x = torch.tensor(values).repeat(draws, 1)
+    u = torch.rand(x.shape, generator=torch.Generator().manual_seed(seed))
+    return lookup(stochastic_quantize(x, TABLE, u), TABLE).double()
+
+
+def test_unbiased_inside_the_range() -> None:
+    q = _draw(VALUES, DRAWS, seed=0)
+    torch.testing.assert_close(
+        q.mean(0), torch.tensor(VALUES, dtype=torch.float64), rtol=0, atol=MEAN_TOL
+    )
+
+
+def test_rounds_to_adjacent_levels_with_sq_variance() -> None:
+    """Only the two levels around x occur, and the variance is (c - x)(x - a)."""
+    q = _draw(VALUES, DRAWS, seed=1)
+    for j, x in enumerate(VALUES):
+        i = int(torch.searchsorted(TABLE, torch.tensor(x), right=True)) - 1
+        a = int(TABLE[min(i, len(TABLE) - 2)])
+        c = int(TABLE[min(i + 1, len(TABLE) - 1)])
+        assert set(q[:, j].unique().tolist()) <= {float(a), float(c)}
+        expected = (c - x) * (x - a)
+        if expected == 0.0:
+            assert float(q[:, j].var()) == 0.0, f"level {x} must be exact"
+        else:
+            assert float(q[:, j].var()) == pytest.approx(expected, rel=VAR_RTOL)
+
+
+def test_unbiased_with_hashed_uniforms_over_seeds() -> None:
+    """The hash is keyed by the seed: over seeds it is as good as fresh uniforms."""
+    seeds = DRAWS // 4  # one kernel call per seed; the tolerance widens by sqrt(4) = 2
+    x = torch.tensor(VALUES)
+    q = torch.stack(
+        [
+            lookup(stochastic_quantize(x, TABLE, hash_uniform(x, seed)), TABLE)
+            for seed in range(seeds)
+        ]
+    ).double()
+    torch.testing.assert_close(
+        q.mean(0), torch.tensor(VALUES, dtype=torch.float64), rtol=0, atol=2 * MEAN_TOL
+    )
+
+
+def test_out_of_range_and_nan_are_clamped_not_crashing() -> None:
+    x = torch.tensor([-5.0, 31.0, math.inf, -math.inf, math.nan])
+    idx = stochastic_quantize(x, TABLE, torch.rand(5))
+    assert idx.tolist() == [0, 15, 15, 0, 0]
+    assert idx.dtype == torch.int64
+
+
+def test_float64_values_and_table_dtypes() -> None:
+    x = torch.tensor([1.5, 15.0], dtype=torch.float64)
+    u = torch.tensor([0.0, 0.49])  # 1.5 rounds up with p = 1/2 (to 3), 15 too (to 16)
+    for table in (TABLE, TABLE.to(torch.uint8), TABLE.double()):
+        assert stochastic_quantize(x, table, u).tolist() == [1, 8]
+
+
+def test_bad_shapes_raise() -> None:
+    with pytest.raises(ValueError, match="uniform"):
+        stochastic_quantize(torch.zeros(3), TABLE, torch.zeros(4))
+    with pytest.raises(ValueError, match="table"):
+        stochastic_quantize(torch.zeros(3), torch.tensor([1]), torch.zeros(3))
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+@pytest.mark.parametrize("numel", [0, 1, 3, 7, 8, 9, 1001])
+def test_pack_round_trip(bits: int, numel: int) -> None:
+    gen = torch.Generator().manual_seed(bits * 1000 + numel)
+    idx = torch.randint(0, 2**bits, (numel,), generator=gen).to(torch.uint8)
+    packed = pack_bits(idx, bits)
+    assert packed.dtype == torch.uint8
+    assert packed.numel() == packed_numel(numel, bits) == math.ceil(numel * bits / 8)
+    assert torch.equal(unpack_bits(packed, bits, numel), idx)
+
+
+def test_pack_layout_is_little_endian_within_a_byte() -> None:
+    assert pack_bits(torch.tensor([1, 2, 3, 0]), 2).tolist() == [0b00_11_10_01]
+    assert pack_bits(torch.tensor([0xA, 0x5, 0xF]), 4).tolist() == [0x5A, 0x0F]
+    assert pack_bits(torch.tensor([1, 0, 0, 0, 0, 0, 0, 1, 1]), 1).tolist() == [0x81, 0x01]
+
+
+def test_pack_bad_arguments_raise() -> None:
+    with pytest.raises(ValueError, match=r"bits must be one of \[1, 2, 4, 8\], got 3"):
+        pack_bits(torch.zeros(4, dtype=torch.uint8), 3)
+    with pytest.raises(ValueError, match="bytes"):
+        unpack_bits(torch.zeros(3, dtype=torch.uint8), 4, 7)  # 7 nibbles need 4 bytes
+    with pytest.raises(ValueError, match="uint8"):
+        unpack_bits(torch.zeros(4, dtype=torch.int32), 4, 7)
+
+
+def test_hash_uniform_is_deterministic_and_uniform() -> None:
+    x = torch.randn(200_000, generator=torch.Generator().manual_seed(2))
+    u = hash_uniform(x, 1234)
+    assert u.dtype == torch.float32 and u.shape == x.shape
+    assert torch.equal(u, hash_uniform(x.clone(), 1234))
+    assert float(u.min()) >= 0.0 and float(u.max()) < 1.0
+    # 20 equal bins of 10,000 expected counts: chi-square with 19 dof, mean 19, sd about 6.2.
+    counts = torch.histc(u, bins=20, min=0.0, max=1.0)
+    chi2 = float(((counts - 10_000) ** 2 / 10_000).sum())
+    assert chi2 < 60.0
+    # Neighbouring uniforms are uncorrelated (sd of this estimate ~ 1 / (12 sqrt(n)) = 2e-4).
+    assert abs(float(((u[1:] - 0.5) * (u[:-1] - 0.5)).mean())) < 1e-3
+
+
+def test_hash_uniform_depends_on_seed_bits_and_position() -> None:
+    x = torch.randn(10_000, generator=torch.Generator().manual_seed(3))
+    u = hash_uniform(x, 7)
+    # Another seed, or a one-ulp change of every input, gives unrelated draws.
+    for other in (hash_uniform(x, 8), hash_uniform(torch.nextafter(x, x + 1), 7)):
+        assert float((u - other).abs().mean()) == pytest.approx(1 / 3, abs=0.02)
+    # Equal values at different positions get different uniforms.
+    same = hash_uniform(torch.full((1000,), 0.25), 7)
+    assert same.unique().numel() > 990
+    # float64 and half inputs work (float64 bit patterns are folded to 32 bits).
+    assert hash_uniform(x.double(), 7).shape == x.shape
+    assert hash_uniform(x.half(), 7).shape == x.shape
+    with pytest.raises(ValueError, match="floating-point"):
+        hash_uniform(torch.ones(3, dtype=torch.int32), 7)

@@ -354,11 +354,6 @@ class DGCCompressor(SparseCompressor):
         return float(torch.topk(sample, top, sorted=False).values.min())
 
     def select(self, values: Tensor, k: int, rnd: Round) -> Tensor:
-        d = values.numel()
-        if k >= d:
-            return torch.arange(d, device=values.device)
-        if k == 0:
-            return torch.empty(0, dtype=torch.int64, device=values.device)
         if _sum_is_finite(values):
             thr = self.sample_threshold(values, k, rnd)
             for _ in range(self.max_adapt_iters):

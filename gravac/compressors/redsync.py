@@ -74,11 +74,6 @@ class RedSyncCompressor(SparseCompressor):
         return chosen[topk_indices(values[chosen], k, backend=self.backend)]
 
     def select(self, values: Tensor, k: int, rnd: Round) -> Tensor:
-        d = values.numel()
-        if k >= d:
-            return torch.arange(d, device=values.device)
-        if k == 0:
-            return torch.empty(0, dtype=torch.int64, device=values.device)
         mag = values.abs()
         acc = torch.float64 if values.dtype == torch.float64 else torch.float32
         mean = float(mag.mean(dtype=acc))

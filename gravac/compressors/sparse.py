@@ -46,7 +46,18 @@ class SparseCompressor(Compressor):
 
     @abstractmethod
     def select(self, values: Tensor, k: int, rnd: Round) -> Tensor:
-        """int64 positions of the ``k`` entries of 1-D ``values`` to send (exactly ``k``)."""
+        """int64 positions of the ``k`` entries of 1-D ``values`` to send (exactly ``k``).
+
+        Only called with ``0 < k < values.numel()``: :meth:`_choose` handles the trivial cases.
+        """
+
+    def _choose(self, values: Tensor, k: int, rnd: Round) -> Tensor:
+        """:meth:`select`, except that keeping nothing or everything needs no selection."""
+        if k == 0:
+            return torch.empty(0, dtype=torch.int64, device=values.device)
+        if k >= values.numel():
+            return torch.arange(values.numel(), device=values.device)
+        return self.select(values, k, rnd)
 
     def _payload(
         self, values: Tensor, indices: Tensor, numel: int, shape: torch.Size, dtype: torch.dtype
@@ -59,7 +70,7 @@ class SparseCompressor(Compressor):
     def compress(self, x: Tensor, cf: float, rnd: Round) -> tuple[SparsePayload, Context]:
         flat = x.detach().reshape(-1)
         k = k_for_cf(flat.numel(), cf)
-        idx = self.select(flat, k, rnd)
+        idx = self._choose(flat, k, rnd)
         return self._payload(flat[idx], idx, flat.numel(), x.shape, x.dtype)
 
     def recompress(
@@ -67,7 +78,7 @@ class SparseCompressor(Compressor):
     ) -> tuple[SparsePayload, Context]:
         p = cast(SparsePayload, payload)
         k = min(k_for_cf(ctx.numel, check_cf(cf)), p.values.numel())
-        sub = self.select(p.values, k, rnd)
+        sub = self._choose(p.values, k, rnd)
         return self._payload(p.values[sub], p.indices[sub], ctx.numel, ctx.shape, ctx.dtype)
 
     def decompress(self, payload: Payload, ctx: Context) -> Tensor:

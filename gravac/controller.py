@@ -74,6 +74,14 @@ class ControllerConfig:
         window: steps each candidate CF is evaluated for.
         warmup_steps: steps at theta_min before the search starts.
         ewma_alpha: gain and throughput smoothing; ``None`` picks ``min(1, N / 100)``.
+
+    Defaults: the CF range 10..1000 is the paper's; omega 0.05 and window 25 are the reference
+    code's (sahiltyagi4/GraVAC). ``epsilon`` is 0.5 rather than the reference code's 0.75
+    because that code thresholds a ratio of *norms* while our gain is a squared cosine, an
+    energy ratio (0.75 of the norm is 0.56 of the energy); Top-k at CF 10 keeps a smoothed gain
+    of 0.68-0.9 on the demo's CNN (``gravac demo``, TensorBoard tag ``gravac/gain_min``), so
+    0.5 sends it and falls back to dense only when a CF keeps less than half the gradient's
+    energy. The warm-up equals one window, as in the reference code.
     """
 
     theta_min: float = 10.0

@@ -136,6 +136,7 @@ def train_worker(rank: int, world_size: int, cfg: DemoConfig) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(DATA_SEED + rank)
     bar = _progress(cfg.max_steps, rank)
     cf_trajectory: list[float] = []
+    candidates: list[float | None] = []
     achieved: list[float] = []
     accuracy: list[tuple[int, float]] = []
     for step in range(cfg.max_steps):
@@ -147,6 +148,7 @@ def train_worker(rank: int, world_size: int, cfg: DemoConfig) -> dict[str, Any]:
         record = opt.last_record
         if record is not None:
             cf_trajectory.append(record.cf_sent)
+            candidates.append(record.cf_candidate)
             achieved.append(record.cf_achieved)
         if rank == 0 and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.max_steps):
             acc = _accuracy(model, test_x, test_y)
@@ -164,6 +166,7 @@ def train_worker(rank: int, world_size: int, cfg: DemoConfig) -> dict[str, Any]:
         "final_accuracy": _accuracy(model, test_x, test_y),
         "accuracy": accuracy,
         "cf_trajectory": cf_trajectory,
+        "cf_candidates": candidates,
         "cf_achieved": achieved,
         "wire_bytes": opt.total_wire_bytes,
         "dense_wire_bytes": opt.total_dense_wire_bytes,
@@ -189,6 +192,8 @@ def _plot(result: dict[str, Any], dense: dict[str, Any] | None, path: Path) -> N
 
     fig, (ax_cf, ax_acc) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     steps = range(1, len(result["cf_trajectory"]) + 1)
+    candidates = [float("nan") if c is None else c for c in result["cf_candidates"]]
+    ax_cf.plot(steps, candidates, "x", markersize=3, color="tab:red", label="candidate evaluated")
     ax_cf.step(steps, result["cf_trajectory"], where="post", label="CF sent")
     ax_cf.set_yscale("log")
     ax_cf.set_ylabel("compression factor")

@@ -8,6 +8,9 @@ One step (DESIGN.md section 2; GraVAC Algorithm 1)::
     aggregate over ranks, divide by N, e_b <- x_b - D(sent)   (or e_b <- 0 after a dense send)
     write p.grad; wrapped.step()
 
+The gain is taken over the compressed buckets (summed over buckets and ranks): the dense
+small and 1-D tensors travel exactly whatever the CF and would only pull it towards 1.
+
 Every decision reads only values agreed by all ranks: two all-gathers of a few float64 scalars
 per step (a non-finite flag with the step time, then the gain terms), reduced on every rank in
 rank order. The extra round trips are tiny next to the payloads; DESIGN.md 5 allows piggybacking

@@ -15,6 +15,17 @@ Aggregation follows the compressor's collective:
 Compressors that need values agreed by all ranks before compressing (THC's max-norm, TopKC's
 chunk norms) return them from :meth:`Compressor.local_stats`; the caller reduces them across ranks
 with :attr:`Compressor.stats_op` and passes the result as :attr:`Round.agreed`.
+
+Edge cases, the same for every compressor (tested over the registry):
+
+* an empty tensor compresses to an empty payload (0 wire bytes, achieved CF 1) and decompresses
+  to an empty tensor of its shape; its gain is 1;
+* 0-d and one-element tensors are compressed as one element (a sparsifier keeps it: CF 1);
+* non-finite values propagate: sparsifiers rank NaN and +-Inf above every finite magnitude, so
+  they are sent rather than hidden in a residual, and the gain of a non-finite input is NaN,
+  which :class:`gravac.GravacOptimizer` turns into a skipped step on every rank;
+* any floating dtype is accepted and decompression returns the input's dtype; payload values
+  keep the input dtype unless the compressor defines its wire format (casts, THC, PowerSGD).
 """
 
 from __future__ import annotations

@@ -299,7 +299,8 @@ class GravacOptimizer(torch.optim.Optimizer):
     def _flush_residuals(self, old: Layout) -> None:
         """Move the residuals of an outdated layout into the gradients, so none is lost.
 
-        Other memory state (DGC's momentum) restarts with the new layout.
+        A parameter frozen since is left alone, residual included: updating it would undo the
+        freeze. Other memory state (DGC's momentum) restarts with the new layout.
         """
         for b in old.compressed:
             e = self.memory.residual(b.key)
@@ -309,6 +310,8 @@ class GravacOptimizer(torch.optim.Optimizer):
             for p in b.params:
                 piece = e[offset : offset + p.numel()].view(p.shape).to(p.dtype)
                 offset += p.numel()
+                if not p.requires_grad:
+                    continue
                 if p.grad is None:
                     p.grad = piece.clone()
                 else:

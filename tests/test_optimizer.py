@@ -172,6 +172,8 @@ def test_freezing_mid_training_moves_the_residual_into_the_gradient() -> None:
         offset += p.numel()
         if p.requires_grad:
             assert torch.equal(p.grad, piece)  # type: ignore[arg-type]
+        else:
+            assert p.grad is None  # the frozen layer gets nothing, its residual included
 
 
 def test_sparse_gradients_are_densified() -> None:

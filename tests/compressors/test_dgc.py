@@ -6,8 +6,6 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from gravac import compressors
 from gravac.compressors import Round, k_for_cf
@@ -21,6 +19,7 @@ from gravac.compressors.dgc import (
 )
 from gravac.memory import ResidualMemory
 from gravac.simulation import simulate
+from tests.compressors.inputs import KINDS, gradient_like
 
 
 def _dgc(**opts: object) -> DGCCompressor:
@@ -29,28 +28,11 @@ def _dgc(**opts: object) -> DGCCompressor:
     return c
 
 
-def _inputs(kind: str, d: int, gen: torch.Generator) -> torch.Tensor:
-    if kind == "normal":
-        return torch.randn(d, generator=gen)
-    if kind == "lognormal":  # heavy tails: magnitudes spread over many orders
-        return torch.randn(d, generator=gen) * torch.exp(2 * torch.randn(d, generator=gen))
-    if kind == "cauchy":
-        return torch.tan(math.pi * (torch.rand(d, generator=gen) - 0.5))
-    if kind == "constant":  # all magnitudes tie
-        return torch.where(torch.rand(d, generator=gen) < 0.5, -0.25, 0.25)
-    if kind == "sparse":  # mostly exact zeros, as embedding gradients
-        return torch.randn(d, generator=gen) * (torch.rand(d, generator=gen) < 0.02)
-    raise AssertionError(kind)
-
-
-KINDS = ["normal", "lognormal", "cauchy", "constant", "sparse"]
-
-
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("d", [1, 7, 1000, 5000, 100_003])
 @pytest.mark.parametrize("cf", [1.0, 1.7, 10.0, 100.0, 1000.0])
 def test_keeps_exactly_k(kind: str, d: int, cf: float) -> None:
-    x = _inputs(kind, d, torch.Generator().manual_seed(d))
+    x = gradient_like(kind, d, torch.Generator().manual_seed(d))
     c = _dgc()
     payload, ctx = c.compress(x, cf, Round(step=1))
     k = k_for_cf(d, cf)
@@ -76,7 +58,7 @@ def test_selection_equals_exact_topk(kind: str, cf: float) -> None:
     d = 200_000
     k = k_for_cf(d, cf)
     for step in range(10):
-        x = _inputs(kind, d, gen)
+        x = gradient_like(kind, d, gen)
         idx = c.select(x, k, Round(step=step))
         ref = torch.topk(x.abs(), k).indices
         assert torch.equal(x.abs()[idx].sort().values, x.abs()[ref].sort().values)
@@ -313,32 +295,3 @@ def test_registry_flags() -> None:
     assert c.collective == "allgather" and c.supports_multilevel
     assert "warmup_steps" in compressors.options("dgc")
     assert c.state_dict() == {}
-
-
-@given(
-    shape=st.lists(st.integers(1, 60), min_size=1, max_size=3),
-    cf=st.floats(1.0, 2000.0),
-    seed=st.integers(0, 2**31 - 1),
-    kind=st.sampled_from(KINDS),
-    dtype=st.sampled_from([torch.float32, torch.float64, torch.float16]),
-)
-@settings(max_examples=60, deadline=None)
-def test_property_exact_k_distinct_in_range(
-    shape: list[int], cf: float, seed: int, kind: str, dtype: torch.dtype
-) -> None:
-    d = math.prod(shape)
-    x = _inputs(kind, d, torch.Generator().manual_seed(seed)).to(dtype).view(shape)
-    c = _dgc(seed=seed, sample_ratio=0.05)
-    payload, ctx = c.compress(x, cf, Round(step=seed % 100))
-    k = k_for_cf(d, cf)
-    idx = payload.indices.long()  # type: ignore[attr-defined]
-    assert idx.numel() == k == idx.unique().numel()
-    assert int(idx.min()) >= 0 and int(idx.max()) < d
-    assert torch.equal(payload.values, x.reshape(-1)[idx])  # type: ignore[attr-defined]
-    assert ctx.achieved_cf == d / k
-    # Exact top-k by magnitude: every unsent magnitude is at most the smallest sent one.
-    mag = x.reshape(-1).abs().float()
-    unsent = torch.ones(d, dtype=torch.bool)
-    unsent[idx] = False
-    if bool(unsent.any()):
-        assert float(mag[unsent].max()) <= float(mag[idx].min())

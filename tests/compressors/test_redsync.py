@@ -6,34 +6,18 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from gravac import compressors
 from gravac.compressors import Round, k_for_cf
 from gravac.compressors import redsync as redsync_module
 from gravac.compressors.redsync import RedSyncCompressor, redsync_threshold
+from tests.compressors.inputs import KINDS, gradient_like
 
 
 def _redsync() -> RedSyncCompressor:
     c = compressors.create("redsync")
     assert isinstance(c, RedSyncCompressor)
     return c
-
-
-def _inputs(kind: str, d: int, gen: torch.Generator) -> torch.Tensor:
-    if kind == "normal":
-        return torch.randn(d, generator=gen)
-    if kind == "lognormal":
-        return torch.randn(d, generator=gen) * torch.exp(2 * torch.randn(d, generator=gen))
-    if kind == "constant":
-        return torch.where(torch.rand(d, generator=gen) < 0.5, -1.0, 1.0)
-    if kind == "sparse":
-        return torch.randn(d, generator=gen) * (torch.rand(d, generator=gen) < 0.02)
-    raise AssertionError(kind)
-
-
-KINDS = ["normal", "lognormal", "constant", "sparse"]
 
 
 class _Spy:
@@ -54,7 +38,7 @@ class _Spy:
 @pytest.mark.parametrize("d", [1, 7, 1000, 100_003])
 @pytest.mark.parametrize("cf", [1.0, 1.7, 10.0, 100.0, 1000.0])
 def test_keeps_exactly_k(kind: str, d: int, cf: float) -> None:
-    x = _inputs(kind, d, torch.Generator().manual_seed(d))
+    x = gradient_like(kind, d, torch.Generator().manual_seed(d))
     payload, ctx = _redsync().compress(x, cf, Round())
     k = k_for_cf(d, cf)
     idx = payload.indices.long()  # type: ignore[attr-defined]
@@ -71,7 +55,7 @@ def test_selection_equals_exact_topk(kind: str, cf: float) -> None:
     d = 100_000
     k = k_for_cf(d, cf)
     for _ in range(5):
-        x = _inputs(kind, d, gen)
+        x = gradient_like(kind, d, gen)
         idx = c.select(x, k, Round())
         ref = torch.topk(x.abs(), k).indices
         assert torch.equal(x.abs()[idx].sort().values, x.abs()[ref].sort().values)
@@ -103,7 +87,7 @@ def test_all_equal_magnitudes_fall_back_and_are_counted(monkeypatch: pytest.Monk
     """Equal magnitudes make thr(r) constant: nnz = d >= 2k for every r, so the search fails
     after a single pass and the exact top-k of that selection is sent."""
     spy = _Spy(monkeypatch)
-    x = _inputs("constant", 10_000, torch.Generator().manual_seed(2))
+    x = gradient_like("constant", 10_000, torch.Generator().manual_seed(2))
     c = _redsync()
     idx = c.select(x, 100, Round())
     assert c.fallbacks == 1 and len(spy.calls) == 1
@@ -149,30 +133,3 @@ def test_bad_backend_and_flags() -> None:
         compressors.create("redsync", backend="opencl")
     c = _redsync()
     assert c.collective == "allgather" and c.supports_multilevel
-
-
-@given(
-    shape=st.lists(st.integers(1, 60), min_size=1, max_size=3),
-    cf=st.floats(1.0, 2000.0),
-    seed=st.integers(0, 2**31 - 1),
-    kind=st.sampled_from(KINDS),
-    dtype=st.sampled_from([torch.float32, torch.float64, torch.float16]),
-)
-@settings(max_examples=60, deadline=None)
-def test_property_exact_k_distinct_in_range(
-    shape: list[int], cf: float, seed: int, kind: str, dtype: torch.dtype
-) -> None:
-    d = math.prod(shape)
-    x = _inputs(kind, d, torch.Generator().manual_seed(seed)).to(dtype).view(shape)
-    payload, ctx = _redsync().compress(x, cf, Round())
-    k = k_for_cf(d, cf)
-    idx = payload.indices.long()  # type: ignore[attr-defined]
-    assert idx.numel() == k == idx.unique().numel()
-    assert int(idx.min()) >= 0 and int(idx.max()) < d
-    assert torch.equal(payload.values, x.reshape(-1)[idx])  # type: ignore[attr-defined]
-    assert ctx.achieved_cf == d / k
-    mag = x.reshape(-1).abs().float()
-    unsent = torch.ones(d, dtype=torch.bool)
-    unsent[idx] = False
-    if bool(unsent.any()):
-        assert float(mag[unsent].max()) <= float(mag[idx].min())

@@ -62,6 +62,7 @@ def simulate(
     step: int = 0,
     key: int = 0,
     memories: Sequence[Memory] | None = None,
+    layout: tuple[torch.Size, ...] | None = None,
 ) -> SimulationResult:
     """Aggregate the per-worker ``grads`` at CF ``cf`` as the real collective would.
 
@@ -73,6 +74,9 @@ def simulate(
         step: the global step (seeds shared randomness).
         key: the bucket key.
         memories: one error-feedback memory per worker, updated in place; ``None`` for no EF.
+        layout: shapes of the tensors packed, in order, into each flat gradient, passed to the
+            compressor as :attr:`Round.layout` (per-matrix compressors such as PowerSGD read it);
+            ``None`` when each gradient is a single tensor of its own shape.
     """
     check_cf(cf)
     if not grads:
@@ -88,9 +92,9 @@ def simulate(
         if memories
         else [g.detach() for g in grads]
     )
-    probe = Round(step=step, key=key, world_size=n)
+    probe = Round(step=step, key=key, world_size=n, layout=layout)
     agreed = reduce_stats(compressor, [compressor.local_stats(x, cf, probe) for x in xs])
-    rnd = Round(step=step, key=key, world_size=n, agreed=agreed)
+    rnd = Round(step=step, key=key, world_size=n, agreed=agreed, layout=layout)
     compressed: list[tuple[Payload, Context]] = [compressor.compress(x, cf, rnd) for x in xs]
     payloads = [p for p, _ in compressed]
     ctx = compressed[0][1]

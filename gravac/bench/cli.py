@@ -1,0 +1,275 @@
+"""``gravac bench``'s command line: ``gravac bench compressors`` and ``gravac bench multilevel``.
+
+:func:`add_parser` adds both to the ``gravac`` command line (:mod:`gravac.cli`); the handlers run
+the benchmarks of :mod:`gravac.bench.compressors` and :mod:`gravac.bench.multilevel` with torch's
+intra-op threads set by ``--threads``, and print a table or, with ``--json``, a JSON list of rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import torch
+
+from gravac import compressors
+from gravac.bench import compressors as compressor_bench
+from gravac.bench import multilevel as multilevel_bench
+from gravac.bench.common import DEFAULT_REPEATS, DEFAULT_SEED, DEFAULT_SIZE, parse_size
+from gravac.compressors import check_cf
+
+__all__ = ["add_parser"]
+
+T = TypeVar("T")
+
+
+def _argtype(parse: Callable[[str], T]) -> Callable[[str], T]:
+    """Turn a parser's ValueError into argparse's error (its message is printed verbatim)."""
+
+    def convert(text: str) -> T:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return convert
+
+
+def _positive_int(option: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise ValueError(f"{option} must be an integer >= 1, got {text!r}")
+        return value
+
+    return _argtype(parse)
+
+
+def _cf(option: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            return check_cf(float(text), name=option)
+        except ValueError:
+            raise ValueError(f"{option} must be a finite number >= 1, got {text!r}") from None
+
+    return _argtype(parse)
+
+
+def _int(option: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"{option} must be an integer, got {text!r}") from None
+
+    return _argtype(parse)
+
+
+def _compressor_list(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    known = compressors.names()
+    unknown = [n for n in names if n not in known]
+    if not names or unknown:
+        raise ValueError(
+            f"--compressors must be a comma-separated list of registered compressors {known}, "
+            f"got {text!r}"
+        )
+    return names
+
+
+def _device(text: str) -> torch.device:
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise ValueError(
+            f"--device must be a torch device such as cpu or cuda, got {text!r}"
+        ) from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {text!r} was requested but CUDA is not available")
+    return device
+
+
+def _add_common(p: argparse.ArgumentParser, *, cf: bool) -> None:
+    p.add_argument(
+        "--size",
+        type=_argtype(parse_size),
+        default=parse_size(DEFAULT_SIZE),
+        help=f"elements per gradient, K/M/G suffixes binary (default {DEFAULT_SIZE})",
+    )
+    if cf:
+        p.add_argument(
+            "--cf",
+            type=_cf("--cf"),
+            default=compressor_bench.DEFAULT_CF,
+            help=f"requested compression factor (default {compressor_bench.DEFAULT_CF:g})",
+        )
+    p.add_argument(
+        "--repeats",
+        type=_positive_int("--repeats"),
+        default=DEFAULT_REPEATS,
+        help=f"timed repeats; medians are reported (default {DEFAULT_REPEATS})",
+    )
+    p.add_argument(
+        "--compressors",
+        type=_argtype(_compressor_list),
+        default=None,
+        help="comma-separated compressor names (default: every registered one that applies)",
+    )
+    p.add_argument(
+        "--seed",
+        type=_int("--seed"),
+        default=DEFAULT_SEED,
+        help=f"seed of the synthetic gradients (default {DEFAULT_SEED})",
+    )
+    p.add_argument(
+        "--device",
+        type=_argtype(_device),
+        default=torch.device("cpu"),
+        help="torch device to run on (default cpu; CUDA times are synchronised)",
+    )
+    p.add_argument(
+        "--threads",
+        type=_positive_int("--threads"),
+        default=None,
+        help="torch intra-op threads while benchmarking (default: torch's, all cores); 1 is "
+        "steadier on a machine shared with other jobs",
+    )
+    p.add_argument("--json", action="store_true", help="print a JSON list of rows, no table")
+
+
+@contextlib.contextmanager
+def _torch_threads(threads: int | None) -> Iterator[None]:
+    """Run with ``threads`` torch intra-op threads (``None``: unchanged), restored afterwards."""
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _run_compressors(args: argparse.Namespace) -> int:
+    with _torch_threads(args.threads):
+        results = compressor_bench.bench_compressors(
+            args.compressors, cf=args.cf, workers=args.workers, **_common_options(args)
+        )
+        _print(args, results, compressor_bench.format_compressor_table)
+    return 0
+
+
+def _run_multilevel(args: argparse.Namespace) -> int:
+    with _torch_threads(args.threads):
+        results = multilevel_bench.bench_multilevel(
+            args.compressors, cf1=args.cf1, cf2=args.cf2, **_common_options(args)
+        )
+        _print(args, results, multilevel_bench.format_multilevel_table)
+    return 0
+
+
+def _common_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The benchmark arguments of the options :func:`_add_common` adds to both benchmarks."""
+    return {"size": args.size, "repeats": args.repeats, "seed": args.seed, "device": args.device}
+
+
+def _print(
+    args: argparse.Namespace,
+    results: Sequence[compressor_bench.CompressorResult]
+    | Sequence[multilevel_bench.MultilevelResult],
+    table: Callable[..., str],
+) -> None:
+    """Print ``results`` as a JSON list of rows (``--json``) or as the report ``table`` makes.
+
+    Called with the benchmark's torch threads still set: the report's header names them.
+    """
+    if args.json:
+        print(json.dumps([r.to_json() for r in results], indent=2, allow_nan=False))
+    else:
+        print(table(results, seed=args.seed, device=args.device))
+
+
+def _check_multilevel_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Usage errors that need several options (argparse exits with status 2)."""
+    if args.cf1 >= args.cf2:
+        parser.error(f"--cf1 must be below --cf2, got {args.cf1:g} >= {args.cf2:g}")
+    supported = multilevel_bench.multilevel_names()
+    unsupported = [n for n in args.compressors or () if n not in supported]
+    if unsupported:
+        parser.error(
+            f"--compressors {','.join(unsupported)} do not support multi-level; "
+            f"choose from {supported}"
+        )
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``bench compressors`` and ``bench multilevel`` to the ``gravac`` command line.
+
+    Each leaf parser sets ``func`` (the handler, taking the parsed namespace and returning an
+    exit status) as :func:`gravac.cli.main` expects.
+    """
+    bench = subparsers.add_parser(
+        "bench",
+        help="benchmark the compressors",
+        description="Benchmarks of the registered compressors (times are medians).",
+    )
+    kinds = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
+
+    comp = kinds.add_parser(
+        "compressors",
+        help="throughput, NMSE, achieved CF and wire bytes of each compressor",
+        description=(
+            "For each compressor: compress GB/s = float32 input bytes / median time of "
+            "local_stats + compress of one worker's gradient (the cross-rank reduction of the "
+            "stats is not timed); copy GB/s = the same bytes / median time of dst.copy_(src) "
+            "into a preallocated buffer, measured in the same loop, and their ratio; "
+            "decompress GB/s = float32 output bytes / median time of combine() of the N "
+            "workers' payloads; NMSE of the N-worker mean of one simulated round "
+            "(gravac.simulation.simulate, no error feedback) on synthetic heavy-tailed "
+            "gradients (a shared component plus per-worker noise); achieved CF; wire bytes per "
+            "worker. One untimed warm-up precedes the timed repeats."
+        ),
+    )
+    _add_common(comp, cf=True)
+    comp.add_argument(
+        "--workers",
+        type=_positive_int("--workers"),
+        default=compressor_bench.DEFAULT_WORKERS,
+        help=f"simulated workers, in process (default {compressor_bench.DEFAULT_WORKERS})",
+    )
+    comp.set_defaults(func=_run_compressors)
+
+    multi = kinds.add_parser(
+        "multilevel",
+        help="multi-level compression (compress then recompress) versus compressing twice",
+        description=(
+            "For each compressor that supports multi-level compression: median time of "
+            "local_stats + compress(x, cf1) + recompress(to cf2) against local_stats + "
+            "compress(x, cf1) + local_stats + compress(x, cf2), and their ratio "
+            "(direct / multi-level; the GraVAC paper reports 1.1x-1.83x)."
+        ),
+    )
+    _add_common(multi, cf=False)
+    multi.add_argument(
+        "--cf1",
+        type=_cf("--cf1"),
+        default=multilevel_bench.DEFAULT_CF1,
+        help=f"first-level CF, theta_min (default {multilevel_bench.DEFAULT_CF1:g})",
+    )
+    multi.add_argument(
+        "--cf2",
+        type=_cf("--cf2"),
+        default=multilevel_bench.DEFAULT_CF2,
+        help=f"second-level CF, the candidate (default {multilevel_bench.DEFAULT_CF2:g})",
+    )
+
+    def run_multilevel(args: argparse.Namespace) -> int:
+        _check_multilevel_args(multi, args)
+        return _run_multilevel(args)
+
+    multi.set_defaults(func=run_multilevel)

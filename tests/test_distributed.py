@@ -11,7 +11,7 @@ import torch
 from gravac import GravacOptimizer, broadcast_parameters, compressors, simulate
 from gravac.launch import spawn_workers
 from gravac.memory import ResidualMemory
-from tests.helpers import counter_clock, tiny_model, train_step
+from tests.helpers import batch, counter_clock, tiny_model, train_step
 
 pytestmark = pytest.mark.slow
 STEPS = 12
@@ -82,8 +82,6 @@ def _aggregate_check(
     model: torch.nn.Module, opt: GravacOptimizer, rank: int, step: int
 ) -> dict[str, Any]:
     """Run one step, returning this rank's x = g + e, the CF sent and the aggregate."""
-    from tests.helpers import batch
-
     opt.zero_grad()
     xb, yb = batch(rank, step)
     torch.nn.functional.cross_entropy(model(xb), yb).backward()
@@ -185,3 +183,31 @@ def resume_run(rank: int, world_size: int) -> dict[str, Any]:
 def test_resume_across_two_ranks_is_bit_exact() -> None:
     results = spawn_workers(resume_run, 2, timeout=SPAWN_TIMEOUT)
     assert all(r["same"] for r in results)
+
+
+def nan_on_one_rank(rank: int, world_size: int) -> dict[str, Any]:
+    """Rank 1 alone produces a NaN gradient at step 3: every rank must skip that step."""
+    model = tiny_model(seed=0)
+    opt = make(model, "topk")
+    skipped, params = [], []
+    for step in range(6):
+        opt.zero_grad()
+        x, y = batch(rank, step)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        if step == 3 and rank == 1:
+            next(model.parameters()).grad[0, 0, 0, 0] = float("nan")  # type: ignore[index]
+        before = [p.detach().clone() for p in model.parameters()]
+        opt.step()
+        skipped.append(opt.skipped_steps)
+        params.append(
+            all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+        )
+    return {"skipped": skipped, "unchanged": params, "steps": opt.steps}
+
+
+def test_nonfinite_gradient_on_one_rank_skips_the_step_on_all() -> None:
+    results = spawn_workers(nan_on_one_rank, 2, timeout=SPAWN_TIMEOUT)
+    for r in results:
+        assert r["skipped"] == [0, 0, 0, 1, 1, 1]
+        assert r["unchanged"] == [False, False, False, True, False, False]
+        assert r["steps"] == 5

@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -304,22 +304,10 @@ def _main(args: argparse.Namespace) -> int:
     if args.policy == "fixed" and args.cf is None:
         raise ValueError("--policy fixed needs --cf")
     log_dir = args.log_dir or f"runs/{args.compressor}-{time.strftime('%Y%m%d-%H%M%S')}"
-    cfg = DemoConfig(
-        workers=args.workers,
-        max_steps=args.max_steps,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        compressor=args.compressor,
-        policy=args.policy,
-        theta_min=args.theta_min,
-        theta_max=args.theta_max,
-        epsilon=args.epsilon,
-        window=args.window,
-        warmup_steps=args.warmup_steps,
-        eval_every=args.eval_every,
-        log_dir=log_dir,
-        policy_options={"cf": args.cf} if args.policy == "fixed" else {},
-    )
+    options = {f.name: getattr(args, f.name) for f in fields(DemoConfig) if f.name in vars(args)}
+    options["log_dir"] = log_dir
+    options["policy_options"] = {"cf": args.cf} if args.policy == "fixed" else {}
+    cfg = DemoConfig(**options)
     summary = run_demo(cfg, compare_dense=args.compare_dense)
     print(json.dumps(summary) if args.json else _table(summary))
     return 0

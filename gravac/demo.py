@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from gravac import compressors, policies
+from gravac.controller import ControllerConfig
 from gravac.launch import spawn_workers
 from gravac.monitor import TensorBoardMonitor
 from gravac.optimizer import GravacOptimizer, broadcast_parameters
@@ -80,9 +81,9 @@ class DemoConfig:
     lr: float = 0.05
     compressor: str = "topk"
     policy: str = "exponential"
-    theta_min: float = 10.0
-    theta_max: float = 1000.0
-    epsilon: float = 0.5
+    theta_min: float = ControllerConfig.theta_min
+    theta_max: float = ControllerConfig.theta_max
+    epsilon: float = ControllerConfig.epsilon
     window: int = 20
     warmup_steps: int = 40
     ewma_alpha: float = 0.2

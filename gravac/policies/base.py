@@ -8,9 +8,10 @@ fixtures. A policy with a :attr:`ScalingPolicy.static_cf` pins the CF instead (t
 
 from __future__ import annotations
 
-import inspect
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, TypeVar
+
+from gravac.registry import Registry
 
 __all__ = ["ScalingPolicy", "create", "get", "names", "register"]
 
@@ -35,44 +36,26 @@ class ScalingPolicy(ABC):
         return f"{type(self).__name__}({fields})"
 
 
-_REGISTRY: dict[str, type[ScalingPolicy]] = {}
+_REGISTRY: Registry[ScalingPolicy] = Registry("policy")
 P = TypeVar("P", bound=type[ScalingPolicy])
 
 
 def register(cls: P) -> P:
     """Class decorator: make ``cls`` available as ``create(cls.name)``."""
-    if cls.name in _REGISTRY:
-        raise ValueError(f"policy name {cls.name!r} is registered twice")
-    _REGISTRY[cls.name] = cls
+    _REGISTRY.register(cls)
     return cls
 
 
 def names() -> list[str]:
     """Registered policy names, sorted."""
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def get(name: str) -> type[ScalingPolicy]:
     """The class registered as ``name``."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown policy {name!r}; choose one of {names()}") from None
+    return _REGISTRY.get(name)
 
 
 def create(name: str, **options: Any) -> ScalingPolicy:
     """Build policy ``name`` with keyword ``options``; unknown names or options raise."""
-    cls = get(name)
-    params = inspect.signature(cls.__init__).parameters
-    allowed = [p for p in params if params[p].kind is inspect.Parameter.KEYWORD_ONLY]
-    unknown = sorted(set(options) - set(allowed))
-    if unknown:
-        raise ValueError(
-            f"policy {name!r} has no option {unknown[0]!r}; allowed options: {allowed}"
-        )
-    missing = [
-        p for p in allowed if params[p].default is inspect.Parameter.empty and p not in options
-    ]
-    if missing:
-        raise ValueError(f"policy {name!r} needs option {missing[0]!r}")
-    return cls(**options)
+    return _REGISTRY.create(name, **options)

@@ -60,7 +60,7 @@ class _StatefulFake(Compressor):
 
 
 def test_stateful_compressor_is_timed_from_the_same_state(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(registry._REGISTRY, _StatefulFake.name, _StatefulFake)
+    monkeypatch.setitem(registry._REGISTRY._classes, _StatefulFake.name, _StatefulFake)
     monkeypatch.setattr(_StatefulFake, "seen", [])
     monkeypatch.setattr(_StatefulFake, "layouts", [])
     grads = common.synthetic_gradients(SIZE, WORKERS, seed=0)
@@ -103,6 +103,6 @@ def test_bench_compressors_reports_a_failing_compressor_by_name(
         def compress(self, x: Tensor, cf: float, rnd: Round) -> tuple[Payload, Context]:
             raise ArithmeticError("boom")
 
-    monkeypatch.setitem(registry._REGISTRY, Broken.name, Broken)
+    monkeypatch.setitem(registry._REGISTRY._classes, Broken.name, Broken)
     with pytest.raises(RuntimeError, match=r"bench-test-broken.*boom"):
         bench_compressors.bench_compressors([Broken.name], size=64, workers=1, repeats=1)

@@ -9,6 +9,7 @@ Subcommands:
     demo                train a small CNN on digits with GraVAC across 2 gloo workers
     bench compressors   throughput, NMSE, achieved CF and wire bytes of every compressor
     bench multilevel    multi-level compression against compressing twice
+    bench kernels       each CuPy kernel against its torch path and a plain copy (CUDA)
 """
 
 from __future__ import annotations

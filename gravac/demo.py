@@ -34,6 +34,8 @@ DATA_SEED = 0
 #: tensors of fewer bytes travel dense: this small model's biases and its last layer; every
 #: other matrix is compressed (the library's default, 1 MiB, is meant for real models)
 DEMO_DENSE_BYTES = 4096
+#: where the workers train, and the process-group backend of each
+DEVICES = {"cpu": "gloo", "cuda": "nccl"}
 
 
 def digits_data() -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -90,6 +92,8 @@ class DemoConfig:
     eval_every: int = 20
     log_dir: str | None = None
     policy_options: dict[str, Any] = field(default_factory=dict)
+    #: "cpu" (gloo) or "cuda" (one GPU per worker, NCCL)
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         for name in ("workers", "max_steps", "batch_size", "window", "eval_every"):
@@ -100,6 +104,13 @@ class DemoConfig:
             raise ValueError(f"--lr must be > 0, got {self.lr}")
         compressors.get(self.compressor)
         policies.get(self.policy)
+        if self.device not in DEVICES:
+            raise ValueError(f"--device must be one of {list(DEVICES)}, got {self.device!r}")
+        if self.device == "cuda" and torch.cuda.device_count() < self.workers:
+            raise ValueError(
+                f"--device cuda needs one GPU per worker: --workers {self.workers}, "
+                f"{torch.cuda.device_count()} GPU(s) visible"
+            )
 
 
 def _accuracy(model: nn.Module, x: Tensor, y: Tensor) -> float:
@@ -112,11 +123,14 @@ def _accuracy(model: nn.Module, x: Tensor, y: Tensor) -> float:
 
 def train_worker(rank: int, world_size: int, cfg: DemoConfig) -> dict[str, Any]:
     """One worker: its shard of the training set, GraVAC, evaluation and logs on rank 0."""
-    train_x, train_y, test_x, test_y = digits_data()
-    shard = torch.arange(rank, len(train_y), world_size)
+    device = torch.device("cuda", rank) if cfg.device == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    train_x, train_y, test_x, test_y = (t.to(device) for t in digits_data())
+    shard = torch.arange(rank, len(train_y), world_size, device=device)
     train_x, train_y = train_x[shard], train_y[shard]
     torch.manual_seed(DATA_SEED)
-    model = DigitsCNN()
+    model = DigitsCNN().to(device)
     broadcast_parameters(model)
     monitor = TensorBoardMonitor(cfg.log_dir) if rank == 0 and cfg.log_dir else None
     opt = GravacOptimizer(
@@ -141,7 +155,7 @@ def train_worker(rank: int, world_size: int, cfg: DemoConfig) -> dict[str, Any]:
     achieved: list[float] = []
     accuracy: list[tuple[int, float]] = []
     for step in range(cfg.max_steps):
-        idx = torch.randint(0, len(train_y), (cfg.batch_size,), generator=gen)
+        idx = torch.randint(0, len(train_y), (cfg.batch_size,), generator=gen).to(device)
         opt.zero_grad(set_to_none=True)
         loss = nn.functional.cross_entropy(model(train_x[idx]), train_y[idx])
         loss.backward()
@@ -215,7 +229,8 @@ def _plot(result: dict[str, Any], dense: dict[str, Any] | None, path: Path) -> N
 def run_demo(cfg: DemoConfig, *, compare_dense: bool = False) -> dict[str, Any]:
     """Train with ``cfg`` (and a dense baseline when asked); the summary of the run."""
     start = time.perf_counter()
-    results = spawn_workers(train_worker, cfg.workers, cfg)
+    backend = DEVICES[cfg.device]
+    results = spawn_workers(train_worker, cfg.workers, cfg, backend=backend)
     main = results[0]
     if any(r["cf_trajectory"] != main["cf_trajectory"] for r in results[1:]):
         raise RuntimeError("workers chose different CFs: this is a bug, please report it")
@@ -230,7 +245,7 @@ def run_demo(cfg: DemoConfig, *, compare_dense: bool = False) -> dict[str, Any]:
                 "log_dir": None if cfg.log_dir is None else f"{cfg.log_dir}-dense",
             }
         )
-        dense = spawn_workers(train_worker, cfg.workers, dense_cfg)[0]
+        dense = spawn_workers(train_worker, cfg.workers, dense_cfg, backend=backend)[0]
     used = sorted(set(main["cf_trajectory"]))
     summary = {
         "final_accuracy": main["final_accuracy"],
@@ -298,6 +313,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--log-dir", default=None, help="default: runs/<compressor>-<time>")
     p.add_argument("--compare-dense", action="store_true", help="also train dense, compare")
     p.add_argument("--json", action="store_true", help="print a JSON summary instead")
+    p.add_argument(
+        "--device", default=d.device, choices=list(DEVICES), help="cuda: a GPU per worker, NCCL"
+    )
     p.set_defaults(func=_main)
 
 

@@ -1,4 +1,4 @@
-"""``gravac bench``'s command line: ``gravac bench compressors`` and ``gravac bench multilevel``.
+"""``gravac bench``'s command line: ``gravac bench compressors``, ``multilevel`` and ``kernels``.
 
 :func:`add_parser` adds both to the ``gravac`` command line (:mod:`gravac.cli`); the handlers run
 the benchmarks of :mod:`gravac.bench.compressors` and :mod:`gravac.bench.multilevel` with torch's
@@ -17,6 +17,7 @@ import torch
 
 from gravac import compressors
 from gravac.bench import compressors as compressor_bench
+from gravac.bench import kernels as kernel_bench
 from gravac.bench import multilevel as multilevel_bench
 from gravac.bench.common import DEFAULT_REPEATS, DEFAULT_SEED, DEFAULT_SIZE, parse_size
 from gravac.compressors import check_cf
@@ -173,6 +174,13 @@ def _run_multilevel(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_kernels(args: argparse.Namespace) -> int:
+    with _torch_threads(args.threads):
+        results = kernel_bench.bench_kernels(**_common_options(args))
+        _print(args, results, kernel_bench.format_kernel_table)
+    return 0
+
+
 def _common_options(args: argparse.Namespace) -> dict[str, Any]:
     """The benchmark arguments of the options :func:`_add_common` adds to both benchmarks."""
     return {"size": args.size, "repeats": args.repeats, "seed": args.seed, "device": args.device}
@@ -181,7 +189,8 @@ def _common_options(args: argparse.Namespace) -> dict[str, Any]:
 def _print(
     args: argparse.Namespace,
     results: Sequence[compressor_bench.CompressorResult]
-    | Sequence[multilevel_bench.MultilevelResult],
+    | Sequence[multilevel_bench.MultilevelResult]
+    | Sequence[kernel_bench.KernelResult],
     table: Callable[..., str],
 ) -> None:
     """Print ``results`` as a JSON list of rows (``--json``) or as the report ``table`` makes.
@@ -273,3 +282,17 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         return _run_multilevel(args)
 
     multi.set_defaults(func=run_multilevel)
+
+    kern = kinds.add_parser(
+        "kernels",
+        help="each CuPy kernel against its torch path and a plain copy (CUDA only)",
+        description=(
+            "For each CuPy kernel (top-k and threshold selection, scatter-add, the 16-bit "
+            "scaled casts, THC compression and its unpack + sum): median time of the torch "
+            "path, of the CuPy path and of dst.copy_(src) of the float32 input, synchronised, "
+            "interleaved in one loop; speedup = torch / CuPy, of copy = copy / CuPy. Needs "
+            "--device cuda and CuPy."
+        ),
+    )
+    _add_common(kern, cf=False)
+    kern.set_defaults(func=_run_kernels, device=torch.device("cuda"))

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from gravac.compressors.base import REFERENCE_BITS, Collective, Compressor, Context, Payload, Round
 from gravac.compressors.registry import register
+from gravac.kernels import check_backend_name, scaled_cast
 
 __all__ = ["BF16Compressor", "DensePayload", "FP16Compressor", "NoneCompressor"]
 
@@ -52,15 +53,22 @@ class NoneCompressor(Compressor):
 
 
 class _HalfCompressor(Compressor):
-    """Send ``clamp(x, +-max) / N`` in :attr:`wire_dtype`; decompression multiplies by ``N``."""
+    """Send ``clamp(x, +-max) / N`` in :attr:`wire_dtype`; decompression multiplies by ``N``.
+
+    Args:
+        backend: kernel backend of the cast (:func:`gravac.kernels.scaled_cast`; ``None`` picks
+            the best available).
+    """
 
     collective: Collective = "allreduce"
     wire_dtype: ClassVar[torch.dtype]
 
+    def __init__(self, *, backend: str | None = None) -> None:
+        self.backend = check_backend_name(backend)
+
     def compress(self, x: Tensor, cf: float, rnd: Round) -> tuple[DensePayload, ScaledContext]:
         flat = x.detach().reshape(-1)
-        limit = torch.finfo(self.wire_dtype).max
-        values = (flat.float().clamp(-limit, limit) / rnd.world_size).to(self.wire_dtype)
+        values = scaled_cast(flat, self.wire_dtype, divisor=rnd.world_size, backend=self.backend)
         achieved = REFERENCE_BITS / torch.finfo(self.wire_dtype).bits if flat.numel() else 1.0
         ctx = ScaledContext(x.shape, x.dtype, flat.numel(), achieved, scale=rnd.world_size)
         return DensePayload(values=values), ctx
@@ -68,6 +76,9 @@ class _HalfCompressor(Compressor):
     def decompress(self, payload: Payload, ctx: Context) -> Tensor:
         values = cast(DensePayload, payload).values.to(ctx.dtype)
         return (values * cast(ScaledContext, ctx).scale).view(ctx.shape)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(backend={self.backend!r})"
 
 
 @register

@@ -9,9 +9,11 @@ decompressed once, after aggregation, so nothing is decompressed and re-compress
     send T[z] (allreduce, integer lanes) or z packed in b bits (allgather)
     sum_i T[z_i]  ->  (S - N g / 2) * 2 t_p / g * l / sqrt(B)  ->  RHT^-1  ->  un-pad
 
-* RHT (THC section 5.1): ``H D x / sqrt(B)`` with ``D`` a Rademacher diagonal drawn from
-  :func:`gravac.seeding.generator` of (``seed``, step, key): identical on all ranks, fresh every
-  step and bucket. ``rotation="full"`` pads the flat input to a power of two ``B = d`` and rotates
+* RHT (THC section 5.1): ``H D x / sqrt(B)`` with ``D`` a Rademacher diagonal hashed from each
+  position and :func:`gravac.seeding.derive_seed` of (``seed``, step, key)
+  (:func:`gravac.kernels.quantize.hash_signs`): identical on all ranks, fresh every step and
+  bucket, drawn inside the CUDA kernel without being stored, and regenerated for decoding.
+  ``rotation="full"`` pads the flat input to a power of two ``B = d`` and rotates
   it whole; ``rotation="partial"`` pads to a multiple of ``B = 2^partial_stages`` (capped at the
   input's power-of-two size) and rotates each contiguous block of ``B`` on its own,
   ``I (x) H_B`` (the first ``partial_stages`` butterfly stages of the full transform; see
@@ -101,16 +103,18 @@ from gravac.compressors.base import (
 )
 from gravac.compressors.registry import register
 from gravac.compressors.thc_table import VALID_BITS, clamp_threshold, optimal_table
-from gravac.kernels import check_backend_name
+from gravac.kernels import check_backend_name, cupy_thc, resolve_backend
 from gravac.kernels.hadamard import fwht, next_power_of_two
 from gravac.kernels.quantize import (
+    hash_signs,
     hash_uniform,
     lookup,
     pack_bits,
     stochastic_quantize,
-    unpack_bits,
+    table_cells,
+    unpack_lookup_sum,
 )
-from gravac.seeding import derive_seed, generator
+from gravac.seeding import derive_seed
 
 __all__ = [
     "DEFAULT_GRANULARITY",
@@ -123,9 +127,11 @@ __all__ = [
     "THCPackedPayload",
     "bits_for_cf",
     "block_norms",
+    "block_scale",
     "lane_dtype",
     "thc_decode",
     "thc_encode",
+    "thc_payload",
 ]
 
 #: Granularity g per bit width (module docstring table): levels are integers in 0..g.
@@ -147,6 +153,7 @@ _ROTATIONS: tuple[Rotation, ...] = ("full", "partial")
 _TRANSPORTS: tuple[Collective, ...] = ("allreduce", "allgather")
 # Stream tags that keep the diagonal's and the rounding's seeds apart for one (seed, step, key).
 _DIAGONAL_STREAM = 0x5448435F44494147  # "THC_DIAG"
+_BYTE_BITS = 8
 _ROUNDING_STREAM = 0x5448435F524E4447  # "THC_RNDG"
 
 
@@ -205,7 +212,8 @@ class THCContext(Context):
         clamp: ``t_p``.
         table: the ``2^b`` levels ``T_{b,g,p}`` (int64, on the CPU).
         norms: agreed max-norm per block (float, one per rotated block).
-        signs: the Rademacher diagonal over the padded length (float).
+        sign_seed: seed of the Rademacher diagonal (:attr:`signs`).
+        device: where the payload lives.
         block: rotation block length ``B`` (the padded length for the full rotation).
         padded: padded length, a multiple of ``block``.
         world_size: ranks the all-reduce lanes were sized for.
@@ -216,10 +224,17 @@ class THCContext(Context):
     clamp: float
     table: Tensor
     norms: Tensor
-    signs: Tensor
+    sign_seed: int
+    device: torch.device
     block: int
     padded: int
     world_size: int
+
+    @property
+    def signs(self) -> Tensor:
+        """The Rademacher diagonal over the padded length, in the compute dtype."""
+        cd = _compute_dtype(self.dtype)
+        return hash_signs(self.padded, self.sign_seed, dtype=cd, device=self.device)
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -231,6 +246,11 @@ def _padded(flat: Tensor, length: int, dtype: torch.dtype) -> Tensor:
     out = torch.zeros(length, dtype=dtype, device=flat.device)
     out[: flat.numel()] = flat
     return out
+
+
+def block_scale(norms: Tensor, block: int) -> Tensor:
+    """``sqrt(B) / l`` per block (0 where the norm is 0): rotated values become about N(0, 1)."""
+    return torch.where(norms > 0, math.sqrt(block) / norms, torch.zeros_like(norms))
 
 
 def block_norms(x: Tensor, block: int, padded: int) -> Tensor:
@@ -250,22 +270,83 @@ def thc_encode(
     clamp: float,
     block: int,
     seed: int,
-    backend: str | None = None,
 ) -> Tensor:
     """THC's compression of one rank's ``x``: int64 table indices over the padded length.
 
     ``u = (clamp(sqrt(B) / l * H_B (D x), +-t) + t) * g / (2t)``, rounded onto ``table`` with
-    uniforms hashed from ``u`` and ``seed`` (module docstring).
+    uniforms hashed from ``u`` and ``seed`` (module docstring). The torch reference of the fused
+    CUDA kernel (:func:`thc_payload`), which must match it bit for bit.
     """
-    padded = signs.numel()
-    v = _padded(x.detach().reshape(-1), padded, signs.dtype).mul_(signs)
-    rotated = fwht(v.view(-1, block), backend=backend)
-    scale = torch.where(norms > 0, math.sqrt(block) / norms, torch.zeros_like(norms))
-    y = rotated.mul_(scale[:, None]).reshape(-1)
+    return _quantize(_rotate(x, signs, block), norms, table, granularity, clamp, block, seed)
+
+
+def _rotate(x: Tensor, signs: Tensor, block: int) -> Tensor:
+    """``H_B D x / sqrt(B)`` per block of ``x`` zero-padded to the length of ``signs``."""
+    v = _padded(x.detach().reshape(-1), signs.numel(), signs.dtype).mul_(signs)
+    return fwht(v.view(-1, block), backend="torch").reshape(-1)
+
+
+def _quantize(
+    rotated: Tensor, norms: Tensor, table: Tensor, g: int, clamp: float, block: int, seed: int
+) -> Tensor:
+    y = rotated.view(-1, block).mul_(block_scale(norms, block)[:, None]).reshape(-1)
     y = torch.nan_to_num_(y, nan=0.0).clamp_(-clamp, clamp)
-    u = y.add_(clamp).mul_(granularity / (2.0 * clamp)).clamp_(0.0, float(granularity))
-    uniform = hash_uniform(u, seed, backend=backend)
-    return stochastic_quantize(u, table, uniform, backend=backend)
+    u = y.add_(clamp).mul_(g / (2.0 * clamp)).clamp_(0.0, float(g))
+    uniform = hash_uniform(u, seed, backend="torch")
+    return stochastic_quantize(u, table, uniform, backend="torch")
+
+
+def thc_payload(
+    x: Tensor,
+    norms: Tensor,
+    table: Tensor,
+    *,
+    granularity: int,
+    clamp: float,
+    block: int,
+    padded: int,
+    sign_seed: int,
+    round_seed: int,
+    bits: int,
+    lane: torch.dtype | None,
+    backend: str | None = None,
+) -> Tensor:
+    """The tensor THC sends: ``T[z]`` in ``lane`` lanes, or (``lane=None``) ``z`` packed.
+
+    ``z`` is :func:`thc_encode` of ``x`` with the diagonal ``hash_signs(padded, sign_seed)``.
+    On CUDA the CuPy kernel (:mod:`gravac.kernels.cupy_thc`) does it all in one pass for blocks
+    up to :data:`~gravac.kernels.cupy_thc.MAX_SHARED_BLOCK`, and after torch's rotation above.
+    """
+    flat = x.detach().reshape(-1)
+    cd = _compute_dtype(flat.dtype)
+    use = resolve_backend(flat, backend, op="thc", cupy=cupy_thc.supports(flat))
+    if use == "torch":
+        signs = hash_signs(padded, sign_seed, dtype=cd, device=flat.device)
+        idx = thc_encode(
+            flat, norms, signs, table, granularity=granularity, clamp=clamp, block=block,
+            seed=round_seed,
+        )  # fmt: skip
+        if lane is not None:
+            return lookup(idx, table.to(lane), backend="torch")
+        return pack_bits(idx, bits, backend="torch")
+    levels, cells = table_cells(table)
+    fused_pack = lane is None and block * bits % _BYTE_BITS == 0
+    lane_table: Tensor | None = None
+    if lane is not None:
+        lane_table = levels.to(device=flat.device, dtype=lane)
+    elif not fused_pack:
+        lane_table = torch.arange(len(levels), dtype=torch.uint8, device=flat.device)
+    rotated = block > cupy_thc.MAX_SHARED_BLOCK
+    if rotated:
+        flat = _rotate(flat, hash_signs(padded, sign_seed, dtype=cd, device=flat.device), block)
+    out = cupy_thc.thc_encode(
+        flat, block_scale(norms, block), levels, cells, lane_table, block=block, padded=padded,
+        clamp=clamp, granularity=granularity, sign_seed=sign_seed, round_seed=round_seed,
+        bits=bits, rotated=rotated,
+    )  # fmt: skip
+    if lane is None and not fused_pack:
+        return pack_bits(out, bits, backend="torch")
+    return out
 
 
 def thc_decode(level_sum: Tensor, count: Tensor | int, ctx: THCContext) -> Tensor:
@@ -274,7 +355,8 @@ def thc_decode(level_sum: Tensor, count: Tensor | int, ctx: THCContext) -> Tenso
     ``y = (S - count * g / 2) * 2t / g`` per block, ``* l / sqrt(B)``, inverse rotation (``D H_B``:
     the transform is its own inverse), un-pad, reshape, cast to ``ctx.dtype``.
     """
-    cd = ctx.signs.dtype
+    cd = _compute_dtype(ctx.dtype)
+    signs = ctx.signs
     g, t = ctx.granularity, ctx.clamp
     offset = (
         count.to(cd) * (g / 2.0) if isinstance(count, Tensor) else torch.tensor(count * g / 2.0)
@@ -282,7 +364,7 @@ def thc_decode(level_sum: Tensor, count: Tensor | int, ctx: THCContext) -> Tenso
     y = level_sum.to(cd).sub_(offset.to(device=level_sum.device, dtype=cd))
     y.mul_(2.0 * t / g)
     r = y.view(-1, ctx.block).mul_((ctx.norms / math.sqrt(ctx.block))[:, None])
-    v = fwht(r).reshape(-1).mul_(ctx.signs)
+    v = fwht(r).reshape(-1).mul_(signs)
     return v[: ctx.numel].to(ctx.dtype).view(ctx.shape)
 
 
@@ -414,53 +496,45 @@ class THCCompressor(Compressor):
         # The table stays on the CPU: the kernels read it on the host and copy what they need.
         table = torch.tensor(optimal_table(b, g, p, symmetric=self.symmetric_table))
         t = clamp_threshold(p)
+        sign_seed = derive_seed(self.seed, rnd.step, rnd.key, _DIAGONAL_STREAM)
         if n == 0:
             norms = torch.zeros(0, dtype=cd, device=device)
-            signs = torch.zeros(0, dtype=cd, device=device)
             ctx = THCContext(
-                x.shape, x.dtype, 0, 1.0, b, g, t, table, norms, signs, 1, 0, rnd.world_size
-            )
+                x.shape, x.dtype, 0, 1.0, b, g, t, table, norms, sign_seed, device, 1, 0,
+                rnd.world_size,
+            )  # fmt: skip
             return self._empty_payload(g, rnd.world_size, device), ctx
         norms = self._agreed_norms(x, block, padded, rnd)
-        gen = generator(device, self.seed, rnd.step, rnd.key, _DIAGONAL_STREAM)
-        signs = torch.randint(0, 2, (padded,), generator=gen, device=device, dtype=torch.int8)
-        signs = signs.to(cd).mul_(2.0).sub_(1.0)
-        idx = thc_encode(
-            flat,
-            norms,
-            signs,
-            table,
-            granularity=g,
-            clamp=t,
-            block=block,
-            seed=derive_seed(self.seed, rnd.step, rnd.key, _ROUNDING_STREAM),
-            backend=self.backend,
-        )
+        lane = lane_dtype(g, rnd.world_size) if self.transport == "allreduce" else None
+        round_seed = derive_seed(self.seed, rnd.step, rnd.key, _ROUNDING_STREAM)
+        sent = thc_payload(
+            flat, norms, table, granularity=g, clamp=t, block=block, padded=padded,
+            sign_seed=sign_seed, round_seed=round_seed, bits=b, lane=lane, backend=self.backend,
+        )  # fmt: skip
         achieved = REFERENCE_BITS / b
         ctx = THCContext(
-            x.shape, x.dtype, n, achieved, b, g, t, table, norms, signs, block, padded,
-            rnd.world_size,
+            x.shape, x.dtype, n, achieved, b, g, t, table, norms, sign_seed, device, block,
+            padded, rnd.world_size,
         )  # fmt: skip
         payload: Payload
-        if self.transport == "allreduce":
-            lane = lane_dtype(g, rnd.world_size)
-            levels = lookup(idx, table.to(lane), backend=self.backend)
-            payload = THCLevelsPayload(
-                levels=levels, count=torch.ones(1, dtype=lane, device=device)
-            )
+        if lane is not None:
+            payload = THCLevelsPayload(levels=sent, count=torch.ones(1, dtype=lane, device=device))
         else:
-            payload = THCPackedPayload(indices=pack_bits(idx, b, backend=self.backend))
+            payload = THCPackedPayload(indices=sent)
         return payload, ctx
 
     def decompress(self, payload: Payload, ctx: Context) -> Tensor:
         """The estimate a (possibly all-reduced) payload stands for: the *sum* over its ranks."""
         c = cast(THCContext, ctx)
         if c.numel == 0:
-            return torch.zeros(c.shape, dtype=c.dtype, device=c.signs.device)
+            return torch.zeros(c.shape, dtype=c.dtype, device=c.device)
         if isinstance(payload, THCLevelsPayload):
             return thc_decode(payload.levels, payload.count, c)
         if isinstance(payload, THCPackedPayload):
-            return thc_decode(self._levels(payload, c), 1, c)
+            levels = unpack_lookup_sum(
+                [payload.indices], c.bits, c.padded, c.table, backend=self.backend
+            )
+            return thc_decode(levels, 1, c)
         raise TypeError(f"thc cannot decompress a {type(payload).__name__}")
 
     def combine(self, payloads: Sequence[Payload], ctx: Context) -> Tensor:
@@ -476,10 +550,9 @@ class THCCompressor(Compressor):
                 )
             return super().combine(payloads, ctx)
         if c.numel == 0:
-            return torch.zeros(c.shape, dtype=c.dtype, device=c.signs.device)
-        total = self._levels(cast(THCPackedPayload, payloads[0]), c)
-        for p in payloads[1:]:
-            total = total + self._levels(cast(THCPackedPayload, p), c)
+            return torch.zeros(c.shape, dtype=c.dtype, device=c.device)
+        packed = [cast(THCPackedPayload, p).indices for p in payloads]
+        total = unpack_lookup_sum(packed, c.bits, c.padded, c.table, backend=self.backend)
         return thc_decode(total, len(payloads), c)
 
     # -- helpers -------------------------------------------------------------------------------
@@ -500,11 +573,6 @@ class THCCompressor(Compressor):
                 f"got {agreed.numel()}"
             )
         return agreed.to(device=x.device, dtype=_compute_dtype(x.dtype))
-
-    def _levels(self, payload: THCPackedPayload, ctx: THCContext) -> Tensor:
-        """int64 levels of one packed payload over the padded length (the receiver's lookup)."""
-        idx = unpack_bits(payload.indices, ctx.bits, ctx.padded, backend=self.backend)
-        return lookup(idx, ctx.table, backend=self.backend)
 
     def _empty_payload(self, granularity: int, world_size: int, device: torch.device) -> Payload:
         if self.transport == "allreduce":

@@ -23,8 +23,8 @@ rows of ``x.view(n / B, B)``: that is what THC's partial rotation in
 :mod:`gravac.compressors.thc` uses.
 
 Vectorised torch on any device (reshape-based butterflies, one temporary of half the input per
-stage); a CuPy kernel is not written yet, so ``backend="cupy"`` raises (see
-:mod:`gravac.kernels.backend`).
+stage). The CuPy transform is fused into THC's compression (``cuda/thc.cu``); on its own it has
+no CuPy kernel, so ``backend="cupy"`` raises here (see :mod:`gravac.kernels.backend`).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def fwht(x: Tensor, *, stages: int | None = None, backend: str | None = None) ->
         ValueError: ``x`` is not floating point or has no dimension, its last dimension is not a
             power of two, or ``stages`` is out of range.
     """
-    resolve_backend(x, backend)
+    resolve_backend(x, backend, op="fwht")
     if not x.is_floating_point():
         raise ValueError(f"fwht needs a floating-point tensor, got {x.dtype}")
     if x.dim() == 0:

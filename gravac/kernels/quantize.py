@@ -9,29 +9,40 @@
 * :func:`lookup`: indices -> levels.
 * :func:`pack_bits` / :func:`unpack_bits`: ``b``-bit indices (``b`` in 1, 2, 4, 8), ``8 / b`` per
   byte, the first element in the lowest bits (little-endian within the byte).
+* :func:`unpack_lookup_sum`: the receiver's side of packed payloads, ``sum_r T[unpack(p_r)]``.
+* :func:`hash_signs`: a Rademacher (+-1) vector hashed from each position and a seed, the same
+  on every rank and device (THC's random diagonal).
 * :func:`hash_uniform`: per-element uniforms in ``[0, 1)`` that are a hash of each element's bits,
   its position and a 64-bit seed: deterministic for equal inputs, independent across different
   inputs, without a generator, a host sync or a per-rank seed (see :mod:`gravac.compressors.thc`
   for why the rounding noise is drawn this way).
 
-Vectorised torch on any device; the CuPy backend is not written yet (``backend="cupy"`` raises).
+Vectorised torch on any device. On CUDA tensors THC's CuPy kernel (``cuda/thc.cu``) fuses
+quantisation, hashing, lookup and packing into its compression, and :func:`unpack_lookup_sum` has a
+CuPy kernel of its own; the other functions have none, so ``backend="cupy"`` raises for them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
+from gravac.kernels import cupy_thc
 from gravac.kernels.backend import resolve_backend
 
 __all__ = [
     "PACK_BITS",
+    "hash_signs",
     "hash_uniform",
     "lookup",
     "pack_bits",
     "packed_numel",
     "stochastic_quantize",
+    "table_cells",
     "unpack_bits",
+    "unpack_lookup_sum",
 ]
 
 #: Index widths that pack whole bytes.
@@ -49,6 +60,8 @@ _MUL2 = 0x846CA68B - (1 << 32)
 _POSITION_MUL = 0x61C88647
 #: Uniforms take the top 24 bits of the hash: exactly representable in float32.
 _UNIFORM_BITS = 24
+#: A uniform below 1/2 is a hash with its top bit clear: the sign +1.
+_HALF = 0.5
 
 
 def _check_table(table: Tensor) -> None:
@@ -74,19 +87,15 @@ def stochastic_quantize(
     Returns:
         int64 indices into ``table`` of ``x``'s shape.
     """
-    resolve_backend(x, backend)
+    resolve_backend(x, backend, op="stochastic_quantize")
     _check_table(table)
     if uniform.shape != x.shape:
         raise ValueError(
             f"uniform must have x's shape {tuple(x.shape)}, got {tuple(uniform.shape)}"
         )
-    # The table is tiny: its bounds and cell index are built on the CPU (no device sync when the
-    # caller passes a CPU table, as THC does) and copied over once per call.
-    levels_cpu = table.detach().to(device="cpu", dtype=torch.int64)
+    levels_cpu, cell_index_cpu = table_cells(table)
     lo_level, hi_level = int(levels_cpu[0]), int(levels_cpu[-1])
-    # cell_index[j]: index i of the table interval [T[i], T[i+1]) that holds the cell [j, j+1).
-    cells = torch.arange(lo_level, hi_level)
-    cell_index = (torch.searchsorted(levels_cpu, cells, right=True) - 1).to(x.device)
+    cell_index = cell_index_cpu.to(x.device)
     levels = levels_cpu.to(x.device)
     v = torch.nan_to_num(x, nan=float(lo_level)).clamp(lo_level, hi_level)
     cell = v.floor().to(torch.int64).sub_(lo_level).clamp_(0, hi_level - lo_level - 1)
@@ -98,9 +107,22 @@ def stochastic_quantize(
     return lower + up
 
 
+def table_cells(table: Tensor) -> tuple[Tensor, Tensor]:
+    """``(levels, cell_index)`` of a sorted integer table, int64 on the CPU.
+
+    ``cell_index[j]`` is the index ``i`` of the interval ``[T[i], T[i+1])`` that holds the unit
+    cell ``[T[0] + j, T[0] + j + 1)``: rounding looks its interval up with one gather. The table
+    is tiny, so this is built on the host (no device sync for THC's CPU table) and copied over.
+    """
+    _check_table(table)
+    levels = table.detach().to(device="cpu", dtype=torch.int64)
+    cells = torch.arange(int(levels[0]), int(levels[-1]))
+    return levels, torch.searchsorted(levels, cells, right=True) - 1
+
+
 def lookup(indices: Tensor, table: Tensor, *, backend: str | None = None) -> Tensor:
     """``table[indices]``: the levels of ``indices`` (any integer dtype), in ``table``'s dtype."""
-    resolve_backend(indices, backend)
+    resolve_backend(indices, backend, op="lookup")
     _check_table(table)
     return table.to(indices.device)[indices.long()]
 
@@ -123,7 +145,7 @@ def pack_bits(indices: Tensor, bits: int, *, backend: str | None = None) -> Tens
     The last byte is zero-padded. Element ``k`` of byte ``j`` is index ``j * (8 / bits) + k``, in
     bits ``[k * bits, (k + 1) * bits)``.
     """
-    resolve_backend(indices, backend)
+    resolve_backend(indices, backend, op="pack_bits")
     _check_bits(bits)
     flat = indices.reshape(-1).to(torch.uint8)
     if bits == _BYTE_BITS:
@@ -141,7 +163,7 @@ def pack_bits(indices: Tensor, bits: int, *, backend: str | None = None) -> Tens
 
 def unpack_bits(packed: Tensor, bits: int, numel: int, *, backend: str | None = None) -> Tensor:
     """Inverse of :func:`pack_bits`: the first ``numel`` ``bits``-bit indices, as uint8."""
-    resolve_backend(packed, backend)
+    resolve_backend(packed, backend, op="unpack_bits")
     _check_bits(bits)
     if packed.dtype != torch.uint8:
         raise ValueError(f"packed must be uint8, got {packed.dtype}")
@@ -155,6 +177,33 @@ def unpack_bits(packed: Tensor, bits: int, numel: int, *, backend: str | None = 
     shifts = torch.arange(0, _BYTE_BITS, bits, dtype=torch.uint8, device=packed.device)
     fields = (packed.reshape(-1, 1) >> shifts) & ((1 << bits) - 1)
     return fields.reshape(-1)[:numel].clone()
+
+
+def unpack_lookup_sum(
+    packed: Sequence[Tensor], bits: int, numel: int, table: Tensor, *, backend: str | None = None
+) -> Tensor:
+    """``sum_r table[unpack_bits(packed[r])]``: int64 over ``numel`` elements, ranks in order.
+
+    Raises:
+        ValueError: no payloads, or a payload of the wrong dtype or size (:func:`unpack_bits`).
+    """
+    if not packed:
+        raise ValueError("unpack_lookup_sum needs at least one packed payload, got none")
+    _check_table(table)
+    for p in packed:
+        if p.dtype != torch.uint8 or p.numel() != packed_numel(numel, bits):
+            raise ValueError(
+                f"{numel} indices of {bits} bits pack into {packed_numel(numel, bits)} uint8 "
+                f"bytes, got {p.numel()} of {p.dtype}"
+            )
+    first = packed[0]
+    if resolve_backend(first, backend, op="unpack_lookup_sum", cupy=True) == "cupy":
+        return cupy_thc.unpack_lookup_sum(packed, bits, numel, table)
+    levels = table.to(device=first.device, dtype=torch.int64)
+    total = levels[unpack_bits(first, bits, numel).long()]
+    for p in packed[1:]:
+        total += levels[unpack_bits(p, bits, numel).long()]
+    return total
 
 
 def _mix32(z: Tensor) -> Tensor:
@@ -177,6 +226,19 @@ def _bits32(x: Tensor) -> Tensor:
     return x.contiguous().view(torch.int32).to(torch.int64) & _MASK32
 
 
+def hash_signs(
+    n: int, seed: int, *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+) -> Tensor:
+    """A Rademacher vector: ``s[i] = +1`` where :func:`hash_uniform` of ``0.0`` at position ``i``
+    is below 1/2 (the hash's top bit is clear), ``-1`` otherwise.
+
+    Identical on every rank and device for the same ``(n, seed)``, with no generator: THC's CUDA
+    kernel draws the same signs inside the kernel (``cuda/thc.cu``).
+    """
+    u = hash_uniform(torch.zeros(n, device=device), seed)
+    return torch.where(u < _HALF, 1.0, -1.0).to(dtype)
+
+
 def hash_uniform(x: Tensor, seed: int, *, backend: str | None = None) -> Tensor:
     """Uniforms in ``[0, 1)`` (float32, ``x``'s shape) hashed from each element of ``x``.
 
@@ -190,7 +252,7 @@ def hash_uniform(x: Tensor, seed: int, *, backend: str | None = None) -> Tensor:
         seed: a 64-bit seed, e.g. :func:`gravac.seeding.derive_seed` of (user seed, step, key).
         backend: kernel backend (``None``: the best available).
     """
-    resolve_backend(x, backend)
+    resolve_backend(x, backend, op="hash_uniform")
     if not x.is_floating_point():
         raise ValueError(f"hash_uniform needs a floating-point tensor, got {x.dtype}")
     seed = int(seed)

@@ -1,0 +1,192 @@
+// Selection and aggregation of sparse payloads (gravac.kernels.sparse):
+//  * exact top-k by magnitude: a 4096-bin histogram of a magnitude key, the bin holding the k-th
+//    largest, an ordered stream compaction of everything above that bin and of the bin itself
+//    (the candidates, refined exactly by the caller);
+//  * threshold selection |x| >= t with the same ordered compaction (torch.nonzero's order);
+//  * scatter-add of gathered (index, value) pairs.
+// Compaction is deterministic: a count pass per tile, an exclusive scan, and a write pass that
+// ranks each tile's hits with warp ballots, so indices come out ascending within each stream.
+
+#define BIN_BITS 12
+#define NBINS (1 << BIN_BITS)
+// The key is 31 bits (sign bit cleared): its top BIN_BITS bits are the bin.
+#define KEY_SHIFT (31 - BIN_BITS)
+#define TILE_THREADS 256
+#define TILE_ITEMS 8
+#define TILE (TILE_THREADS * TILE_ITEMS)
+#define WARPS (TILE_THREADS / 32)
+#define FIND_THREADS 1024
+#define BINS_PER_THREAD (NBINS / FIND_THREADS)
+
+// A 31-bit key, weakly increasing in |x|, with NaN >= +-Inf >= every finite value: the bit
+// pattern of |x| read as an unsigned integer (float64: its upper 32 bits).
+__device__ __forceinline__ u32 mag_key(float v) { return __float_as_uint(v) & 0x7FFFFFFFu; }
+__device__ __forceinline__ u32 mag_key(double v) {
+  return (u32)((u64)__double_as_longlong(v) >> 32) & 0x7FFFFFFFu;
+}
+__device__ __forceinline__ u32 mag_key(half_t v) { return mag_key(to_float(v)); }
+__device__ __forceinline__ u32 mag_key(bf16_t v) { return mag_key(to_float(v)); }
+
+template <typename T>
+__global__ void mag_histogram(const T* __restrict__ x, i64 n, u32* __restrict__ hist) {
+  __shared__ u32 local[NBINS];
+  for (int i = threadIdx.x; i < NBINS; i += blockDim.x) local[i] = 0;
+  __syncthreads();
+  i64 stride = (i64)gridDim.x * blockDim.x;
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+    atomicAdd(&local[mag_key(x[i]) >> KEY_SHIFT], 1u);
+  __syncthreads();
+  for (int i = threadIdx.x; i < NBINS; i += blockDim.x)
+    if (local[i]) atomicAdd(&hist[i], local[i]);
+}
+
+// One block of FIND_THREADS threads. out = {bin holding the k-th largest key, number of elements
+// in higher bins, number of elements in that bin}; needs 1 <= k <= n.
+extern "C" __global__ void find_bin(const u32* __restrict__ hist, i64 k, i64* __restrict__ out) {
+  __shared__ i64 sums[FIND_THREADS];
+  int t = threadIdx.x;
+  i64 c[BINS_PER_THREAD];
+  i64 own = 0;
+  for (int j = 0; j < BINS_PER_THREAD; ++j) {
+    c[j] = hist[NBINS - 1 - (BINS_PER_THREAD * t + j)];  // highest bins first
+    own += c[j];
+  }
+  sums[t] = own;
+  __syncthreads();
+  for (int off = 1; off < FIND_THREADS; off <<= 1) {
+    i64 v = t >= off ? sums[t - off] : 0;
+    __syncthreads();
+    sums[t] += v;
+    __syncthreads();
+  }
+  i64 before = t ? sums[t - 1] : 0;
+  if (before < k && sums[t] >= k) {
+    i64 run = before;
+    for (int j = 0; j < BINS_PER_THREAD; ++j) {
+      if (run + c[j] >= k) {
+        out[0] = NBINS - 1 - (BINS_PER_THREAD * t + j);
+        out[1] = run;
+        out[2] = c[j];
+        break;
+      }
+      run += c[j];
+    }
+  }
+}
+
+// Stream of x[i] for a compaction: 0 (dropped), 1 or 2.
+// MODE 0 (top-k split): 1 above bin `bin`, 2 inside it.  MODE 1 (threshold): 1 when |x| >= t,
+// compared as torch's CUDA comparison does (float for 16- and 32-bit inputs, double for float64).
+template <int MODE, typename T>
+__device__ __forceinline__ int classify(T v, int bin, double threshold) {
+  if (MODE == 0) {
+    int b = (int)(mag_key(v) >> KEY_SHIFT);
+    return b > bin ? 1 : (b == bin ? 2 : 0);
+  }
+  return fabsf(to_float(v)) >= (float)threshold ? 1 : 0;
+}
+template <>
+__device__ __forceinline__ int classify<1, double>(double v, int bin, double threshold) {
+  return fabs(v) >= threshold ? 1 : 0;
+}
+
+// counts[2 * tile + s]: hits of stream s + 1 in tile (TILE consecutive elements).
+template <int MODE, typename T>
+__global__ void compact_count(const T* __restrict__ x, i64 n, int bin, double threshold,
+                              int* __restrict__ counts) {
+  __shared__ int total[2];
+  if (threadIdx.x == 0) total[0] = total[1] = 0;
+  __syncthreads();
+  i64 tile0 = (i64)blockIdx.x * TILE;
+  int c1 = 0, c2 = 0;
+  for (int r = 0; r < TILE_ITEMS; ++r) {
+    i64 e = tile0 + r * TILE_THREADS + threadIdx.x;
+    int cls = e < n ? classify<MODE>(x[e], bin, threshold) : 0;
+    c1 += cls == 1;
+    c2 += cls == 2;
+  }
+  for (int off = 16; off; off >>= 1) {
+    c1 += __shfl_down_sync(0xFFFFFFFFu, c1, off);
+    c2 += __shfl_down_sync(0xFFFFFFFFu, c2, off);
+  }
+  if ((threadIdx.x & 31) == 0) {
+    atomicAdd(&total[0], c1);
+    atomicAdd(&total[1], c2);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    counts[2 * blockIdx.x] = total[0];
+    counts[2 * blockIdx.x + 1] = total[1];
+  }
+}
+
+// Writes the flat index of every hit of stream s at out_s[offsets[2 * tile + s] + rank], rank
+// ascending with the index inside the tile. out2 may be null when MODE has no stream 2.
+template <int MODE, typename T>
+__global__ void compact_write(const T* __restrict__ x, i64 n, int bin, double threshold,
+                              const i64* __restrict__ offsets, i64* __restrict__ out1,
+                              i64* __restrict__ out2) {
+  __shared__ int warp_total[2][WARPS];
+  __shared__ i64 base[2];
+  int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (tid == 0) {
+    base[0] = offsets[2 * blockIdx.x];
+    base[1] = offsets[2 * blockIdx.x + 1];
+  }
+  u32 lower_lanes = (1u << lane) - 1u;
+  i64 tile0 = (i64)blockIdx.x * TILE;
+  for (int r = 0; r < TILE_ITEMS; ++r) {
+    i64 e = tile0 + r * TILE_THREADS + tid;
+    int cls = e < n ? classify<MODE>(x[e], bin, threshold) : 0;
+    u32 b1 = __ballot_sync(0xFFFFFFFFu, cls == 1);
+    u32 b2 = __ballot_sync(0xFFFFFFFFu, cls == 2);
+    if (lane == 0) {
+      warp_total[0][warp] = __popc(b1);
+      warp_total[1][warp] = __popc(b2);
+    }
+    __syncthreads();
+    if (cls) {
+      int s = cls - 1;
+      i64 pos = base[s] + __popc((s ? b2 : b1) & lower_lanes);
+      for (int w = 0; w < warp; ++w) pos += warp_total[s][w];
+      (s ? out2 : out1)[pos] = e;
+    }
+    __syncthreads();
+    if (tid == 0) {
+      for (int w = 0; w < WARPS; ++w) {
+        base[0] += warp_total[0][w];
+        base[1] += warp_total[1][w];
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// out[idx[i]] += val[i]. 16-bit values: compare-and-swap on the aligned 32-bit word, each
+// addition rounded once to the value type (as torch's atomic index_add_).
+__device__ __forceinline__ void atomic_add(float* p, float v) { atomicAdd(p, v); }
+__device__ __forceinline__ void atomic_add(double* p, double v) { atomicAdd(p, v); }
+template <typename H>
+__device__ __forceinline__ void atomic_add_16(H* p, H v) {
+  u32* word = (u32*)((u64)p & ~(u64)3);
+  u32 shift = ((u64)p & 2) ? 16u : 0u;
+  u32 old = *word, assumed;
+  do {
+    assumed = old;
+    H cur;
+    cur.bits = (u16)(assumed >> shift);
+    H sum = narrow<H>(to_float(cur) + to_float(v));
+    u32 next = (assumed & ~(0xFFFFu << shift)) | ((u32)sum.bits << shift);
+    old = atomicCAS(word, assumed, next);
+  } while (assumed != old);
+}
+__device__ __forceinline__ void atomic_add(half_t* p, half_t v) { atomic_add_16(p, v); }
+__device__ __forceinline__ void atomic_add(bf16_t* p, bf16_t v) { atomic_add_16(p, v); }
+
+template <typename V, typename I>
+__global__ void scatter_add(V* __restrict__ out, const I* __restrict__ idx,
+                            const V* __restrict__ val, i64 k) {
+  i64 stride = (i64)gridDim.x * blockDim.x;
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < k; i += stride)
+    atomic_add(out + idx[i], val[i]);
+}

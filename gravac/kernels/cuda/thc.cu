@@ -1,0 +1,111 @@
+// THC compression fused into one pass (gravac.compressors.thc; Li et al., NSDI 2024), one CUDA
+// block per rotation block of B = 2^log_b elements, the block held in shared memory:
+//   v = x * sign                      Rademacher diagonal hashed from (position, sign seed)
+//   r = H_B v * 2^(-log_b / 2)        butterflies h = 1, 2, ..., B/2, in torch's order
+//   y = clamp(nan0(r * scale[blk]), +-t);  u = clamp((y + t) * kfac, 0, g)
+//   z = SQ_T(u) with uniforms hashed from (bits(u), position, rounding seed)
+//   out: table value T[z] in the lane type (levels), or z packed 8 / bits to a byte (packed).
+// Every operation is the torch reference's, in its order and precision, so the payload is
+// bit-identical. ROTATE = false reads an already rotated (and normalised) input of the compute
+// type instead: the path for blocks larger than shared memory holds.
+
+__device__ __forceinline__ float rademacher(u64 pos, u32 seed_lo, u32 seed_hi) {
+  return (position_hash(0u, pos, seed_lo, seed_hi) >> 31) ? -1.0f : 1.0f;
+}
+
+template <typename In, typename C, typename Out, bool ROTATE, bool PACKED>
+__global__ void thc_encode(const In* __restrict__ x, const C* __restrict__ scale,
+                           const i64* __restrict__ levels, const i64* __restrict__ cell_index,
+                           const Out* __restrict__ lane_table, Out* __restrict__ out, i64 n,
+                           int log_b, C norm, C clamp, C kfac, C granularity, i64 lo_level,
+                           i64 hi_level, u32 sign_lo, u32 sign_hi, u32 round_lo, u32 round_hi,
+                           int bits) {
+  // n: input elements (the rest of the padded length is zeros); norm: 2^(-log_b / 2); clamp: t;
+  // kfac: g / (2t); lo_level, hi_level: the table's first and last levels; bits: per packed index.
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int B = 1 << log_b;
+  C* s = (C*)smem;
+  u8* idx = smem + (size_t)B * sizeof(C);
+  const i64 base = (i64)blockIdx.x * B;
+  for (int i = threadIdx.x; i < B; i += blockDim.x) {
+    i64 e = base + i;
+    C v;
+    if (ROTATE) {
+      v = e < n ? widen<C>(x[e]) : (C)0;
+      v = v * (C)rademacher((u64)e, sign_lo, sign_hi);
+    } else {
+      v = widen<C>(x[e]);
+    }
+    s[i] = v;
+  }
+  __syncthreads();
+  if (ROTATE) {
+    for (int h = 1; h < B; h <<= 1) {
+      for (int q = threadIdx.x; q < B / 2; q += blockDim.x) {
+        int i = ((q & ~(h - 1)) << 1) | (q & (h - 1));
+        C a = s[i], b = s[i + h];
+        s[i] = a + b;
+        s[i + h] = a - b;
+      }
+      __syncthreads();
+    }
+  }
+  const C sc = scale[blockIdx.x];
+  for (int i = threadIdx.x; i < B; i += blockDim.x) {
+    C r = s[i];
+    if (ROTATE) r = r * norm;
+    C y = r * sc;
+    if (y != y) y = (C)0;
+    y = y < -clamp ? -clamp : (y > clamp ? clamp : y);
+    C u = (y + clamp) * kfac;
+    u = u < (C)0 ? (C)0 : (u > granularity ? granularity : u);
+    float uni = (float)(position_hash(bits32(u), (u64)(base + i), round_lo, round_hi) >> 8) *
+                (1.0f / 16777216.0f);
+    // gravac.kernels.quantize.stochastic_quantize
+    C lo = (C)lo_level, hi = (C)hi_level;
+    C v = u < lo ? lo : (u > hi ? hi : u);
+    i64 cell = (i64)floor(v) - lo_level;
+    i64 top = hi_level - lo_level - 1;
+    cell = cell < 0 ? 0 : (cell > top ? top : cell);
+    i64 lower = cell_index[cell];
+    C a = (C)levels[lower];
+    C width = (C)levels[lower + 1] - a;
+    int z = (int)lower + (((C)uni < (v - a) / width) ? 1 : 0);
+    if (PACKED) {
+      idx[i] = (u8)z;
+    } else {
+      out[base + i] = lane_table[z];
+    }
+  }
+  if (PACKED) {
+    __syncthreads();
+    const int per_byte = 8 / bits;
+    const int nbytes = B / per_byte;
+    u8* packed = (u8*)out + (i64)blockIdx.x * nbytes;
+    for (int j = threadIdx.x; j < nbytes; j += blockDim.x) {
+      u32 byte = 0;
+      for (int k = 0; k < per_byte; ++k) byte |= (u32)idx[j * per_byte + k] << (k * bits);
+      packed[j] = (u8)byte;
+    }
+  }
+}
+
+// The receiver's side of the packed transport: out[i] = sum over sources r of
+// levels[index i of source r], with 8 / bits indices per byte, the first in the lowest bits.
+extern "C" __global__ void thc_unpack_sum(const u64* __restrict__ sources, int n_sources,
+                                          i64 numel, int bits, const i64* __restrict__ levels,
+                                          i64* __restrict__ out) {
+  const int per_byte = 8 / bits;
+  const u32 mask = (1u << bits) - 1u;
+  i64 stride = (i64)gridDim.x * blockDim.x;
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < numel; i += stride) {
+    i64 byte = i / per_byte;
+    int shift = (int)(i % per_byte) * bits;
+    i64 sum = 0;
+    for (int r = 0; r < n_sources; ++r) {
+      const u8* src = (const u8*)sources[r];
+      sum += levels[(src[byte] >> shift) & mask];
+    }
+    out[i] = sum;
+  }
+}

@@ -1,0 +1,100 @@
+"""Running gravac's CUDA kernels (``gravac/kernels/cuda/*.cu``) through CuPy.
+
+* Compilation: each source is prefixed with ``common.cuh`` and compiled once per process by
+  NVRTC (:class:`cupy.RawModule`, which also caches the binary on disk), with every template
+  instantiation its Python wrapper launches named up front.
+* Zero copy: tensors are handed to CuPy through DLPack (:func:`as_cupy`); 16-bit floats as int16
+  views, since the kernels read their bit patterns.
+* Ordering: kernels are launched on torch's current stream (:func:`torch_stream`), so they are
+  ordered with the torch work around them exactly as a torch kernel would be; outputs are
+  allocated by torch's caching allocator.
+
+CuPy is imported on first use only: importing :mod:`gravac.kernels` never needs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "BLOCK_THREADS",
+    "C_TYPES",
+    "FLOAT_DTYPES",
+    "as_cupy",
+    "grid_for",
+    "kernel",
+    "torch_stream",
+]
+
+#: C names of the tensor dtypes the kernels take (16-bit floats travel as their bit patterns).
+C_TYPES: dict[torch.dtype, str] = {
+    torch.float32: "float",
+    torch.float64: "double",
+    torch.float16: "half_t",
+    torch.bfloat16: "bf16_t",
+    torch.uint8: "unsigned char",
+    torch.int32: "int",
+    torch.int64: "long long",
+}
+#: Floating-point dtypes every value-reading kernel is instantiated for.
+FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+#: Threads per block of the grid-stride kernels.
+BLOCK_THREADS = 256
+#: Blocks per multiprocessor of a grid-stride launch: enough resident warps to hide latency.
+_BLOCKS_PER_SM = 8
+_SOURCES = Path(__file__).parent / "cuda"
+_PRELUDE = "common.cuh"
+_NVRTC_OPTIONS = ("--std=c++17",)
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _cupy() -> Any:
+    import cupy
+
+    return cupy
+
+
+@functools.cache
+def _module(source: str, expressions: tuple[str, ...]) -> Any:
+    code = (_SOURCES / _PRELUDE).read_text() + "\n" + (_SOURCES / source).read_text()
+    return _cupy().RawModule(code=code, options=_NVRTC_OPTIONS, name_expressions=expressions)
+
+
+def kernel(source: str, expressions: tuple[str, ...], name: str) -> Any:
+    """The compiled kernel ``name`` (one of ``expressions``) of ``cuda/<source>``."""
+    return _module(source, expressions).get_function(name)
+
+
+@contextlib.contextmanager
+def torch_stream(device: torch.device) -> Iterator[None]:
+    """Make torch's current stream on ``device`` CuPy's current stream and device."""
+    cp = _cupy()
+    stream = torch.cuda.current_stream(device)
+    with cp.cuda.Device(stream.device_index), cp.cuda.ExternalStream(stream.cuda_stream):
+        yield
+
+
+def as_cupy(t: Tensor) -> Any:
+    """A CuPy view of contiguous CUDA tensor ``t`` (no copy); 16-bit floats as int16."""
+    if not t.is_contiguous():
+        raise ValueError("the CuPy kernels need contiguous tensors")
+    return _cupy().from_dlpack(t.view(torch.int16) if t.dtype in _HALF_DTYPES else t)
+
+
+@functools.cache
+def _multiprocessors(index: int) -> int:
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)
+
+
+def grid_for(n: int, device: torch.device) -> int:
+    """Blocks of a grid-stride launch over ``n`` elements: enough to fill ``device``, no more."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    need = -(-n // BLOCK_THREADS)
+    return max(1, min(need, _multiprocessors(index) * _BLOCKS_PER_SM))

@@ -13,6 +13,7 @@ from gravac.kernels.cupy_runtime import (
     as_cupy,
     grid_for,
     kernel,
+    launch,
     torch_stream,
 )
 
@@ -40,7 +41,6 @@ def scaled_cast(x: Tensor, dtype: torch.dtype, limit: float, scale: float) -> Te
     name = f"scaled_cast<{C_TYPES[x.dtype]},{C_TYPES[dtype]}>"
     args = (as_cupy(x), as_cupy(out), np.int64(x.numel()), np.float32(limit), np.float32(scale))
     with torch_stream(x.device):
-        kernel(_SOURCE, _EXPRESSIONS, name)(
-            (grid_for(x.numel(), x.device),), (BLOCK_THREADS,), args
-        )
+        fn = kernel(_SOURCE, _EXPRESSIONS, name)
+        launch(fn, grid_for(x.numel(), x.device), BLOCK_THREADS, args)
     return out

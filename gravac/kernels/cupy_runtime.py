@@ -30,6 +30,7 @@ __all__ = [
     "as_cupy",
     "grid_for",
     "kernel",
+    "launch",
     "torch_stream",
 ]
 
@@ -70,6 +71,12 @@ def _module(source: str, expressions: tuple[str, ...]) -> Any:
 def kernel(source: str, expressions: tuple[str, ...], name: str) -> Any:
     """The compiled kernel ``name`` (one of ``expressions``) of ``cuda/<source>``."""
     return _module(source, expressions).get_function(name)
+
+
+def launch(fn: Any, grid: int, threads: int, args: tuple[Any, ...], *, shared_mem: int = 0) -> None:
+    """Launch ``fn`` on ``grid`` blocks of ``threads`` (nothing for an empty grid)."""
+    if grid > 0:
+        fn((grid,), (threads,), args, shared_mem=shared_mem)
 
 
 @contextlib.contextmanager

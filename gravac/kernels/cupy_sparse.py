@@ -26,6 +26,7 @@ from gravac.kernels.cupy_runtime import (
     as_cupy,
     grid_for,
     kernel,
+    launch,
     torch_stream,
 )
 
@@ -68,9 +69,9 @@ def _compact(
     counts = torch.empty(tiles, 2, dtype=torch.int32, device=x.device)
     name = f"compact_count<{_MODES[mode]},{C_TYPES[x.dtype]}>"
     args = (as_cupy(x), np.int64(n), np.int32(bin_), np.float64(threshold), as_cupy(counts))
-    _fn(name)((tiles,), (BLOCK_THREADS,), args)
+    launch(_fn(name), tiles, BLOCK_THREADS, args)
     inclusive = counts.to(torch.int64).cumsum_(0)
-    return inclusive - counts, inclusive[-1]
+    return inclusive - counts, inclusive.sum(0) if tiles == 0 else inclusive[-1]
 
 
 def _write(
@@ -87,7 +88,7 @@ def _write(
         as_cupy(out1),
         as_cupy(out2),
     )
-    _fn(name)((tiles,), (BLOCK_THREADS,), args)
+    launch(_fn(name), tiles, BLOCK_THREADS, args)
 
 
 def topk_indices(x: Tensor, k: int) -> Tensor:
@@ -100,11 +101,11 @@ def topk_indices(x: Tensor, k: int) -> Tensor:
     with torch_stream(x.device):
         hist = torch.zeros(_BINS, dtype=torch.int32, device=x.device)
         grid = grid_for(n, x.device)
-        _fn(f"mag_histogram<{C_TYPES[x.dtype]}>")(
-            (grid,), (BLOCK_THREADS,), (as_cupy(x), np.int64(n), as_cupy(hist))
-        )
+        args = (as_cupy(x), np.int64(n), as_cupy(hist))
+        launch(_fn(f"mag_histogram<{C_TYPES[x.dtype]}>"), grid, BLOCK_THREADS, args)
         found = torch.empty(3, dtype=torch.int64, device=x.device)
-        _fn("find_bin")((1,), (_FIND_THREADS,), (as_cupy(hist), np.int64(k), as_cupy(found)))
+        args = (as_cupy(hist), np.int64(k), as_cupy(found))
+        launch(_fn("find_bin"), 1, _FIND_THREADS, args)
         bin_, above, n_candidates = found.tolist()
         offsets, _ = _compact(x, "topk", bin_=bin_)
         out = torch.empty(k, dtype=torch.int64, device=x.device)
@@ -127,6 +128,8 @@ def threshold_indices(x: Tensor, threshold: float) -> Tensor:
     ``x``'s dtype, 16-bit values compared in float32.
     """
     x = x.contiguous()
+    if x.numel() == 0:
+        return torch.empty(0, dtype=torch.int64, device=x.device)
     threshold = float(torch.tensor(threshold, dtype=x.dtype))
     with torch_stream(x.device):
         offsets, totals = _compact(x, "threshold", threshold=threshold)
@@ -147,5 +150,5 @@ def scatter_add(numel: int, indices: Tensor, values: Tensor) -> Tensor:
     name = f"scatter_add<{C_TYPES[values.dtype]},{C_TYPES[indices.dtype]}>"
     with torch_stream(values.device):
         args = (as_cupy(out), as_cupy(indices), as_cupy(values), np.int64(k))
-        _fn(name)((grid_for(k, values.device),), (BLOCK_THREADS,), args)
+        launch(_fn(name), grid_for(k, values.device), BLOCK_THREADS, args)
     return out

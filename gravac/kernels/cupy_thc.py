@@ -23,6 +23,7 @@ from gravac.kernels.cupy_runtime import (
     as_cupy,
     grid_for,
     kernel,
+    launch,
     torch_stream,
 )
 
@@ -44,18 +45,20 @@ def _compute(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _name(src: torch.dtype, out: torch.dtype, rotate: bool, packed: bool) -> str:
-    c = C_TYPES[_compute(src)]
-    flags = f"{str(rotate).lower()},{str(packed).lower()}"
-    return f"thc_encode<{C_TYPES[src]},{c},{C_TYPES[out]},{flags}>"
+def _name(src: torch.dtype, out: torch.dtype, rotated: bool, packed: bool) -> str:
+    flag = str(packed).lower()
+    if rotated:
+        return f"thc_encode_rotated<{C_TYPES[src]},{C_TYPES[out]},{flag}>"
+    return f"thc_encode_block<{C_TYPES[src]},{C_TYPES[_compute(src)]},{C_TYPES[out]},{flag}>"
 
 
+_COMPUTE = (torch.float32, torch.float64)
 _EXPRESSIONS = (
     "thc_unpack_sum",
-    *(_name(d, lane, True, False) for d in FLOAT_DTYPES for lane in _LANES),
-    *(_name(d, torch.uint8, True, True) for d in FLOAT_DTYPES),
-    *(_name(c, lane, False, False) for c in (torch.float32, torch.float64) for lane in _LANES),
-    *(_name(c, torch.uint8, False, True) for c in (torch.float32, torch.float64)),
+    *(_name(d, lane, False, False) for d in FLOAT_DTYPES for lane in _LANES),
+    *(_name(d, torch.uint8, False, True) for d in FLOAT_DTYPES),
+    *(_name(c, lane, True, False) for c in _COMPUTE for lane in _LANES),
+    *(_name(c, torch.uint8, True, True) for c in _COMPUTE),
 )
 
 
@@ -109,8 +112,8 @@ def thc_encode(
     lo, hi = int(levels[0]), int(levels[-1])
     d_levels = levels.to(device)
     table = d_levels if packed else lane_table.contiguous()  # type: ignore[union-attr]
-    name = _name(x.dtype, out.dtype, not rotated, packed)
-    args = (
+    name = _name(x.dtype, out.dtype, rotated, packed)
+    head = (
         as_cupy(x.contiguous()),
         as_cupy(scale.to(cd).contiguous()),
         as_cupy(d_levels),
@@ -119,20 +122,27 @@ def thc_encode(
         as_cupy(out),
         np.int64(x.numel()),
         np.int32(log_b),
-        real(math.pow(2.0, -log_b / 2.0)),
+    )
+    quantize = (
         real(clamp),
         real(granularity / (2.0 * clamp)),
         real(granularity),
         np.int64(lo),
         np.int64(hi),
-        *_seed_halves(sign_seed),
-        *_seed_halves(round_seed),
-        np.int32(bits),
     )
-    threads = min(max(block, _WARP), _ENCODE_THREADS)
-    shared = block * torch.finfo(cd).bits // _BYTE_BITS + block
+    fn = kernel(_SOURCE, _EXPRESSIONS, name)
     with torch_stream(device):
-        kernel(_SOURCE, _EXPRESSIONS, name)((padded // block,), (threads,), args, shared_mem=shared)
+        if rotated:
+            tail = (*_seed_halves(round_seed), np.int32(bits))
+            units = padded * bits // _BYTE_BITS if packed else padded
+            launch(fn, grid_for(units, device), BLOCK_THREADS, (*head, *quantize, *tail))
+        else:
+            norm = real(math.pow(2.0, -log_b / 2.0))
+            seeds = (*_seed_halves(sign_seed), *_seed_halves(round_seed))
+            threads = min(max(block, _WARP), _ENCODE_THREADS)
+            shared = block * torch.finfo(cd).bits // _BYTE_BITS + block
+            full = (*head, norm, *quantize, *seeds, np.int32(bits))
+            launch(fn, padded // block, threads, full, shared_mem=shared)
     return out
 
 
@@ -154,7 +164,6 @@ def unpack_lookup_sum(packed: Sequence[Tensor], bits: int, numel: int, table: Te
         as_cupy(out),
     )
     with torch_stream(device):
-        kernel(_SOURCE, _EXPRESSIONS, "thc_unpack_sum")(
-            (grid_for(numel, device),), (BLOCK_THREADS,), args
-        )
+        fn = kernel(_SOURCE, _EXPRESSIONS, "thc_unpack_sum")
+        launch(fn, grid_for(numel, device), BLOCK_THREADS, args)
     return out

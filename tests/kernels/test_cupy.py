@@ -61,7 +61,7 @@ def test_none_picks_cupy_for_cuda_tensors_and_torch_for_cpu() -> None:
 @pytest.mark.parametrize("n", SIZES)
 def test_topk_selects_the_k_largest_magnitudes(dtype: torch.dtype, n: int) -> None:
     x = _data(n, dtype)
-    for k in sorted({0, 1, n // 100, n // 3, max(n - 1, 0), n}):
+    for k in sorted({min(1, n), n // 100, n // 3, max(n - 1, 0), n}):
         got = topk_indices(x, k, backend="cupy")
         ref = topk_indices(x, k, backend="torch")
         assert got.dtype == torch.int64 and got.numel() == k

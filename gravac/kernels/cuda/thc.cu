@@ -6,22 +6,53 @@
 //   z = SQ_T(u) with uniforms hashed from (bits(u), position, rounding seed)
 //   out: table value T[z] in the lane type (levels), or z packed 8 / bits to a byte (packed).
 // Every operation is the torch reference's, in its order and precision, so the payload is
-// bit-identical. ROTATE = false reads an already rotated (and normalised) input of the compute
-// type instead: the path for blocks larger than shared memory holds.
+// bit-identical. thc_encode_rotated reads an already rotated (and normalised) input of the
+// compute type instead: the path for blocks larger than shared memory holds.
 
 __device__ __forceinline__ float rademacher(u64 pos, u32 seed_lo, u32 seed_hi) {
   return (position_hash(0u, pos, seed_lo, seed_hi) >> 31) ? -1.0f : 1.0f;
 }
 
-template <typename In, typename C, typename Out, bool ROTATE, bool PACKED>
-__global__ void thc_encode(const In* __restrict__ x, const C* __restrict__ scale,
-                           const i64* __restrict__ levels, const i64* __restrict__ cell_index,
-                           const Out* __restrict__ lane_table, Out* __restrict__ out, i64 n,
-                           int log_b, C norm, C clamp, C kfac, C granularity, i64 lo_level,
-                           i64 hi_level, u32 sign_lo, u32 sign_hi, u32 round_lo, u32 round_hi,
-                           int bits) {
-  // n: input elements (the rest of the padded length is zeros); norm: 2^(-log_b / 2); clamp: t;
-  // kfac: g / (2t); lo_level, hi_level: the table's first and last levels; bits: per packed index.
+// z = SQ_T(u) of one normalised rotated value r of block scale sc at padded position pos.
+template <typename C>
+__device__ __forceinline__ int thc_round(C r, C sc, i64 pos, C clamp, C kfac, C granularity,
+                                         i64 lo_level, i64 hi_level,
+                                         const i64* __restrict__ levels,
+                                         const i64* __restrict__ cell_index, u32 round_lo,
+                                         u32 round_hi) {
+  C y = r * sc;
+  if (y != y) y = (C)0;
+  y = y < -clamp ? -clamp : (y > clamp ? clamp : y);
+  C u = (y + clamp) * kfac;
+  u = u < (C)0 ? (C)0 : (u > granularity ? granularity : u);
+  float uni = (float)(position_hash(bits32(u), (u64)pos, round_lo, round_hi) >> 8) *
+              (1.0f / 16777216.0f);
+  // gravac.kernels.quantize.stochastic_quantize
+  C lo = (C)lo_level, hi = (C)hi_level;
+  C v = u < lo ? lo : (u > hi ? hi : u);
+  i64 cell = (i64)floor(v) - lo_level;
+  i64 top = hi_level - lo_level - 1;
+  cell = cell < 0 ? 0 : (cell > top ? top : cell);
+  i64 lower = cell_index[cell];
+  C a = (C)levels[lower];
+  C width = (C)levels[lower + 1] - a;
+  return (int)lower + (((C)uni < (v - a) / width) ? 1 : 0);
+}
+
+#define THC_ROUND_ARGS                                                                   \
+  clamp, kfac, granularity, lo_level, hi_level, levels, cell_index, round_lo, round_hi
+
+// One CUDA block per rotation block of B = 2^log_b <= 4096 elements, held in shared memory.
+// n: input elements (the rest of the padded length is zeros); norm: 2^(-log_b / 2); clamp: t;
+// kfac: g / (2t); lo_level, hi_level: the table's first and last levels; bits: per packed index.
+template <typename In, typename C, typename Out, bool PACKED>
+__global__ void thc_encode_block(const In* __restrict__ x, const C* __restrict__ scale,
+                                 const i64* __restrict__ levels,
+                                 const i64* __restrict__ cell_index,
+                                 const Out* __restrict__ lane_table, Out* __restrict__ out, i64 n,
+                                 int log_b, C norm, C clamp, C kfac, C granularity,
+                                 i64 lo_level, i64 hi_level, u32 sign_lo, u32 sign_hi,
+                                 u32 round_lo, u32 round_hi, int bits) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int B = 1 << log_b;
   C* s = (C*)smem;
@@ -29,48 +60,22 @@ __global__ void thc_encode(const In* __restrict__ x, const C* __restrict__ scale
   const i64 base = (i64)blockIdx.x * B;
   for (int i = threadIdx.x; i < B; i += blockDim.x) {
     i64 e = base + i;
-    C v;
-    if (ROTATE) {
-      v = e < n ? widen<C>(x[e]) : (C)0;
-      v = v * (C)rademacher((u64)e, sign_lo, sign_hi);
-    } else {
-      v = widen<C>(x[e]);
-    }
-    s[i] = v;
+    C v = e < n ? widen<C>(x[e]) : (C)0;
+    s[i] = v * (C)rademacher((u64)e, sign_lo, sign_hi);
   }
   __syncthreads();
-  if (ROTATE) {
-    for (int h = 1; h < B; h <<= 1) {
-      for (int q = threadIdx.x; q < B / 2; q += blockDim.x) {
-        int i = ((q & ~(h - 1)) << 1) | (q & (h - 1));
-        C a = s[i], b = s[i + h];
-        s[i] = a + b;
-        s[i + h] = a - b;
-      }
-      __syncthreads();
+  for (int h = 1; h < B; h <<= 1) {
+    for (int q = threadIdx.x; q < B / 2; q += blockDim.x) {
+      int i = ((q & ~(h - 1)) << 1) | (q & (h - 1));
+      C a = s[i], b = s[i + h];
+      s[i] = a + b;
+      s[i + h] = a - b;
     }
+    __syncthreads();
   }
   const C sc = scale[blockIdx.x];
   for (int i = threadIdx.x; i < B; i += blockDim.x) {
-    C r = s[i];
-    if (ROTATE) r = r * norm;
-    C y = r * sc;
-    if (y != y) y = (C)0;
-    y = y < -clamp ? -clamp : (y > clamp ? clamp : y);
-    C u = (y + clamp) * kfac;
-    u = u < (C)0 ? (C)0 : (u > granularity ? granularity : u);
-    float uni = (float)(position_hash(bits32(u), (u64)(base + i), round_lo, round_hi) >> 8) *
-                (1.0f / 16777216.0f);
-    // gravac.kernels.quantize.stochastic_quantize
-    C lo = (C)lo_level, hi = (C)hi_level;
-    C v = u < lo ? lo : (u > hi ? hi : u);
-    i64 cell = (i64)floor(v) - lo_level;
-    i64 top = hi_level - lo_level - 1;
-    cell = cell < 0 ? 0 : (cell > top ? top : cell);
-    i64 lower = cell_index[cell];
-    C a = (C)levels[lower];
-    C width = (C)levels[lower + 1] - a;
-    int z = (int)lower + (((C)uni < (v - a) / width) ? 1 : 0);
+    int z = thc_round(s[i] * norm, sc, base + i, THC_ROUND_ARGS);
     if (PACKED) {
       idx[i] = (u8)z;
     } else {
@@ -87,6 +92,34 @@ __global__ void thc_encode(const In* __restrict__ x, const C* __restrict__ scale
       for (int k = 0; k < per_byte; ++k) byte |= (u32)idx[j * per_byte + k] << (k * bits);
       packed[j] = (u8)byte;
     }
+  }
+}
+
+// Blocks too large for shared memory: x is already rotated and normalised (padded length n);
+// one thread per output lane value, or per packed byte.
+template <typename C, typename Out, bool PACKED>
+__global__ void thc_encode_rotated(const C* __restrict__ x, const C* __restrict__ scale,
+                                   const i64* __restrict__ levels,
+                                   const i64* __restrict__ cell_index,
+                                   const Out* __restrict__ lane_table, Out* __restrict__ out,
+                                   i64 n, int log_b, C clamp, C kfac, C granularity,
+                                   i64 lo_level, i64 hi_level, u32 round_lo, u32 round_hi,
+                                   int bits) {
+  const int per_unit = PACKED ? 8 / bits : 1;
+  const i64 units = n / per_unit;
+  i64 stride = (i64)gridDim.x * blockDim.x;
+  for (i64 j = (i64)blockIdx.x * blockDim.x + threadIdx.x; j < units; j += stride) {
+    u32 byte = 0;
+    for (int k = 0; k < per_unit; ++k) {
+      i64 e = j * per_unit + k;
+      int z = thc_round(x[e], scale[e >> log_b], e, THC_ROUND_ARGS);
+      if (PACKED) {
+        byte |= (u32)z << (k * bits);
+      } else {
+        out[e] = lane_table[z];
+      }
+    }
+    if (PACKED) ((u8*)out)[j] = (u8)byte;
   }
 }
 

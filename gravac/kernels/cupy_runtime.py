@@ -79,12 +79,19 @@ def launch(fn: Any, grid: int, threads: int, args: tuple[Any, ...], *, shared_me
         fn((grid,), (threads,), args, shared_mem=shared_mem)
 
 
+@functools.cache
+def _external(pointer: int, index: int) -> tuple[Any, Any]:
+    """CuPy's device and stream objects for a torch stream, made once per stream."""
+    cp = _cupy()
+    return cp.cuda.Device(index), cp.cuda.ExternalStream(pointer, index)
+
+
 @contextlib.contextmanager
 def torch_stream(device: torch.device) -> Iterator[None]:
     """Make torch's current stream on ``device`` CuPy's current stream and device."""
-    cp = _cupy()
     stream = torch.cuda.current_stream(device)
-    with cp.cuda.Device(stream.device_index), cp.cuda.ExternalStream(stream.cuda_stream):
+    cp_device, cp_stream = _external(stream.cuda_stream, stream.device_index)
+    with cp_device, cp_stream:
         yield
 
 

@@ -63,21 +63,21 @@ def _fn(name: str):  # type: ignore[no-untyped-def]
 def _compact(
     x: Tensor, mode: str, *, bin_: int = 0, threshold: float = 0.0
 ) -> tuple[Tensor, Tensor]:
-    """Per-tile exclusive offsets ``[tiles, 2]`` (int64) and totals ``[2]`` of both streams."""
+    """Per-tile exclusive offsets ``[2, tiles]`` (int64) and totals ``[2]`` of both streams."""
     n = x.numel()
     tiles = -(-n // _TILE)
-    counts = torch.empty(tiles, 2, dtype=torch.int32, device=x.device)
+    counts = torch.empty(2, tiles, dtype=torch.int32, device=x.device)
     name = f"compact_count<{_MODES[mode]},{C_TYPES[x.dtype]}>"
     args = (as_cupy(x), np.int64(n), np.int32(bin_), np.float64(threshold), as_cupy(counts))
     launch(_fn(name), tiles, BLOCK_THREADS, args)
-    inclusive = counts.to(torch.int64).cumsum_(0)
-    return inclusive - counts, inclusive.sum(0) if tiles == 0 else inclusive[-1]
+    inclusive = counts.to(torch.int64).cumsum_(1)
+    return inclusive - counts, inclusive.sum(1) if tiles == 0 else inclusive[:, -1]
 
 
 def _write(
     x: Tensor, mode: str, offsets: Tensor, out1: Tensor, out2: Tensor, **params: float
 ) -> None:
-    tiles = offsets.shape[0]
+    tiles = offsets.shape[1]
     name = f"compact_write<{_MODES[mode]},{C_TYPES[x.dtype]}>"
     args = (
         as_cupy(x),

@@ -90,7 +90,8 @@ __device__ __forceinline__ int classify<1, double>(double v, int bin, double thr
   return fabs(v) >= threshold ? 1 : 0;
 }
 
-// counts[2 * tile + s]: hits of stream s + 1 in tile (TILE consecutive elements).
+// counts[s * tiles + tile]: hits of stream s + 1 in tile (TILE consecutive elements), stream-major
+// so that the scan over tiles runs along contiguous memory.
 template <int MODE, typename T>
 __global__ void compact_count(const T* __restrict__ x, i64 n, int bin, double threshold,
                               int* __restrict__ counts) {
@@ -115,12 +116,12 @@ __global__ void compact_count(const T* __restrict__ x, i64 n, int bin, double th
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    counts[2 * blockIdx.x] = total[0];
-    counts[2 * blockIdx.x + 1] = total[1];
+    counts[blockIdx.x] = total[0];
+    counts[gridDim.x + blockIdx.x] = total[1];
   }
 }
 
-// Writes the flat index of every hit of stream s at out_s[offsets[2 * tile + s] + rank], rank
+// Writes the flat index of every hit of stream s at out_s[offsets[s * tiles + tile] + rank], rank
 // ascending with the index inside the tile. out2 may be null when MODE has no stream 2.
 template <int MODE, typename T>
 __global__ void compact_write(const T* __restrict__ x, i64 n, int bin, double threshold,
@@ -130,8 +131,8 @@ __global__ void compact_write(const T* __restrict__ x, i64 n, int bin, double th
   __shared__ i64 base[2];
   int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   if (tid == 0) {
-    base[0] = offsets[2 * blockIdx.x];
-    base[1] = offsets[2 * blockIdx.x + 1];
+    base[0] = offsets[blockIdx.x];
+    base[1] = offsets[gridDim.x + blockIdx.x];
   }
   u32 lower_lanes = (1u << lane) - 1u;
   i64 tile0 = (i64)blockIdx.x * TILE;

@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 import pytest
+import torch
 
 from gravac import compressors
 from gravac.cli import build_parser, main
@@ -138,3 +139,12 @@ def test_python_dash_m_gravac() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)[0]["name"] == "none"
+
+
+def test_bench_kernels_without_cuda_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "kernels", "--size", "1K"])
+    assert exc.value.code == 2
+    assert "needs a CUDA --device and CuPy" in capsys.readouterr().err

@@ -8,7 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from gravac.demo import DemoConfig
 
 pytestmark = pytest.mark.slow
 STEPS = 120
@@ -61,3 +64,12 @@ def test_demo_rejects_bad_options() -> None:
     )
     assert out.returncode != 0
     assert "--max-steps must be an integer >= 1, got 0" in out.stderr
+
+
+def test_cuda_device_needs_a_gpu_per_worker() -> None:
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("this machine has two GPUs")
+    with pytest.raises(ValueError, match="--device cuda needs one GPU per worker"):
+        DemoConfig(device="cuda", workers=2)
+    with pytest.raises(ValueError, match="--device must be one of"):
+        DemoConfig(device="tpu")

@@ -8,12 +8,14 @@ import pytest
 import torch
 
 from gravac.kernels.quantize import (
+    hash_signs,
     hash_uniform,
     lookup,
     pack_bits,
     packed_numel,
     stochastic_quantize,
     unpack_bits,
+    unpack_lookup_sum,
 )
 
 #: THC's published table T_{4,30,1/32} (largest gap 3 levels).
@@ -147,3 +149,24 @@ def test_hash_uniform_depends_on_seed_bits_and_position() -> None:
     assert hash_uniform(x.half(), 7).shape == x.shape
     with pytest.raises(ValueError, match="floating-point"):
         hash_uniform(torch.ones(3, dtype=torch.int32), 7)
+
+
+def test_hash_signs_are_balanced_plus_minus_one_and_seeded() -> None:
+    s = hash_signs(100_000, seed=5)
+    assert set(s.unique().tolist()) == {-1.0, 1.0}
+    assert abs(float(s.mean())) < 0.02  # mean of 1e5 fair signs: sd 0.0032
+    assert torch.equal(s, hash_signs(100_000, seed=5))
+    assert not torch.equal(s, hash_signs(100_000, seed=6))
+    assert hash_signs(7, seed=5, dtype=torch.float64).dtype == torch.float64
+
+
+def test_unpack_lookup_sum_adds_the_looked_up_levels() -> None:
+    gen = torch.Generator().manual_seed(0)
+    idx = [torch.randint(0, 16, (33,), generator=gen) for _ in range(3)]
+    packed = [pack_bits(i, 4) for i in idx]
+    got = unpack_lookup_sum(packed, 4, 33, TABLE)
+    assert torch.equal(got, sum(TABLE[i] for i in idx))
+    with pytest.raises(ValueError, match="at least one"):
+        unpack_lookup_sum([], 4, 33, TABLE)
+    with pytest.raises(ValueError, match="pack into 17 uint8 bytes"):
+        unpack_lookup_sum([packed[0][:-1]], 4, 33, TABLE)

@@ -18,4 +18,5 @@ status=0
 timeout 240 "$PY" -m pytest -q -m cuda -p no:cacheprovider tests/kernels/test_cupy.py --maxfail=60 2>&1 | tee "$OUT/gpu_tests.log" | tail -25 || status=1
 timeout 150 "$PY" -m gravac bench kernels --size 64M --repeats 7 2>&1 | tee "$OUT/gpu_bench.log" || status=1
 timeout 120 "$PY" -m gravac demo --device cuda --workers 1 --max-steps 100 --log-dir /tmp/gravac-demo-runs 2>&1 | tee "$OUT/gpu_demo.log" | tail -15 || status=1
+timeout 90 "$PY" scripts/gpu_profile.py > "$OUT/gpu_profile.log" 2>&1 || status=1
 exit $status

@@ -45,8 +45,9 @@ _EXPRESSIONS = (
 #: Histogram bins (NBINS in sparse.cu) and the threads of the one block that scans them.
 _BINS = 4096
 _FIND_THREADS = 1024
-#: Elements per tile of the compaction passes (TILE in sparse.cu: 256 threads x 8 elements).
-_TILE = 2048
+#: Elements per tile of the histogram and compaction passes (TILE in sparse.cu: 256 threads x 8).
+_TILE_ITEMS = 8
+_TILE = 256 * _TILE_ITEMS
 #: Counts are int32 and indices fit int64: tensors up to 2^31 - 1 elements.
 _MAX_NUMEL = 2**31 - 1
 
@@ -100,7 +101,7 @@ def topk_indices(x: Tensor, k: int) -> Tensor:
     n = x.numel()
     with torch_stream(x.device):
         hist = torch.zeros(_BINS, dtype=torch.int32, device=x.device)
-        grid = grid_for(n, x.device)
+        grid = grid_for(-(-n // _TILE_ITEMS), x.device)  # a tile per block and round
         args = (as_cupy(x), np.int64(n), as_cupy(hist))
         launch(_fn(f"mag_histogram<{C_TYPES[x.dtype]}>"), grid, BLOCK_THREADS, args)
         found = torch.empty(3, dtype=torch.int64, device=x.device)

@@ -32,8 +32,12 @@ __all__ = ["MAX_SHARED_BLOCK", "supports", "thc_encode", "unpack_lookup_sum"]
 #: Largest rotation block transformed in shared memory: 4096 float64 (32 KiB) plus its 4 KiB of
 #: indices stay under the 48 KiB a block may use without opting in.
 MAX_SHARED_BLOCK = 4096
-#: Threads per CUDA block of the fused kernel (fewer for smaller rotation blocks, at least a warp).
+#: Threads per CUDA block of the generic fused kernel (fewer for smaller rotation blocks, at least
+#: a warp).
 _ENCODE_THREADS = 256
+#: From this block length up, the register kernel: 4 elements a thread, a warp at least.
+_FAST_MIN_BLOCK = 128
+_FAST_ITEMS = 4
 _WARP = 32
 _BYTE_BITS = 8
 _MASK32 = 0xFFFFFFFF
@@ -45,20 +49,26 @@ def _compute(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _name(src: torch.dtype, out: torch.dtype, rotated: bool, packed: bool) -> str:
+def _name(kind: str, src: torch.dtype, out: torch.dtype, packed: bool) -> str:
+    """``kind``: "rotated" (pre-rotated compute-dtype input), "block" or "fast"."""
     flag = str(packed).lower()
-    if rotated:
+    if kind == "rotated":
         return f"thc_encode_rotated<{C_TYPES[src]},{C_TYPES[out]},{flag}>"
-    return f"thc_encode_block<{C_TYPES[src]},{C_TYPES[_compute(src)]},{C_TYPES[out]},{flag}>"
+    c = C_TYPES[_compute(src)]
+    return f"thc_encode_{kind}<{C_TYPES[src]},{c},{C_TYPES[out]},{flag}>"
 
 
 _COMPUTE = (torch.float32, torch.float64)
 _EXPRESSIONS = (
     "thc_unpack_sum",
-    *(_name(d, lane, False, False) for d in FLOAT_DTYPES for lane in _LANES),
-    *(_name(d, torch.uint8, False, True) for d in FLOAT_DTYPES),
-    *(_name(c, lane, True, False) for c in _COMPUTE for lane in _LANES),
-    *(_name(c, torch.uint8, True, True) for c in _COMPUTE),
+    *(
+        _name(kind, d, out, out == torch.uint8 and packed)
+        for kind in ("block", "fast")
+        for d in FLOAT_DTYPES
+        for out, packed in [*((lane, False) for lane in _LANES), (torch.uint8, True)]
+    ),
+    *(_name("rotated", c, lane, False) for c in _COMPUTE for lane in _LANES),
+    *(_name("rotated", c, torch.uint8, True) for c in _COMPUTE),
 )
 
 
@@ -112,7 +122,8 @@ def thc_encode(
     lo, hi = int(levels[0]), int(levels[-1])
     d_levels = levels.to(device)
     table = d_levels if packed else lane_table.contiguous()  # type: ignore[union-attr]
-    name = _name(x.dtype, out.dtype, rotated, packed)
+    kind = "rotated" if rotated else ("fast" if block >= _FAST_MIN_BLOCK else "block")
+    name = _name(kind, x.dtype, out.dtype, packed)
     head = (
         as_cupy(x.contiguous()),
         as_cupy(scale.to(cd).contiguous()),
@@ -139,8 +150,11 @@ def thc_encode(
         else:
             norm = real(math.pow(2.0, -log_b / 2.0))
             seeds = (*_seed_halves(sign_seed), *_seed_halves(round_seed))
-            threads = min(max(block, _WARP), _ENCODE_THREADS)
-            shared = block * torch.finfo(cd).bits // _BYTE_BITS + block
+            values = block * torch.finfo(cd).bits // _BYTE_BITS
+            if kind == "fast":
+                threads, shared = block // _FAST_ITEMS, values
+            else:
+                threads, shared = min(max(block, _WARP), _ENCODE_THREADS), values + block
             full = (*head, norm, *quantize, *seeds, np.int32(bits))
             launch(fn, padded // block, threads, full, shared_mem=shared)
     return out

@@ -125,29 +125,37 @@ def test_scaled_cast_is_bit_exact(src: torch.dtype, wire: torch.dtype, divisor: 
 
 
 THC_CASES = [
-    # (rotation, numel): partial blocks of 1024; full rotations in shared memory (<= 4096) and
-    # above it (torch's rotation, then the fused rest).
-    ("partial", 1),
-    ("partial", 1000),
-    ("partial", 100_003),
-    ("full", 3),
-    ("full", 4000),
-    ("full", 70_001),
+    # (rotation, partial stages, numel): the generic block kernel (blocks below 128), the register
+    # kernel (128 ... 4096, with and without shared-memory stages), and blocks above 4096
+    # (torch's rotation, then the fused rest).
+    ("partial", 10, 1),
+    ("partial", 5, 1000),
+    ("partial", 7, 1000),
+    ("partial", 10, 100_003),
+    ("full", 10, 3),
+    ("full", 10, 4000),
+    ("full", 10, 70_001),
 ]
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize(("rotation", "n"), THC_CASES)
+@pytest.mark.parametrize(("rotation", "stages", "n"), THC_CASES)
 @pytest.mark.parametrize("transport", ["allreduce", "allgather"])
 @pytest.mark.parametrize("bits", [1, 2, 4, 8])
 def test_thc_payload_is_bit_exact(
-    dtype: torch.dtype, rotation: str, n: int, transport: str, bits: int
+    dtype: torch.dtype, rotation: str, stages: int, n: int, transport: str, bits: int
 ) -> None:
     x = _data(n, dtype, seed=3)
     rnd = Round(step=7, key=3, world_size=1)
     payloads = []
     for backend in ("cupy", "torch"):
-        c = THCCompressor(bits=bits, rotation=rotation, transport=transport, backend=backend)  # type: ignore[arg-type]
+        c = THCCompressor(
+            bits=bits,
+            rotation=rotation,  # type: ignore[arg-type]
+            partial_stages=stages,
+            transport=transport,  # type: ignore[arg-type]
+            backend=backend,
+        )
         payloads.append(c.compress(x, 8.0, rnd)[0])
     for got, ref in zip(payload_tensors(payloads[0]), payload_tensors(payloads[1]), strict=True):
         _same_bits(got, ref)

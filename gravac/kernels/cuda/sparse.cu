@@ -27,14 +27,28 @@ __device__ __forceinline__ u32 mag_key(double v) {
 __device__ __forceinline__ u32 mag_key(half_t v) { return mag_key(to_float(v)); }
 __device__ __forceinline__ u32 mag_key(bf16_t v) { return mag_key(to_float(v)); }
 
+// Grid-stride over tiles; each thread loads its TILE_ITEMS keys first (independent loads in
+// flight), then lanes with the same bin add once per warp (__match_any_sync), so clustered
+// magnitudes do not serialise on one shared-memory counter. Needs blockDim.x == TILE_THREADS.
 template <typename T>
 __global__ void mag_histogram(const T* __restrict__ x, i64 n, u32* __restrict__ hist) {
   __shared__ u32 local[NBINS];
   for (int i = threadIdx.x; i < NBINS; i += blockDim.x) local[i] = 0;
   __syncthreads();
-  i64 stride = (i64)gridDim.x * blockDim.x;
-  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-    atomicAdd(&local[mag_key(x[i]) >> KEY_SHIFT], 1u);
+  const int lane = threadIdx.x & 31;
+  for (i64 tile0 = (i64)blockIdx.x * TILE; tile0 < n; tile0 += (i64)gridDim.x * TILE) {
+    u32 bins[TILE_ITEMS];
+#pragma unroll
+    for (int r = 0; r < TILE_ITEMS; ++r) {
+      i64 e = tile0 + r * TILE_THREADS + threadIdx.x;
+      bins[r] = e < n ? mag_key(x[e]) >> KEY_SHIFT : (u32)NBINS;
+    }
+#pragma unroll
+    for (int r = 0; r < TILE_ITEMS; ++r) {
+      u32 peers = __match_any_sync(0xFFFFFFFFu, bins[r]);
+      if (lane == __ffs(peers) - 1 && bins[r] < NBINS) atomicAdd(&local[bins[r]], __popc(peers));
+    }
+  }
   __syncthreads();
   for (int i = threadIdx.x; i < NBINS; i += blockDim.x)
     if (local[i]) atomicAdd(&hist[i], local[i]);
@@ -100,6 +114,7 @@ __global__ void compact_count(const T* __restrict__ x, i64 n, int bin, double th
   __syncthreads();
   i64 tile0 = (i64)blockIdx.x * TILE;
   int c1 = 0, c2 = 0;
+#pragma unroll
   for (int r = 0; r < TILE_ITEMS; ++r) {
     i64 e = tile0 + r * TILE_THREADS + threadIdx.x;
     int cls = e < n ? classify<MODE>(x[e], bin, threshold) : 0;
@@ -122,44 +137,57 @@ __global__ void compact_count(const T* __restrict__ x, i64 n, int bin, double th
 }
 
 // Writes the flat index of every hit of stream s at out_s[offsets[s * tiles + tile] + rank], rank
-// ascending with the index inside the tile. out2 may be null when MODE has no stream 2.
+// ascending with the index inside the tile (element r * TILE_THREADS + tid of the tile is in round
+// r). Every thread classifies its TILE_ITEMS elements first; warp ballots give the ranks inside a
+// (round, warp) slot, and one warp per stream scans the TILE_ITEMS * WARPS = 64 slot totals.
+// out2 may be null when MODE has no stream 2.
+#define SLOTS (TILE_ITEMS * WARPS)
 template <int MODE, typename T>
 __global__ void compact_write(const T* __restrict__ x, i64 n, int bin, double threshold,
                               const i64* __restrict__ offsets, i64* __restrict__ out1,
                               i64* __restrict__ out2) {
-  __shared__ int warp_total[2][WARPS];
-  __shared__ i64 base[2];
-  int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  if (tid == 0) {
-    base[0] = offsets[blockIdx.x];
-    base[1] = offsets[gridDim.x + blockIdx.x];
-  }
-  u32 lower_lanes = (1u << lane) - 1u;
-  i64 tile0 = (i64)blockIdx.x * TILE;
+  __shared__ int slot_total[2][SLOTS];
+  __shared__ i64 slot_base[2][SLOTS];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const i64 tile0 = (i64)blockIdx.x * TILE;
+  int cls[TILE_ITEMS];
+#pragma unroll
   for (int r = 0; r < TILE_ITEMS; ++r) {
     i64 e = tile0 + r * TILE_THREADS + tid;
-    int cls = e < n ? classify<MODE>(x[e], bin, threshold) : 0;
-    u32 b1 = __ballot_sync(0xFFFFFFFFu, cls == 1);
-    u32 b2 = __ballot_sync(0xFFFFFFFFu, cls == 2);
+    cls[r] = e < n ? classify<MODE>(x[e], bin, threshold) : 0;
+  }
+  u32 b1[TILE_ITEMS], b2[TILE_ITEMS];
+#pragma unroll
+  for (int r = 0; r < TILE_ITEMS; ++r) {
+    b1[r] = __ballot_sync(0xFFFFFFFFu, cls[r] == 1);
+    b2[r] = __ballot_sync(0xFFFFFFFFu, cls[r] == 2);
     if (lane == 0) {
-      warp_total[0][warp] = __popc(b1);
-      warp_total[1][warp] = __popc(b2);
+      slot_total[0][r * WARPS + warp] = __popc(b1[r]);
+      slot_total[1][r * WARPS + warp] = __popc(b2[r]);
     }
-    __syncthreads();
-    if (cls) {
-      int s = cls - 1;
-      i64 pos = base[s] + __popc((s ? b2 : b1) & lower_lanes);
-      for (int w = 0; w < warp; ++w) pos += warp_total[s][w];
-      (s ? out2 : out1)[pos] = e;
+  }
+  __syncthreads();
+  if (warp < 2) {  // warp s scans stream s: lane l holds slots 2l and 2l + 1
+    const int s = warp;
+    int a = slot_total[s][2 * lane], b = slot_total[s][2 * lane + 1];
+    int inc = a + b;
+    for (int off = 1; off < 32; off <<= 1) {
+      int v = __shfl_up_sync(0xFFFFFFFFu, inc, off);
+      if (lane >= off) inc += v;
     }
-    __syncthreads();
-    if (tid == 0) {
-      for (int w = 0; w < WARPS; ++w) {
-        base[0] += warp_total[0][w];
-        base[1] += warp_total[1][w];
-      }
+    i64 start = offsets[s * gridDim.x + blockIdx.x] + (inc - a - b);
+    slot_base[s][2 * lane] = start;
+    slot_base[s][2 * lane + 1] = start + a;
+  }
+  __syncthreads();
+  const u32 lower_lanes = (1u << lane) - 1u;
+#pragma unroll
+  for (int r = 0; r < TILE_ITEMS; ++r) {
+    if (cls[r]) {
+      int s = cls[r] - 1;
+      i64 pos = slot_base[s][r * WARPS + warp] + __popc((s ? b2[r] : b1[r]) & lower_lanes);
+      (s ? out2 : out1)[pos] = tile0 + r * TILE_THREADS + tid;
     }
-    __syncthreads();
   }
 }
 

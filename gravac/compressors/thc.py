@@ -83,6 +83,7 @@ rounding for every input.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -154,6 +155,8 @@ _TRANSPORTS: tuple[Collective, ...] = ("allreduce", "allgather")
 # Stream tags that keep the diagonal's and the rounding's seeds apart for one (seed, step, key).
 _DIAGONAL_STREAM = 0x5448435F44494147  # "THC_DIAG"
 _BYTE_BITS = 8
+#: Device copies of THC tables kept (a few bit widths x lanes x devices).
+_TABLE_CACHE = 64
 _ROUNDING_STREAM = 0x5448435F524E4447  # "THC_RNDG"
 
 
@@ -296,6 +299,27 @@ def _quantize(
     return stochastic_quantize(u, table, uniform, backend="torch")
 
 
+@functools.lru_cache(maxsize=_TABLE_CACHE)
+def _device_tables(
+    table: tuple[int, ...],
+    device: torch.device,
+    dtype: torch.dtype,
+    lane: torch.dtype | None,
+    *,
+    identity: bool,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The CUDA kernel's tables on ``device``, built once: levels in ``dtype``, the int32 cell
+    index, and what each index sends in ``lane`` lanes (``T`` itself, or the index when
+    ``identity``; ``None`` for no lane: packed output).
+    """
+    levels, cells = table_cells(torch.tensor(table))
+    sent = None
+    if lane is not None:
+        sent = torch.arange(len(table)) if identity else levels
+        sent = sent.to(device=device, dtype=lane)
+    return levels.to(device, dtype), cells.to(device, torch.int32), sent
+
+
 def thc_payload(
     x: Tensor,
     norms: Tensor,
@@ -329,18 +353,18 @@ def thc_payload(
         if lane is not None:
             return lookup(idx, table.to(lane), backend="torch")
         return pack_bits(idx, bits, backend="torch")
-    levels, cells = table_cells(table)
     fused_pack = lane is None and block * bits % _BYTE_BITS == 0
-    lane_table: Tensor | None = None
-    if lane is not None:
-        lane_table = levels.to(device=flat.device, dtype=lane)
-    elif not fused_pack:
-        lane_table = torch.arange(len(levels), dtype=torch.uint8, device=flat.device)
+    # Unpacked indices: the identity table in uint8 lanes, packed afterwards.
+    send = lane if lane is not None or fused_pack else torch.uint8
+    levels, cells, lane_table = _device_tables(
+        tuple(int(v) for v in table.tolist()), flat.device, cd, send, identity=lane is None
+    )
     rotated = block > cupy_thc.MAX_SHARED_BLOCK
     if rotated:
         flat = _rotate(flat, hash_signs(padded, sign_seed, dtype=cd, device=flat.device), block)
     out = cupy_thc.thc_encode(
-        flat, block_scale(norms, block), levels, cells, lane_table, block=block, padded=padded,
+        flat, block_scale(norms, block), levels, cells, lane_table,
+        bounds=(int(table[0]), int(table[-1])), block=block, padded=padded,
         clamp=clamp, granularity=granularity, sign_seed=sign_seed, round_seed=round_seed,
         bits=bits, rotated=rotated,
     )  # fmt: skip

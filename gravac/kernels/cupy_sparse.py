@@ -1,19 +1,20 @@
 """CuPy kernels of :mod:`gravac.kernels.sparse` (``cuda/sparse.cu``).
 
-Exact top-k by threshold refinement, in three passes over the input:
-
-1. a histogram of a 12-bit magnitude key (the top bits of ``|x|``'s bit pattern, which orders
-   like ``|x|`` with NaN above Inf above every finite value) locates the bin ``b`` holding the
-   k-th largest magnitude: every element in a higher bin is selected, those in ``b`` are the
-   candidates;
-2. a count pass and 3. a write pass compact both sets, in ascending index order, with per-tile
-   counts and an exclusive scan (deterministic, no atomics on the output);
-
-then torch's exact top-k over the few candidates picks the missing ``k - above``. Threshold
-selection (``|x| >= t``) is the same count and write passes.
+Exact top-k by threshold refinement, in two passes over the input. A magnitude key (the bit
+pattern of ``|x|`` as an integer, which orders like ``|x|`` with NaN above Inf above every finite
+value) and a key range ``[lo, hi]`` split the input: every element above ``hi`` is selected, those
+inside are the candidates. The range comes from a strided sample of :data:`_SAMPLE` elements (the
+sample's quantile of the k-th largest, widened by a margin). A count pass checks it (fewer than
+``k`` above, at least ``k`` above or inside); if the sample misled, or the input is small, a
+4096-bin histogram of the key's top 12 bits gives the range instead. A write pass then compacts
+both sets in ascending index order, with per-tile counts and an exclusive scan (deterministic, no
+atomics on the output), and torch's exact top-k over the few candidates picks the missing
+``k - above``. Threshold selection (``|x| >= t``) is the same count and write passes.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -30,7 +31,7 @@ from gravac.kernels.cupy_runtime import (
     torch_stream,
 )
 
-__all__ = ["scatter_add", "supports", "threshold_indices", "topk_indices"]
+__all__ = ["mag_keys", "scatter_add", "supports", "threshold_indices", "topk_indices"]
 
 _SOURCE = "sparse.cu"
 _MODES = {"topk": 0, "threshold": 1}
@@ -48,6 +49,17 @@ _FIND_THREADS = 1024
 #: Elements per tile of the histogram and compaction passes (TILE in sparse.cu: 256 threads x 8).
 _TILE_ITEMS = 8
 _TILE = 256 * _TILE_ITEMS
+#: The key's bin is its top 12 of 31 bits (KEY_SHIFT in sparse.cu); keys are below 2^31.
+_KEY_SHIFT = 19
+_KEY_MASK = 0x7FFFFFFF
+_HIGH_WORD = 32
+#: Elements of the strided sample that places the key range on large inputs (at most 256 KiB of
+#: keys: a small top-k), and its margin on each side of the expected rank, in binomial standard
+#: deviations plus a constant: the k-th largest falls outside with probability below 1e-4, and
+#: then the histogram decides.
+_SAMPLE = 65536
+_SAMPLE_MARGIN_SDS = 4.0
+_SAMPLE_MARGIN_MIN = 16
 #: Counts are int32 and indices fit int64: tensors up to 2^31 - 1 elements.
 _MAX_NUMEL = 2**31 - 1
 
@@ -62,29 +74,47 @@ def _fn(name: str):  # type: ignore[no-untyped-def]
 
 
 def _compact(
-    x: Tensor, mode: str, *, bin_: int = 0, threshold: float = 0.0
-) -> tuple[Tensor, Tensor]:
-    """Per-tile exclusive offsets ``[2, tiles]`` (int64) and totals ``[2]`` of both streams."""
+    x: Tensor, mode: str, *, keys: tuple[int, int] = (0, 0), threshold: float = 0.0
+) -> tuple[Tensor, list[int]]:
+    """Per-tile exclusive offsets ``[2, tiles]`` (int64) and the totals of both streams.
+
+    One host sync (the totals size the outputs).
+    """
     n = x.numel()
     tiles = -(-n // _TILE)
-    counts = torch.empty(2, tiles, dtype=torch.int32, device=x.device)
+    counts = torch.empty(2 * tiles, dtype=torch.int32, device=x.device)
     name = f"compact_count<{_MODES[mode]},{C_TYPES[x.dtype]}>"
-    args = (as_cupy(x), np.int64(n), np.int32(bin_), np.float64(threshold), as_cupy(counts))
+    args = (as_cupy(x), np.int64(n), *_key_args(keys), np.float64(threshold), as_cupy(counts))
     launch(_fn(name), tiles, BLOCK_THREADS, args)
-    inclusive = counts.to(torch.int64).cumsum_(1)
-    return inclusive - counts, inclusive.sum(1) if tiles == 0 else inclusive[:, -1]
+    # One flat scan (a 1-D cumsum is a single fast device scan), then stream 1 restarts at 0.
+    exclusive = counts.to(torch.int64).cumsum_(0).sub_(counts).view(2, tiles)
+    totals = torch.stack([exclusive[1, 0], exclusive[1, -1] + counts[-1]])
+    exclusive[1] -= totals[0].clone()
+    first, both = totals.tolist()
+    return exclusive, [first, both - first]
+
+
+def _key_args(keys: tuple[int, int]) -> tuple[np.uint32, np.uint32]:
+    return np.uint32(keys[0]), np.uint32(keys[1])
 
 
 def _write(
-    x: Tensor, mode: str, offsets: Tensor, out1: Tensor, out2: Tensor, **params: float
+    x: Tensor,
+    mode: str,
+    offsets: Tensor,
+    out1: Tensor,
+    out2: Tensor,
+    *,
+    keys: tuple[int, int] = (0, 0),
+    threshold: float = 0.0,
 ) -> None:
     tiles = offsets.shape[1]
     name = f"compact_write<{_MODES[mode]},{C_TYPES[x.dtype]}>"
     args = (
         as_cupy(x),
         np.int64(x.numel()),
-        np.int32(params.get("bin_", 0)),
-        np.float64(params.get("threshold", 0.0)),
+        *_key_args(keys),
+        np.float64(threshold),
         as_cupy(offsets),
         as_cupy(out1),
         as_cupy(out2),
@@ -92,26 +122,73 @@ def _write(
     launch(_fn(name), tiles, BLOCK_THREADS, args)
 
 
+def mag_keys(x: Tensor) -> Tensor:
+    """The kernels' 31-bit magnitude key of every element (int64): ``mag_key`` in sparse.cu.
+
+    The bit pattern of ``|x|`` as an integer (16-bit floats widened to float32, float64 its upper
+    32 bits): weakly increasing in ``|x|``, NaN above Inf above every finite value.
+    """
+    if x.dtype == torch.float64:
+        return (x.view(torch.int64) >> _HIGH_WORD) & _KEY_MASK
+    return x.float().view(torch.int32).to(torch.int64) & _KEY_MASK
+
+
+def _sampled_keys(x: Tensor, k: int) -> tuple[int, int]:
+    """A key range ``(lo, hi]`` likely to hold the k-th largest key: from a strided sample.
+
+    The sample's ``k * S / n``-th largest key, widened by :data:`_SAMPLE_MARGIN_SDS` binomial
+    standard deviations on each side (plus :data:`_SAMPLE_MARGIN_MIN`).
+    """
+    n = x.numel()
+    stride = n // _SAMPLE
+    keys = mag_keys(x[::stride][:_SAMPLE])
+    expected = k * keys.numel() / n
+    margin = int(_SAMPLE_MARGIN_SDS * math.sqrt(expected)) + _SAMPLE_MARGIN_MIN
+    deepest = min(int(expected) + margin, keys.numel() - 1)
+    top = torch.topk(keys, deepest + 1).values
+    hi_rank = int(expected) - margin
+    bounds = torch.stack([top[deepest], top[max(hi_rank, 0)]]).tolist()
+    lo = bounds[0] if deepest < keys.numel() - 1 else 0
+    hi = bounds[1] if hi_rank >= 0 else _KEY_MASK
+    return int(lo), int(hi)
+
+
+def _histogram_keys(x: Tensor, k: int) -> tuple[int, int]:
+    """The key range of the 4096-bin histogram bin that holds the k-th largest key (exact)."""
+    n = x.numel()
+    hist = torch.zeros(_BINS, dtype=torch.int32, device=x.device)
+    grid = grid_for(-(-n // _TILE_ITEMS), x.device)  # a tile per block and round
+    args = (as_cupy(x), np.int64(n), as_cupy(hist))
+    launch(_fn(f"mag_histogram<{C_TYPES[x.dtype]}>"), grid, BLOCK_THREADS, args)
+    found = torch.empty(3, dtype=torch.int64, device=x.device)
+    launch(_fn("find_bin"), 1, _FIND_THREADS, (as_cupy(hist), np.int64(k), as_cupy(found)))
+    bin_ = int(found[0])
+    return bin_ << _KEY_SHIFT, ((bin_ + 1) << _KEY_SHIFT) - 1
+
+
 def topk_indices(x: Tensor, k: int) -> Tensor:
     """int64 indices of the ``k`` largest ``|x|`` of 1-D CUDA ``x`` (``0 < k < x.numel()``).
 
-    The entries above the k-th largest's bin come first, ascending, then the chosen candidates.
+    The elements above the candidate key range come first, ascending, then the chosen
+    candidates. Large inputs take the range from a sample; when the sample misleads (the counts
+    show the k-th largest outside the range) or the input is small, from the histogram.
     """
     x = x.contiguous()
-    n = x.numel()
     with torch_stream(x.device):
-        hist = torch.zeros(_BINS, dtype=torch.int32, device=x.device)
-        grid = grid_for(-(-n // _TILE_ITEMS), x.device)  # a tile per block and round
-        args = (as_cupy(x), np.int64(n), as_cupy(hist))
-        launch(_fn(f"mag_histogram<{C_TYPES[x.dtype]}>"), grid, BLOCK_THREADS, args)
-        found = torch.empty(3, dtype=torch.int64, device=x.device)
-        args = (as_cupy(hist), np.int64(k), as_cupy(found))
-        launch(_fn("find_bin"), 1, _FIND_THREADS, args)
-        bin_, above, n_candidates = found.tolist()
-        offsets, _ = _compact(x, "topk", bin_=bin_)
+        found = None
+        if x.numel() > _SAMPLE:
+            keys = _sampled_keys(x, k)
+            offsets, (above, n_candidates) = _compact(x, "topk", keys=keys)
+            if above < k <= above + n_candidates:
+                found = keys, offsets, above, n_candidates
+        if found is None:
+            keys = _histogram_keys(x, k)
+            offsets, (above, n_candidates) = _compact(x, "topk", keys=keys)
+            found = keys, offsets, above, n_candidates
+        keys, offsets, above, n_candidates = found
         out = torch.empty(k, dtype=torch.int64, device=x.device)
         candidates = torch.empty(n_candidates, dtype=torch.int64, device=x.device)
-        _write(x, "topk", offsets, out, candidates, bin_=bin_)
+        _write(x, "topk", offsets, out, candidates, keys=keys)
     need = k - above
     if need < n_candidates:
         mag = x[candidates].abs()
@@ -133,8 +210,8 @@ def threshold_indices(x: Tensor, threshold: float) -> Tensor:
         return torch.empty(0, dtype=torch.int64, device=x.device)
     threshold = float(torch.tensor(threshold, dtype=x.dtype))
     with torch_stream(x.device):
-        offsets, totals = _compact(x, "threshold", threshold=threshold)
-        out = torch.empty(int(totals[0]), dtype=torch.int64, device=x.device)
+        offsets, (total, _) = _compact(x, "threshold", threshold=threshold)
+        out = torch.empty(total, dtype=torch.int64, device=x.device)
         _write(x, "threshold", offsets, out, out, threshold=threshold)
     return out
 

@@ -88,6 +88,7 @@ def thc_encode(
     cell_index: Tensor,
     lane_table: Tensor | None,
     *,
+    bounds: tuple[int, int],
     block: int,
     padded: int,
     clamp: float,
@@ -103,7 +104,9 @@ def thc_encode(
         x: the flat input (``rotated=False``), or its rotated, normalised, padded values in the
             compute dtype (``rotated=True``, for blocks above :data:`MAX_SHARED_BLOCK`).
         scale: ``sqrt(B) / l`` per block, in the compute dtype.
-        levels, cell_index: :func:`gravac.kernels.quantize.table_cells` of the table.
+        levels, cell_index: :func:`gravac.kernels.quantize.table_cells` of the table, on
+            ``x``'s device: the levels in the compute dtype, the cell index as int32.
+        bounds: the table's first and last levels.
         lane_table: the value sent for each table index, in the lane dtype (``T`` itself for the
             all-reduce transport; ``0..2^b - 1`` as uint8 for unpacked indices); ``None`` packs
             the indices ``8 / bits`` to a byte (needs ``block * bits`` to be a multiple of 8).
@@ -119,16 +122,15 @@ def thc_encode(
         return out
     log_b = block.bit_length() - 1
     real = np.float64 if cd == torch.float64 else np.float32
-    lo, hi = int(levels[0]), int(levels[-1])
-    d_levels = levels.to(device)
-    table = d_levels if packed else lane_table.contiguous()  # type: ignore[union-attr]
+    lo, hi = bounds
+    table = lane_table if lane_table is not None else levels
     kind = "rotated" if rotated else ("fast" if block >= _FAST_MIN_BLOCK else "block")
     name = _name(kind, x.dtype, out.dtype, packed)
     head = (
         as_cupy(x.contiguous()),
         as_cupy(scale.to(cd).contiguous()),
-        as_cupy(d_levels),
-        as_cupy(cell_index.to(device)),
+        as_cupy(levels),
+        as_cupy(cell_index),
         as_cupy(out if packed else table),
         as_cupy(out),
         np.int64(x.numel()),

@@ -81,6 +81,27 @@ def test_topk_selects_nan_and_inf_first() -> None:
     assert sorted(got.tolist()) == [5, 77, 9000]
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_topk_large_input_through_the_sampled_range(dtype: torch.dtype) -> None:
+    x = _data(1_000_003, dtype, seed=5) * _data(1_000_003, dtype, seed=6).float().exp().to(dtype)
+    for k in (1, 10_000, 999_000):
+        got = topk_indices(x, k, backend="cupy")
+        ref = topk_indices(x, k, backend="torch")
+        mag = x.abs().double()
+        assert got.unique().numel() == k
+        assert torch.equal(mag[got].sort().values, mag[ref].sort().values)
+
+
+def test_topk_falls_back_when_the_sample_misses_the_large_values() -> None:
+    """Only positions the strided sample skips are non-zero: the histogram decides, exactly."""
+    n, k = 1_000_003, 1000
+    x = torch.zeros(n, device="cuda")
+    hot = torch.arange(k, device="cuda") * 15 + 7  # the sample takes every 15th element from 0
+    x[hot] = torch.arange(1, k + 1, device="cuda", dtype=torch.float32)
+    got = topk_indices(x, k, backend="cupy")
+    assert torch.equal(got.sort().values, hot)
+
+
 def test_topk_with_all_values_equal_is_exact() -> None:
     x = torch.full((5000,), 0.25, device="cuda")
     got = topk_indices(x, 50, backend="cupy")

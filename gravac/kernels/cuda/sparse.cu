@@ -1,7 +1,7 @@
 // Selection and aggregation of sparse payloads (gravac.kernels.sparse):
-//  * exact top-k by magnitude: a 4096-bin histogram of a magnitude key, the bin holding the k-th
-//    largest, an ordered stream compaction of everything above that bin and of the bin itself
-//    (the candidates, refined exactly by the caller);
+//  * exact top-k by magnitude: an ordered stream compaction of every element whose magnitude key
+//    is above a key range and of those inside it (the candidates, refined exactly by the caller);
+//    the range comes from a sample (the caller) or from a 4096-bin histogram of the key;
 //  * threshold selection |x| >= t with the same ordered compaction (torch.nonzero's order);
 //  * scatter-add of gathered (index, value) pairs.
 // Compaction is deterministic: a count pass per tile, an exclusive scan, and a write pass that
@@ -89,26 +89,28 @@ extern "C" __global__ void find_bin(const u32* __restrict__ hist, i64 k, i64* __
 }
 
 // Stream of x[i] for a compaction: 0 (dropped), 1 or 2.
-// MODE 0 (top-k split): 1 above bin `bin`, 2 inside it.  MODE 1 (threshold): 1 when |x| >= t,
-// compared as torch's CUDA comparison does (float for 16- and 32-bit inputs, double for float64).
+// MODE 0 (top-k split): 1 when mag_key > hi_key, 2 when lo_key <= mag_key <= hi_key.
+// MODE 1 (threshold): 1 when |x| >= t, compared as torch's CUDA comparison does (float for 16- and
+// 32-bit inputs, double for float64).
 template <int MODE, typename T>
-__device__ __forceinline__ int classify(T v, int bin, double threshold) {
+__device__ __forceinline__ int classify(T v, u32 lo_key, u32 hi_key, double threshold) {
   if (MODE == 0) {
-    int b = (int)(mag_key(v) >> KEY_SHIFT);
-    return b > bin ? 1 : (b == bin ? 2 : 0);
+    u32 key = mag_key(v);
+    return key > hi_key ? 1 : (key >= lo_key ? 2 : 0);
   }
   return fabsf(to_float(v)) >= (float)threshold ? 1 : 0;
 }
 template <>
-__device__ __forceinline__ int classify<1, double>(double v, int bin, double threshold) {
+__device__ __forceinline__ int classify<1, double>(double v, u32 lo_key, u32 hi_key,
+                                                   double threshold) {
   return fabs(v) >= threshold ? 1 : 0;
 }
 
 // counts[s * tiles + tile]: hits of stream s + 1 in tile (TILE consecutive elements), stream-major
 // so that the scan over tiles runs along contiguous memory.
 template <int MODE, typename T>
-__global__ void compact_count(const T* __restrict__ x, i64 n, int bin, double threshold,
-                              int* __restrict__ counts) {
+__global__ void compact_count(const T* __restrict__ x, i64 n, u32 lo_key, u32 hi_key,
+                              double threshold, int* __restrict__ counts) {
   __shared__ int total[2];
   if (threadIdx.x == 0) total[0] = total[1] = 0;
   __syncthreads();
@@ -117,7 +119,7 @@ __global__ void compact_count(const T* __restrict__ x, i64 n, int bin, double th
 #pragma unroll
   for (int r = 0; r < TILE_ITEMS; ++r) {
     i64 e = tile0 + r * TILE_THREADS + threadIdx.x;
-    int cls = e < n ? classify<MODE>(x[e], bin, threshold) : 0;
+    int cls = e < n ? classify<MODE>(x[e], lo_key, hi_key, threshold) : 0;
     c1 += cls == 1;
     c2 += cls == 2;
   }
@@ -143,9 +145,9 @@ __global__ void compact_count(const T* __restrict__ x, i64 n, int bin, double th
 // out2 may be null when MODE has no stream 2.
 #define SLOTS (TILE_ITEMS * WARPS)
 template <int MODE, typename T>
-__global__ void compact_write(const T* __restrict__ x, i64 n, int bin, double threshold,
-                              const i64* __restrict__ offsets, i64* __restrict__ out1,
-                              i64* __restrict__ out2) {
+__global__ void compact_write(const T* __restrict__ x, i64 n, u32 lo_key, u32 hi_key,
+                              double threshold, const i64* __restrict__ offsets,
+                              i64* __restrict__ out1, i64* __restrict__ out2) {
   __shared__ int slot_total[2][SLOTS];
   __shared__ i64 slot_base[2][SLOTS];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -154,7 +156,7 @@ __global__ void compact_write(const T* __restrict__ x, i64 n, int bin, double th
 #pragma unroll
   for (int r = 0; r < TILE_ITEMS; ++r) {
     i64 e = tile0 + r * TILE_THREADS + tid;
-    cls[r] = e < n ? classify<MODE>(x[e], bin, threshold) : 0;
+    cls[r] = e < n ? classify<MODE>(x[e], lo_key, hi_key, threshold) : 0;
   }
   u32 b1[TILE_ITEMS], b2[TILE_ITEMS];
 #pragma unroll

@@ -14,11 +14,15 @@ __device__ __forceinline__ float rademacher(u64 pos, u32 seed_lo, u32 seed_hi) {
 }
 
 // z = SQ_T(u) of one normalised rotated value r of block scale sc at padded position pos.
+__device__ __forceinline__ float floor_c(float v) { return floorf(v); }
+__device__ __forceinline__ double floor_c(double v) { return floor(v); }
+
+// levels: the table in the compute type; cell_index: int32 (gravac.kernels.quantize.table_cells).
 template <typename C>
 __device__ __forceinline__ int thc_round(C r, C sc, i64 pos, C clamp, C kfac, C granularity,
                                          i64 lo_level, i64 hi_level,
-                                         const i64* __restrict__ levels,
-                                         const i64* __restrict__ cell_index, u32 round_lo,
+                                         const C* __restrict__ levels,
+                                         const int* __restrict__ cell_index, u32 round_lo,
                                          u32 round_hi) {
   C y = r * sc;
   if (y != y) y = (C)0;
@@ -30,13 +34,13 @@ __device__ __forceinline__ int thc_round(C r, C sc, i64 pos, C clamp, C kfac, C 
   // gravac.kernels.quantize.stochastic_quantize
   C lo = (C)lo_level, hi = (C)hi_level;
   C v = u < lo ? lo : (u > hi ? hi : u);
-  i64 cell = (i64)floor(v) - lo_level;
-  i64 top = hi_level - lo_level - 1;
+  int cell = (int)floor_c(v) - (int)lo_level;
+  const int top = (int)(hi_level - lo_level) - 1;
   cell = cell < 0 ? 0 : (cell > top ? top : cell);
-  i64 lower = cell_index[cell];
-  C a = (C)levels[lower];
-  C width = (C)levels[lower + 1] - a;
-  return (int)lower + (((C)uni < (v - a) / width) ? 1 : 0);
+  const int lower = cell_index[cell];
+  C a = levels[lower];
+  C width = levels[lower + 1] - a;
+  return lower + (((C)uni < (v - a) / width) ? 1 : 0);
 }
 
 #define THC_ROUND_ARGS                                                                   \
@@ -47,8 +51,8 @@ __device__ __forceinline__ int thc_round(C r, C sc, i64 pos, C clamp, C kfac, C 
 // kfac: g / (2t); lo_level, hi_level: the table's first and last levels; bits: per packed index.
 template <typename In, typename C, typename Out, bool PACKED>
 __global__ void thc_encode_block(const In* __restrict__ x, const C* __restrict__ scale,
-                                 const i64* __restrict__ levels,
-                                 const i64* __restrict__ cell_index,
+                                 const C* __restrict__ levels,
+                                 const int* __restrict__ cell_index,
                                  const Out* __restrict__ lane_table, Out* __restrict__ out, i64 n,
                                  int log_b, C norm, C clamp, C kfac, C granularity,
                                  i64 lo_level, i64 hi_level, u32 sign_lo, u32 sign_hi,
@@ -103,8 +107,8 @@ __global__ void thc_encode_block(const In* __restrict__ x, const C* __restrict__
 #define WARP_STAGES 5
 template <typename In, typename C, typename Out, bool PACKED>
 __global__ void thc_encode_fast(const In* __restrict__ x, const C* __restrict__ scale,
-                                const i64* __restrict__ levels,
-                                const i64* __restrict__ cell_index,
+                                const C* __restrict__ levels,
+                                const int* __restrict__ cell_index,
                                 const Out* __restrict__ lane_table, Out* __restrict__ out, i64 n,
                                 int log_b, C norm, C clamp, C kfac, C granularity, i64 lo_level,
                                 i64 hi_level, u32 sign_lo, u32 sign_hi, u32 round_lo,
@@ -180,8 +184,8 @@ __global__ void thc_encode_fast(const In* __restrict__ x, const C* __restrict__ 
 // one thread per output lane value, or per packed byte.
 template <typename C, typename Out, bool PACKED>
 __global__ void thc_encode_rotated(const C* __restrict__ x, const C* __restrict__ scale,
-                                   const i64* __restrict__ levels,
-                                   const i64* __restrict__ cell_index,
+                                   const C* __restrict__ levels,
+                                   const int* __restrict__ cell_index,
                                    const Out* __restrict__ lane_table, Out* __restrict__ out,
                                    i64 n, int log_b, C clamp, C kfac, C granularity,
                                    i64 lo_level, i64 hi_level, u32 round_lo, u32 round_hi,

@@ -113,6 +113,7 @@ from gravac.kernels.quantize import (
     pack_bits,
     stochastic_quantize,
     table_cells,
+    table_intervals,
     unpack_lookup_sum,
 )
 from gravac.seeding import derive_seed
@@ -257,10 +258,21 @@ def block_scale(norms: Tensor, block: int) -> Tensor:
 
 
 def block_norms(x: Tensor, block: int, padded: int) -> Tensor:
-    """L2 norm of every block of ``block`` elements of ``x`` zero-padded to ``padded``."""
+    """L2 norm of every block of ``block`` elements of ``x`` zero-padded to ``padded``.
+
+    Computed in the compute dtype without materialising the padding: the whole blocks as one
+    batch, the partial last block on its own, blocks of padding only are 0.
+    """
     flat = x.detach().reshape(-1)
-    v = _padded(flat, padded, _compute_dtype(x.dtype))
-    return torch.linalg.vector_norm(v.view(-1, block), dim=1)
+    cd = _compute_dtype(x.dtype)
+    whole = flat.numel() // block
+    out = torch.zeros(padded // block, dtype=cd, device=flat.device)
+    if whole:
+        body = flat[: whole * block].view(whole, block)
+        out[:whole] = torch.linalg.vector_norm(body, dim=1, dtype=cd)
+    if flat.numel() > whole * block:
+        out[whole] = torch.linalg.vector_norm(flat[whole * block :], dtype=cd)
+    return out
 
 
 def thc_encode(
@@ -307,17 +319,19 @@ def _device_tables(
     lane: torch.dtype | None,
     *,
     identity: bool,
-) -> tuple[Tensor, Tensor, Tensor | None]:
-    """The CUDA kernel's tables on ``device``, built once: levels in ``dtype``, the int32 cell
-    index, and what each index sends in ``lane`` lanes (``T`` itself, or the index when
-    ``identity``; ``None`` for no lane: packed output).
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """The CUDA kernel's tables on ``device``, built once: levels and reciprocal widths in
+    ``dtype``, the int32 cell index, and what each index sends in ``lane`` lanes (``T`` itself,
+    or the index when ``identity``; ``None`` for no lane: packed output).
     """
-    levels, cells = table_cells(torch.tensor(table))
+    t = torch.tensor(table)
+    levels, cells = table_cells(t)
     sent = None
     if lane is not None:
         sent = torch.arange(len(table)) if identity else levels
         sent = sent.to(device=device, dtype=lane)
-    return levels.to(device, dtype), cells.to(device, torch.int32), sent
+    values, inv_width = (v.to(device) for v in table_intervals(t, dtype))
+    return values, inv_width, cells.to(device, torch.int32), sent
 
 
 def thc_payload(
@@ -356,14 +370,14 @@ def thc_payload(
     fused_pack = lane is None and block * bits % _BYTE_BITS == 0
     # Unpacked indices: the identity table in uint8 lanes, packed afterwards.
     send = lane if lane is not None or fused_pack else torch.uint8
-    levels, cells, lane_table = _device_tables(
+    levels, inv_width, cells, lane_table = _device_tables(
         tuple(int(v) for v in table.tolist()), flat.device, cd, send, identity=lane is None
     )
     rotated = block > cupy_thc.MAX_SHARED_BLOCK
     if rotated:
         flat = _rotate(flat, hash_signs(padded, sign_seed, dtype=cd, device=flat.device), block)
     out = cupy_thc.thc_encode(
-        flat, block_scale(norms, block), levels, cells, lane_table,
+        flat, block_scale(norms, block), levels, inv_width, cells, lane_table,
         bounds=(int(table[0]), int(table[-1])), block=block, padded=padded,
         clamp=clamp, granularity=granularity, sign_seed=sign_seed, round_seed=round_seed,
         bits=bits, rotated=rotated,

@@ -123,14 +123,14 @@ def _write(
 
 
 def mag_keys(x: Tensor) -> Tensor:
-    """The kernels' 31-bit magnitude key of every element (int64): ``mag_key`` in sparse.cu.
+    """The kernels' 31-bit magnitude key of every element (int32): ``mag_key`` in sparse.cu.
 
     The bit pattern of ``|x|`` as an integer (16-bit floats widened to float32, float64 its upper
     32 bits): weakly increasing in ``|x|``, NaN above Inf above every finite value.
     """
     if x.dtype == torch.float64:
-        return (x.view(torch.int64) >> _HIGH_WORD) & _KEY_MASK
-    return x.float().view(torch.int32).to(torch.int64) & _KEY_MASK
+        return ((x.view(torch.int64) >> _HIGH_WORD) & _KEY_MASK).to(torch.int32)
+    return x.float().view(torch.int32) & _KEY_MASK
 
 
 def _sampled_keys(x: Tensor, k: int) -> tuple[int, int]:

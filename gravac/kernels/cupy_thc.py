@@ -85,6 +85,7 @@ def thc_encode(
     x: Tensor,
     scale: Tensor,
     levels: Tensor,
+    inv_width: Tensor,
     cell_index: Tensor,
     lane_table: Tensor | None,
     *,
@@ -104,8 +105,9 @@ def thc_encode(
         x: the flat input (``rotated=False``), or its rotated, normalised, padded values in the
             compute dtype (``rotated=True``, for blocks above :data:`MAX_SHARED_BLOCK`).
         scale: ``sqrt(B) / l`` per block, in the compute dtype.
-        levels, cell_index: :func:`gravac.kernels.quantize.table_cells` of the table, on
-            ``x``'s device: the levels in the compute dtype, the cell index as int32.
+        levels, inv_width: :func:`gravac.kernels.quantize.table_intervals` of the table in the
+            compute dtype, on ``x``'s device.
+        cell_index: :func:`gravac.kernels.quantize.table_cells`' cell index, int32, on the device.
         bounds: the table's first and last levels.
         lane_table: the value sent for each table index, in the lane dtype (``T`` itself for the
             all-reduce transport; ``0..2^b - 1`` as uint8 for unpacked indices); ``None`` packs
@@ -130,6 +132,7 @@ def thc_encode(
         as_cupy(x.contiguous()),
         as_cupy(scale.to(cd).contiguous()),
         as_cupy(levels),
+        as_cupy(inv_width),
         as_cupy(cell_index),
         as_cupy(out if packed else table),
         as_cupy(out),

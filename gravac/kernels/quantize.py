@@ -41,6 +41,7 @@ __all__ = [
     "packed_numel",
     "stochastic_quantize",
     "table_cells",
+    "table_intervals",
     "unpack_bits",
     "unpack_lookup_sum",
 ]
@@ -60,8 +61,8 @@ _MUL2 = 0x846CA68B - (1 << 32)
 _POSITION_MUL = 0x61C88647
 #: Uniforms take the top 24 bits of the hash: exactly representable in float32.
 _UNIFORM_BITS = 24
-#: A uniform below 1/2 is a hash with its top bit clear: the sign +1.
-_HALF = 0.5
+#: Rademacher signs drawn from one 32-bit hash.
+_SIGNS_PER_HASH = 32
 
 
 def _check_table(table: Tensor) -> None:
@@ -96,15 +97,25 @@ def stochastic_quantize(
     levels_cpu, cell_index_cpu = table_cells(table)
     lo_level, hi_level = int(levels_cpu[0]), int(levels_cpu[-1])
     cell_index = cell_index_cpu.to(x.device)
-    levels = levels_cpu.to(x.device)
     v = torch.nan_to_num(x, nan=float(lo_level)).clamp(lo_level, hi_level)
     cell = v.floor().to(torch.int64).sub_(lo_level).clamp_(0, hi_level - lo_level - 1)
     lower = cell_index[cell]
-    fvals = levels.to(v.dtype)
-    a = fvals[lower]
-    width = fvals[lower + 1] - a
-    up = uniform < (v - a) / width
+    fvals, inv_width = (t.to(x.device) for t in table_intervals(table, v.dtype))
+    up = uniform < (v - fvals[lower]) * inv_width[lower]
     return lower + up
+
+
+def table_intervals(table: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """``(levels, 1 / widths)`` of a sorted table in ``dtype``, on the CPU.
+
+    Rounding up has probability ``(v - T[i]) * (1 / (T[i+1] - T[i]))``: a product with the
+    interval's rounded reciprocal rather than a division (within one ulp of the exact ratio, so
+    unbiased to float precision), computed once here so that every backend multiplies by the
+    same bits.
+    """
+    _check_table(table)
+    levels = table.detach().to(device="cpu", dtype=dtype)
+    return levels, torch.reciprocal(levels[1:] - levels[:-1])
 
 
 def table_cells(table: Tensor) -> tuple[Tensor, Tensor]:
@@ -229,14 +240,26 @@ def _bits32(x: Tensor) -> Tensor:
 def hash_signs(
     n: int, seed: int, *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
 ) -> Tensor:
-    """A Rademacher vector: ``s[i] = +1`` where :func:`hash_uniform` of ``0.0`` at position ``i``
-    is below 1/2 (the hash's top bit is clear), ``-1`` otherwise.
+    """A Rademacher vector: ``s[i] = -1`` where bit ``i mod 32`` of ``h(i // 32)`` is set.
 
-    Identical on every rank and device for the same ``(n, seed)``, with no generator: THC's CUDA
-    kernel draws the same signs inside the kernel (``cuda/thc.cu``).
+    ``h(j)`` is :func:`hash_uniform`'s 32-bit hash of the value bits 0 at position ``j``: one
+    hash gives 32 signs. Identical on every rank and device for the same ``(n, seed)``, with no
+    generator: THC's CUDA kernel draws the same signs inside the kernel (``cuda/thc.cu``).
     """
-    u = hash_uniform(torch.zeros(n, device=device), seed)
-    return torch.where(u < _HALF, 1.0, -1.0).to(dtype)
+    words = -(-n // _SIGNS_PER_HASH)
+    z = _hash32(torch.zeros(words, dtype=torch.int64, device=device), seed)
+    shifts = torch.arange(_SIGNS_PER_HASH, device=device)
+    bits = (z[:, None] >> shifts) & 1
+    return (1 - 2 * bits).reshape(-1)[:n].to(dtype)
+
+
+def _hash32(bits: Tensor, seed: int) -> Tensor:
+    """``mix(mix(bits[i] + i * K + s_lo) ^ s_hi)`` on int64 lanes of 32-bit values, 1-D."""
+    seed = int(seed)
+    s_lo, s_hi = seed & _MASK32, (seed >> 32) & _MASK32
+    pos = torch.arange(bits.numel(), dtype=torch.int64, device=bits.device) & _MASK32
+    z = bits.add_(pos.mul_(_POSITION_MUL)).add_(s_lo).bitwise_and_(_MASK32)
+    return _mix32(_mix32(z).bitwise_xor_(s_hi))
 
 
 def hash_uniform(x: Tensor, seed: int, *, backend: str | None = None) -> Tensor:
@@ -255,11 +278,6 @@ def hash_uniform(x: Tensor, seed: int, *, backend: str | None = None) -> Tensor:
     resolve_backend(x, backend, op="hash_uniform")
     if not x.is_floating_point():
         raise ValueError(f"hash_uniform needs a floating-point tensor, got {x.dtype}")
-    seed = int(seed)
-    s_lo, s_hi = seed & _MASK32, (seed >> 32) & _MASK32
-    flat = x.reshape(-1)
-    pos = torch.arange(flat.numel(), dtype=torch.int64, device=x.device) & _MASK32
-    z = _bits32(flat).add_(pos.mul_(_POSITION_MUL)).add_(s_lo).bitwise_and_(_MASK32)
-    z = _mix32(_mix32(z).bitwise_xor_(s_hi))
+    z = _hash32(_bits32(x.reshape(-1)), seed)
     u = (z >> (32 - _UNIFORM_BITS)).to(torch.float32).mul_(2.0**-_UNIFORM_BITS)
     return u.view(x.shape)

@@ -9,19 +9,27 @@
 // bit-identical. thc_encode_rotated reads an already rotated (and normalised) input of the
 // compute type instead: the path for blocks larger than shared memory holds.
 
-__device__ __forceinline__ float rademacher(u64 pos, u32 seed_lo, u32 seed_hi) {
-  return (position_hash(0u, pos, seed_lo, seed_hi) >> 31) ? -1.0f : 1.0f;
+// Rademacher signs, 32 to a hash: the sign of position p is bit p % 32 of the hash of p / 32
+// (gravac.kernels.quantize.hash_signs), -1 where it is set.
+#define SIGNS_SHIFT 5
+__device__ __forceinline__ u32 sign_word(u64 pos, u32 seed_lo, u32 seed_hi) {
+  return position_hash(0u, pos >> SIGNS_SHIFT, seed_lo, seed_hi);
+}
+__device__ __forceinline__ float sign_of(u32 word, u64 pos) {
+  return (word >> (pos & 31)) & 1u ? -1.0f : 1.0f;
 }
 
 // z = SQ_T(u) of one normalised rotated value r of block scale sc at padded position pos.
 __device__ __forceinline__ float floor_c(float v) { return floorf(v); }
 __device__ __forceinline__ double floor_c(double v) { return floor(v); }
 
-// levels: the table in the compute type; cell_index: int32 (gravac.kernels.quantize.table_cells).
+// levels, inv_width: the table and the reciprocals of its interval widths in the compute type
+// (gravac.kernels.quantize.table_intervals); cell_index: int32 (quantize.table_cells).
 template <typename C>
 __device__ __forceinline__ int thc_round(C r, C sc, i64 pos, C clamp, C kfac, C granularity,
                                          i64 lo_level, i64 hi_level,
                                          const C* __restrict__ levels,
+                                         const C* __restrict__ inv_width,
                                          const int* __restrict__ cell_index, u32 round_lo,
                                          u32 round_hi) {
   C y = r * sc;
@@ -38,13 +46,11 @@ __device__ __forceinline__ int thc_round(C r, C sc, i64 pos, C clamp, C kfac, C 
   const int top = (int)(hi_level - lo_level) - 1;
   cell = cell < 0 ? 0 : (cell > top ? top : cell);
   const int lower = cell_index[cell];
-  C a = levels[lower];
-  C width = levels[lower + 1] - a;
-  return lower + (((C)uni < (v - a) / width) ? 1 : 0);
+  return lower + (((C)uni < (v - levels[lower]) * inv_width[lower]) ? 1 : 0);
 }
 
 #define THC_ROUND_ARGS                                                                   \
-  clamp, kfac, granularity, lo_level, hi_level, levels, cell_index, round_lo, round_hi
+  clamp, kfac, granularity, lo_level, hi_level, levels, inv_width, cell_index, round_lo, round_hi
 
 // One CUDA block per rotation block of B = 2^log_b <= 4096 elements, held in shared memory.
 // n: input elements (the rest of the padded length is zeros); norm: 2^(-log_b / 2); clamp: t;
@@ -52,6 +58,7 @@ __device__ __forceinline__ int thc_round(C r, C sc, i64 pos, C clamp, C kfac, C 
 template <typename In, typename C, typename Out, bool PACKED>
 __global__ void thc_encode_block(const In* __restrict__ x, const C* __restrict__ scale,
                                  const C* __restrict__ levels,
+                                 const C* __restrict__ inv_width,
                                  const int* __restrict__ cell_index,
                                  const Out* __restrict__ lane_table, Out* __restrict__ out, i64 n,
                                  int log_b, C norm, C clamp, C kfac, C granularity,
@@ -65,7 +72,7 @@ __global__ void thc_encode_block(const In* __restrict__ x, const C* __restrict__
   for (int i = threadIdx.x; i < B; i += blockDim.x) {
     i64 e = base + i;
     C v = e < n ? widen<C>(x[e]) : (C)0;
-    s[i] = v * (C)rademacher((u64)e, sign_lo, sign_hi);
+    s[i] = v * (C)sign_of(sign_word((u64)e, sign_lo, sign_hi), (u64)e);
   }
   __syncthreads();
   for (int h = 1; h < B; h <<= 1) {
@@ -108,6 +115,7 @@ __global__ void thc_encode_block(const In* __restrict__ x, const C* __restrict__
 template <typename In, typename C, typename Out, bool PACKED>
 __global__ void thc_encode_fast(const In* __restrict__ x, const C* __restrict__ scale,
                                 const C* __restrict__ levels,
+                                const C* __restrict__ inv_width,
                                 const int* __restrict__ cell_index,
                                 const Out* __restrict__ lane_table, Out* __restrict__ out, i64 n,
                                 int log_b, C norm, C clamp, C kfac, C granularity, i64 lo_level,
@@ -120,11 +128,12 @@ __global__ void thc_encode_fast(const In* __restrict__ x, const C* __restrict__ 
   const i64 base = (i64)blockIdx.x * B;
   const i64 first = base + FAST_ITEMS * t;
   C v[FAST_ITEMS];
+  const u32 signs = sign_word((u64)first, sign_lo, sign_hi);  // FAST_ITEMS divides 32
 #pragma unroll
   for (int k = 0; k < FAST_ITEMS; ++k) {
     i64 e = first + k;
     C w = e < n ? widen<C>(x[e]) : (C)0;
-    v[k] = w * (C)rademacher((u64)e, sign_lo, sign_hi);
+    v[k] = w * (C)sign_of(signs, (u64)e);
   }
   C a, b;
   a = v[0]; b = v[1]; v[0] = a + b; v[1] = a - b;  // h = 1
@@ -185,6 +194,7 @@ __global__ void thc_encode_fast(const In* __restrict__ x, const C* __restrict__ 
 template <typename C, typename Out, bool PACKED>
 __global__ void thc_encode_rotated(const C* __restrict__ x, const C* __restrict__ scale,
                                    const C* __restrict__ levels,
+                                   const C* __restrict__ inv_width,
                                    const int* __restrict__ cell_index,
                                    const Out* __restrict__ lane_table, Out* __restrict__ out,
                                    i64 n, int log_b, C clamp, C kfac, C granularity,

@@ -30,13 +30,14 @@ def _host_us(call: object, calls: int = HOST_CALLS) -> float:
 
 
 def host_costs(x: torch.Tensor) -> None:
-    from gravac.kernels.cupy_runtime import as_cupy, torch_stream
+    from gravac.kernels.cupy_runtime import as_cupy, as_cupy_dlpack, torch_stream
 
     def stream() -> None:
         with torch_stream(x.device):
             pass
 
-    print(f"as_cupy (DLPack view) {_host_us(lambda: as_cupy(x)):.1f} us a call")
+    print(f"as_cupy (unowned-memory view) {_host_us(lambda: as_cupy(x)):.1f} us a call")
+    print(f"as_cupy_dlpack (cupy.from_dlpack) {_host_us(lambda: as_cupy_dlpack(x)):.1f} us a call")
     print(f"torch_stream enter/exit {_host_us(stream):.1f} us a call")
     print(f"torch.empty(1) on cuda {_host_us(lambda: torch.empty(1, device=x.device)):.1f} us")
 

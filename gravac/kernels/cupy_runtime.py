@@ -3,8 +3,13 @@
 * Compilation: each source is prefixed with ``common.cuh`` and compiled once per process by
   NVRTC (:class:`cupy.RawModule`, which also caches the binary on disk), with every template
   instantiation its Python wrapper launches named up front.
-* Zero copy: tensors are handed to CuPy through DLPack (:func:`as_cupy`); 16-bit floats as int16
-  views, since the kernels read their bit patterns.
+* Zero copy: :func:`as_cupy` wraps a tensor's memory in a CuPy array that holds a reference to
+  the tensor (``cupy.cuda.UnownedMemory``); 16-bit floats as int16, since the kernels read their
+  bit patterns. DLPack (:func:`as_cupy_dlpack`, ``cupy.from_dlpack``) gives the same view, but its
+  stream handshake cost 131 us of host time per tensor on an H200 with torch 2.11 and CuPy 14
+  (``scripts/gpu_profile.py``), more than a 64M-element selection kernel runs; the stream
+  ordering that handshake provides is already guaranteed here, because every kernel runs on
+  torch's current stream.
 * Ordering: kernels are launched on torch's current stream (:func:`torch_stream`), so they are
   ordered with the torch work around them exactly as a torch kernel would be; outputs are
   allocated by torch's caching allocator.
@@ -20,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -28,6 +34,7 @@ __all__ = [
     "C_TYPES",
     "FLOAT_DTYPES",
     "as_cupy",
+    "as_cupy_dlpack",
     "grid_for",
     "kernel",
     "launch",
@@ -54,6 +61,15 @@ _SOURCES = Path(__file__).parent / "cuda"
 _PRELUDE = "common.cuh"
 _NVRTC_OPTIONS = ("--std=c++17",)
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
+#: NumPy dtypes of the views (16-bit floats are viewed as int16 first).
+_NUMPY = {
+    torch.float32: np.float32,
+    torch.float64: np.float64,
+    torch.int16: np.int16,
+    torch.uint8: np.uint8,
+    torch.int32: np.int32,
+    torch.int64: np.int64,
+}
 
 
 def _cupy() -> Any:
@@ -95,11 +111,27 @@ def torch_stream(device: torch.device) -> Iterator[None]:
         yield
 
 
-def as_cupy(t: Tensor) -> Any:
-    """A CuPy view of contiguous CUDA tensor ``t`` (no copy); 16-bit floats as int16."""
+def _viewable(t: Tensor) -> Tensor:
     if not t.is_contiguous():
         raise ValueError("the CuPy kernels need contiguous tensors")
-    return _cupy().from_dlpack(t.view(torch.int16) if t.dtype in _HALF_DTYPES else t)
+    return t.view(torch.int16) if t.dtype in _HALF_DTYPES else t
+
+
+def as_cupy(t: Tensor) -> Any:
+    """A CuPy view of contiguous CUDA tensor ``t`` (no copy, keeps ``t`` alive); 16-bit floats
+    as int16. For use inside :func:`torch_stream` (the view carries no stream handshake)."""
+    t = _viewable(t)
+    if t.numel() == 0:
+        return as_cupy_dlpack(t)
+    cp = _cupy()
+    nbytes = t.numel() * t.element_size()
+    memory = cp.cuda.UnownedMemory(t.data_ptr(), nbytes, t, t.device.index)
+    return cp.ndarray((t.numel(),), _NUMPY[t.dtype], cp.cuda.MemoryPointer(memory, 0))
+
+
+def as_cupy_dlpack(t: Tensor) -> Any:
+    """:func:`as_cupy` through DLPack (``cupy.from_dlpack``, with its stream handshake)."""
+    return _cupy().from_dlpack(_viewable(t))
 
 
 @functools.cache

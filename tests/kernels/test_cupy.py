@@ -211,3 +211,14 @@ def test_compressor_on_cuda_equals_torch_backend(name: str) -> None:
         payload, ctx = c.compress(x, 100.0, Round(step=100, world_size=2, agreed=agreed))
         outs.append(c.decompress(payload, ctx))
     torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
+
+
+def test_cupy_views_share_the_tensor_memory() -> None:
+    from gravac.kernels.cupy_runtime import as_cupy, as_cupy_dlpack, torch_stream
+
+    t = torch.zeros(5, device="cuda", dtype=torch.bfloat16)
+    with torch_stream(t.device):
+        as_cupy(t)[1] = 0x3F80  # the bits of bfloat16 1.0
+        as_cupy_dlpack(t)[3] = 0x4000  # 2.0
+    torch.cuda.synchronize()
+    assert t.tolist() == [0.0, 1.0, 0.0, 2.0, 0.0]

@@ -1,10 +1,13 @@
 """Fixed-order gradient buckets (DESIGN.md sections 1 and 2).
 
 Parameters are taken in the order of the optimizer's param groups (lists, never sets), so every
-rank builds the same layout. Frozen parameters (``requires_grad=False``) are left out. Small and
-1-D tensors travel dense, like the bias and norm parameters that PowerSGD, CGX and BytePS skip;
-the rest are packed, per dtype, into buckets of at most ``bucket_bytes`` that are compressed
-whole. A bucket is keyed by its index, which is how error-feedback residuals are stored.
+rank builds the same layout. Frozen parameters (``requires_grad=False``) are left out. 1-D tensors
+travel dense, like the bias and norm parameters that PowerSGD, CGX and BytePS skip, and so do
+tensors below ``dense_bytes`` (0 by default: DESIGN.md 2 packs small matrices into buckets and
+compresses them, since a per-tensor threshold such as BytePS's 1 MiB suits tensor-by-tensor
+compression, not buckets, and left a small transformer uncompressed); the rest are packed, per
+dtype, into buckets of at most ``bucket_bytes`` that are compressed whole. A bucket is keyed by
+its index, which is how error-feedback residuals are stored.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ __all__ = ["Bucket", "Layout", "build_layout", "flatten_grads", "write_grads"]
 
 #: default bucket size: PyTorch DDP's 25 MiB
 DEFAULT_BUCKET_BYTES = 25 * 2**20
-#: tensors smaller than this travel dense (BytePS-Compress' 1 MiB; DESIGN.md 2)
-DEFAULT_DENSE_BYTES = 2**20
+#: tensors smaller than this travel dense; 0: every tensor of 2 or more dimensions is compressed
+#: (DESIGN.md 2)
+DEFAULT_DENSE_BYTES = 0
 
 
 @dataclass(frozen=True)

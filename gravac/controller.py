@@ -36,9 +36,12 @@ the controller is deterministic, so identical inputs give identical decisions on
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any, Literal
+
+import numpy as np
 
 from gravac.compressors.base import check_cf
 from gravac.policies.base import ScalingPolicy
@@ -59,6 +62,16 @@ def ewma(old: float | None, new: float, alpha: float) -> float:
 def cf_key(cf: float) -> float:
     """The table key of a CF (rounded, so that one CF computed twice names one entry)."""
     return round(cf, _CF_DIGITS)
+
+
+def _is_real(value: object) -> bool:
+    """A real number, NumPy's included, but not a bool (``True`` is no epsilon)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_)
+
+
+def _is_integer(value: object) -> bool:
+    """An integer, NumPy's included, but not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool | np.bool_)
 
 
 @dataclass(frozen=True)
@@ -100,14 +113,18 @@ class ControllerConfig:
                 f"theta_max must be >= theta_min ({self.theta_min}), got {self.theta_max}"
             )
         for field, value in (("epsilon", self.epsilon), ("omega", self.omega)):
-            if not (isinstance(value, int | float) and 0.0 <= value <= 1.0):
+            if not (_is_real(value) and 0.0 <= value <= 1.0):
                 raise ValueError(f"{field} must be a number in [0, 1], got {value!r}")
-        if not isinstance(self.window, int) or self.window < 1:
-            raise ValueError(f"window must be an integer >= 1, got {self.window!r}")
-        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
+            object.__setattr__(self, field, float(value))
+        for field, value, least in (
+            ("window", self.window, 1),
+            ("warmup_steps", self.warmup_steps, 0),
+        ):
+            if not (_is_integer(value) and value >= least):
+                raise ValueError(f"{field} must be an integer >= {least}, got {value!r}")
+            object.__setattr__(self, field, int(value))
         a = self.ewma_alpha
-        if a is not None and not (isinstance(a, int | float) and 0.0 < a <= 1.0):
+        if a is not None and not (_is_real(a) and 0.0 < a <= 1.0):
             raise ValueError(f"ewma_alpha must be None or a number in (0, 1], got {a!r}")
 
     def alpha(self, world_size: int) -> float:

@@ -19,9 +19,10 @@ them on the payload collective instead, which this version does not do.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -47,6 +48,18 @@ from gravac.policies.base import ScalingPolicy
 __all__ = ["GravacOptimizer", "broadcast_parameters"]
 
 _NONFINITE_CHOICES = ("skip", "raise")
+#: What a step that compresses nothing sends.
+_DENSE = Decision(cf=1.0, which="dense")
+
+
+def _check_named(value: object, name: str, kind: type, known: list[str]) -> None:
+    """``value`` must be a registered name or an instance of ``kind``."""
+    if isinstance(value, str):
+        return  # the registry checks the name and lists the known ones
+    if not isinstance(value, kind):
+        raise ValueError(
+            f"{name} must be one of {known} or a {kind.__name__} instance, got {value!r}"
+        )
 
 
 def broadcast_parameters(
@@ -92,7 +105,8 @@ class GravacOptimizer(torch.optim.Optimizer):
         process_group: the group to communicate in (``None``: the default group, or a single
             worker when ``torch.distributed`` is not initialised).
         bucket_bytes: largest compressed bucket (DDP's 25 MiB by default).
-        dense_bytes: tensors smaller than this, and every 1-D tensor, travel dense.
+        dense_bytes: tensors smaller than this, and every 1-D tensor, travel dense (default 0:
+            every tensor of 2 or more dimensions is packed into a bucket and compressed).
         batch_size: samples per rank per step, for throughput in samples/s; ``None`` measures
             steps/s times the world size (the same ranking of CFs).
         nonfinite: ``"skip"`` (default) skips a step whose gradient holds NaN or Inf on any rank,
@@ -131,6 +145,33 @@ class GravacOptimizer(torch.optim.Optimizer):
             raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer)}")
         if isinstance(optimizer, GravacOptimizer):
             raise ValueError("optimizer is already a GravacOptimizer; wrap the inner one once")
+        if isinstance(optimizer, torch.optim.LBFGS):
+            raise ValueError(
+                "optimizer must not be LBFGS: it re-evaluates its closure several times inside "
+                "one step(), and gravac aggregates the gradients across ranks once per step"
+            )
+        _check_named(compressor, "compressor", Compressor, compressors.names())
+        _check_named(policy, "policy", ScalingPolicy, policies.names())
+        for label, options in (
+            ("compressor_options", compressor_options),
+            ("policy_options", policy_options),
+        ):
+            if options is not None and not isinstance(options, dict):
+                raise ValueError(
+                    f"{label} must be a dict of keyword options or None, got {options!r}"
+                )
+        if not isinstance(error_feedback, bool):
+            raise ValueError(f"error_feedback must be True or False, got {error_feedback!r}")
+        if not (
+            monitor is None
+            or hasattr(monitor, "log")
+            or hasattr(monitor, "add_scalar")
+            or isinstance(monitor, str | os.PathLike)
+        ):
+            raise ValueError(
+                "monitor must be None, a gravac Monitor, a SummaryWriter or a log directory "
+                f"(str or path), got {monitor!r}"
+            )
         if nonfinite not in _NONFINITE_CHOICES:
             raise ValueError(f"nonfinite must be one of {_NONFINITE_CHOICES}, got {nonfinite!r}")
         for name, value in (("bucket_bytes", bucket_bytes), ("dense_bytes", dense_bytes)):
@@ -140,9 +181,8 @@ class GravacOptimizer(torch.optim.Optimizer):
             raise ValueError(f"batch_size must be None or an integer >= 1, got {batch_size!r}")
         params = [p for g in optimizer.param_groups for p in g["params"]]
         super().__init__([{"params": params}], {})
+        # From here on param_groups, state and defaults are the wrapped optimizer's own objects.
         self.optimizer = optimizer
-        self.param_groups = optimizer.param_groups
-        self.defaults = optimizer.defaults
 
         if isinstance(compressor, str):
             compressor = compressors.create(compressor, **(compressor_options or {}))
@@ -169,9 +209,11 @@ class GravacOptimizer(torch.optim.Optimizer):
         self.dense_bytes = dense_bytes
         self.batch_size = batch_size
         self.nonfinite = nonfinite
-        if monitor is not None and not hasattr(monitor, "log"):
-            monitor = TensorBoardMonitor(monitor)
-        self.monitor: Monitor | None = monitor if self.comm.rank == 0 else None
+        self.monitor: Monitor | None = None  # only rank 0 logs: other ranks create no file
+        if self.comm.rank == 0 and monitor is not None:
+            self.monitor = (
+                cast(Monitor, monitor) if hasattr(monitor, "log") else TensorBoardMonitor(monitor)
+            )
         self.clock = clock
         self.steps = 0
         self.skipped_steps = 0
@@ -183,6 +225,51 @@ class GravacOptimizer(torch.optim.Optimizer):
         self._last_cf: float | None = None
 
     # ------------------------------------------------------------------ torch.optim API
+    # param_groups, state and defaults are always the wrapped optimizer's own objects, also
+    # after its load_state_dict() replaced them: LR schedulers, opt.state[p] and frameworks
+    # that rebuild the groups see one set. Before the wrapped optimizer is attached (inside
+    # Optimizer.__init__) they are this object's placeholders.
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self._inner_or_own("param_groups")
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict[str, Any]]) -> None:
+        self._set_inner_or_own("param_groups", value)
+
+    @property
+    def state(self) -> Any:
+        return self._inner_or_own("state")
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self._set_inner_or_own("state", value)
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return self._inner_or_own("defaults")
+
+    @defaults.setter
+    def defaults(self, value: dict[str, Any]) -> None:
+        self._set_inner_or_own("defaults", value)
+
+    def _inner_or_own(self, name: str) -> Any:
+        inner = self.__dict__.get("optimizer")
+        return getattr(inner, name) if inner is not None else self.__dict__[f"_own_{name}"]
+
+    def _set_inner_or_own(self, name: str, value: Any) -> None:
+        inner = self.__dict__.get("optimizer")
+        if inner is not None:
+            setattr(inner, name, value)
+        else:
+            self.__dict__[f"_own_{name}"] = value
+
+    def __getstate__(self) -> dict[str, Any]:
+        raise TypeError(
+            "a GravacOptimizer cannot be copied or pickled: it holds a process group, a monitor "
+            "and a clock; save opt.state_dict() and load it into a new GravacOptimizer instead"
+        )
+
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group to the wrapped optimizer (the groups are shared)."""
         if not hasattr(self, "optimizer"):  # called by Optimizer.__init__ for the placeholder
@@ -244,6 +331,8 @@ class GravacOptimizer(torch.optim.Optimizer):
         head = self._gather_scalars([float(local_bad), interval])
         if head[:, 0].max() > 0:
             return self._skip(loss)
+        if not layout.compressed:
+            return self._step_dense_only(layout, dense, loss)
         agreed_interval = float(head[:, 1].max())
         if agreed_interval > 0 and self._last_cf is not None:
             samples = (self.batch_size or 1) * self.comm.world_size
@@ -416,6 +505,21 @@ class GravacOptimizer(torch.optim.Optimizer):
         """What a dense float32 all-reduce of every gradient would send."""
         return 4 * sum(b.numel for b in (*layout.compressed, *layout.dense))
 
+    def _step_dense_only(
+        self, layout: Layout, dense: list[Tensor], loss: float | None
+    ) -> float | None:
+        """A step with nothing to compress (every tensor travels dense): no gains to measure,
+        nothing for the controller to search, the dense all-reduce and the wrapped step only."""
+        t1 = self.clock()
+        step_bytes = self._communicate(layout, [], [], _DENSE, dense)
+        comm_seconds = self.clock() - t1
+        self.optimizer.step()
+        plan = Plan(theta_min=self.controller.theta_min, candidate=None)
+        self._finish_step(
+            layout, plan, _DENSE, 1.0, (1.0, None), step_bytes, (0.0, comm_seconds), search=False
+        )
+        return loss
+
     def _skip(self, loss: float | None) -> float | None:
         if self.nonfinite == "raise":
             raise FloatingPointError(
@@ -434,7 +538,11 @@ class GravacOptimizer(torch.optim.Optimizer):
         step_gains: tuple[float, float | None],
         step_bytes: int,
         seconds: tuple[float, float],
+        *,
+        search: bool = True,
     ) -> None:
+        """Count, record and log the step; ``search``: let the controller advance its window
+        (steps that compressed nothing take no part in the search)."""
         ctl = self.controller
         dense_bytes = self._dense_bytes(layout)
         self.total_wire_bytes += step_bytes
@@ -461,8 +569,9 @@ class GravacOptimizer(torch.optim.Optimizer):
         self.last_record = record
         if self.monitor is not None:
             self.monitor.log(record)
-        self._last_cf = decision.cf
-        ctl.end_step()
+        self._last_cf = decision.cf if search else None
+        if search:
+            ctl.end_step()
         self.steps += 1
 
     def close(self) -> None:

@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -125,7 +127,7 @@ def wire_bytes(payload: Payload) -> int:
 
 def check_cf(cf: float, *, name: str = "cf") -> float:
     """Validate a compression factor: a finite number >= 1."""
-    if isinstance(cf, bool) or not isinstance(cf, int | float):
+    if isinstance(cf, bool | np.bool_) or not isinstance(cf, numbers.Real):
         raise ValueError(f"{name} must be a number >= 1, got {cf!r}")
     if not math.isfinite(cf) or cf < 1:
         raise ValueError(f"{name} must be a finite number >= 1, got {cf!r}")

@@ -1,0 +1,142 @@
+"""Regression tests of the issue "correctness defects found by using gravac as a new user would".
+
+Each test names its item of that issue; each failed before its fix.
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from gravac import GravacOptimizer
+from gravac.launch import spawn_workers
+from tests.helpers import counter_clock, tiny_model, train_step
+
+
+def make(model: nn.Module, **kw: Any) -> GravacOptimizer:
+    opts: dict[str, Any] = {"window": 3, "warmup_steps": 2, "clock": counter_clock()}
+    opts.update(kw)
+    return GravacOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), **opts)
+
+
+# -- item 1: param_groups, state and defaults stay the wrapped optimizer's own -----------------
+
+
+def test_load_state_dict_keeps_the_lr_schedule_attached() -> None:
+    model = tiny_model()
+    opt = make(model)
+    train_step(model, opt, 0, 0)
+    opt.load_state_dict(opt.state_dict())  # the wrapped load_state_dict replaces its groups
+    assert opt.param_groups is opt.optimizer.param_groups
+    assert opt.state is opt.optimizer.state
+    assert opt.defaults is opt.optimizer.defaults
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    train_step(model, opt, 0, 1)
+    sched.step()
+    assert opt.optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
+
+
+def test_state_of_a_parameter_is_the_wrapped_optimizers() -> None:
+    model = tiny_model()
+    opt = make(model)
+    train_step(model, opt, 0, 0)
+    weight = next(model.parameters())
+    assert torch.equal(
+        opt.state[weight]["momentum_buffer"], opt.optimizer.state[weight]["momentum_buffer"]
+    )
+
+
+# -- item 10: a model with nothing to compress trains past the warm-up -------------------------
+
+
+@pytest.mark.parametrize("compressor", ["topk", "thc", "powersgd"])
+def test_nothing_to_compress_does_not_crash(compressor: str) -> None:
+    model = tiny_model()
+    opt = make(model, compressor=compressor, dense_bytes=2**30)  # every tensor travels dense
+    for step in range(12):  # past the warm-up and several windows
+        train_step(model, opt, 0, step)
+    assert opt.steps == 12
+    assert opt.last_record is not None and opt.last_record.sent == "dense"
+
+
+def test_small_matrices_are_compressed_by_default() -> None:
+    model = tiny_model()  # every tensor is far below 1 MiB
+    opt = make(model)
+    train_step(model, opt, 0, 0)
+    assert opt.last_record is not None and opt.last_record.sent != "dense"
+    assert opt.total_wire_bytes < opt.total_dense_wire_bytes
+
+
+# -- item 12: copies ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("copier", [copy.deepcopy, copy.copy, pickle.dumps])
+def test_copying_raises_a_clear_error(copier: Any) -> None:
+    opt = make(tiny_model())
+    with pytest.raises(TypeError, match="cannot be copied or pickled"):
+        copier(opt)
+
+
+# -- item 14: argument handling -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"compressor": None}, "compressor must be one of"),
+        ({"compressor": 123}, "compressor must be one of"),
+        ({"policy": None}, "policy must be one of"),
+        ({"compressor_options": [1, 2]}, "compressor_options must be a dict"),
+        ({"policy_options": "cf=3"}, "policy_options must be a dict"),
+        ({"epsilon": True}, "epsilon must be a number"),
+        ({"window": True}, "window must be an integer"),
+        ({"warmup_steps": 2.5}, "warmup_steps must be an integer"),
+        ({"error_feedback": "no"}, "error_feedback must be True or False"),
+        ({"monitor": 123}, "monitor must be None"),
+    ],
+)
+def test_bad_arguments_name_the_value(kw: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        make(tiny_model(), **kw)
+
+
+def test_numpy_numbers_are_accepted() -> None:
+    opt = make(
+        tiny_model(),
+        window=np.int64(4),
+        warmup_steps=np.int32(2),
+        epsilon=np.float32(0.5),
+        theta_min=np.int64(10),
+    )
+    assert opt.controller.config.window == 4 and isinstance(opt.controller.config.window, int)
+    assert opt.controller.theta_min == 10.0
+
+
+def test_lbfgs_is_refused_clearly() -> None:
+    model = tiny_model()
+    with pytest.raises(ValueError, match="LBFGS"):
+        GravacOptimizer(torch.optim.LBFGS(model.parameters()))
+
+
+# -- item 15: only rank 0 writes TensorBoard files -----------------------------------------------
+
+
+def _two_rank_monitor(rank: int, world_size: int, log_dir: str) -> int:
+    model = tiny_model()
+    opt = make(model, monitor=f"{log_dir}/rank-{rank}")
+    for step in range(3):
+        train_step(model, opt, rank, step)
+    opt.close()
+    return opt.steps
+
+
+@pytest.mark.slow
+def test_only_rank_zero_writes_event_files(tmp_path: Any) -> None:
+    assert spawn_workers(_two_rank_monitor, 2, str(tmp_path), timeout=240.0) == [3, 3]
+    assert [p.name for p in sorted(tmp_path.iterdir())] == ["rank-0"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -13,14 +14,19 @@ import gravac
 
 ROOT = Path(__file__).resolve().parent.parent
 SDIST_TIMEOUT = 300
+#: What a checkout holds that is not source: built or installed here, never part of the sdist's
+#: input (setuptools would reuse a stale *.egg-info/SOURCES.txt as the manifest).
+NOT_SOURCE = (".git", ".venv", "*.egg-info", "build", "dist", "runs", "__pycache__", ".*_cache")
 
 
 @pytest.mark.slow
 def test_sdist_holds_tests_examples_and_license(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(*NOT_SOURCE))
     build = "import sys, setuptools.build_meta as b; print(b.build_sdist(sys.argv[1]))"
     out = subprocess.run(
         [sys.executable, "-c", build, str(tmp_path)],
-        cwd=ROOT,
+        cwd=src,
         capture_output=True,
         text=True,
         check=True,

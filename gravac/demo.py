@@ -102,6 +102,17 @@ class DemoConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value}")
         if self.lr <= 0:
             raise ValueError(f"--lr must be > 0, got {self.lr}")
+        try:  # the workers' controller would reject these; say so before any worker starts
+            ControllerConfig(
+                theta_min=self.theta_min,
+                theta_max=self.theta_max,
+                epsilon=self.epsilon,
+                window=self.window,
+                warmup_steps=self.warmup_steps,
+                ewma_alpha=self.ewma_alpha,
+            )
+        except ValueError as exc:
+            raise ValueError(f"--{str(exc).replace('_', '-')}") from None
         compressors.get(self.compressor)
         policies.get(self.policy)
         if self.device not in DEVICES:
@@ -168,6 +179,13 @@ def train_worker(rank: int, world_size: int, cfg: DemoConfig) -> dict[str, Any]:
         if rank == 0 and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.max_steps):
             acc = _accuracy(model, test_x, test_y)
             accuracy.append((step + 1, acc))
+            if bar is None:  # no terminal: a progress line per evaluation, on stderr
+                print(
+                    f"gravac demo: step {step + 1}/{cfg.max_steps}, test accuracy {acc:.4f}, "
+                    f"CF sent {cf_trajectory[-1] if cf_trajectory else None}",
+                    file=sys.stderr,
+                    flush=True,
+                )
             if monitor is not None:
                 monitor.writer.add_scalar("demo/test_accuracy", acc, step + 1)
                 monitor.writer.add_scalar("demo/train_loss", float(loss.detach()), step + 1)
@@ -296,21 +314,35 @@ def _table(summary: dict[str, Any]) -> str:
 def add_parser(subparsers: Any) -> None:
     """Register ``gravac demo``."""
     d = DemoConfig()
-    p = subparsers.add_parser("demo", help="train a small CNN on digits with GraVAC (2 workers)")
+    p = subparsers.add_parser(
+        "demo",
+        help="train a small CNN on digits with GraVAC (2 workers)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument("--workers", type=int, default=d.workers, help="processes (gloo, loopback)")
-    p.add_argument("--max-steps", type=int, default=d.max_steps)
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="per worker")
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--compressor", default=d.compressor, choices=compressors.names())
-    p.add_argument("--policy", default=d.policy, choices=policies.names())
+    p.add_argument("--max-steps", type=int, default=d.max_steps, help="training steps")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="samples per worker")
+    p.add_argument("--lr", type=float, default=d.lr, help="SGD learning rate (momentum 0.9)")
+    p.add_argument(
+        "--compressor", default=d.compressor, choices=compressors.names(), help="compressor"
+    )
+    p.add_argument("--policy", default=d.policy, choices=policies.names(), help="CF policy")
     p.add_argument("--cf", type=float, default=None, help="the CF of --policy fixed")
-    p.add_argument("--theta-min", type=float, default=d.theta_min)
-    p.add_argument("--theta-max", type=float, default=d.theta_max)
-    p.add_argument("--epsilon", type=float, default=d.epsilon)
-    p.add_argument("--window", type=int, default=d.window)
-    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
-    p.add_argument("--eval-every", type=int, default=d.eval_every)
-    p.add_argument("--log-dir", default=None, help="default: runs/<compressor>-<time>")
+    p.add_argument("--theta-min", type=float, default=d.theta_min, help="lowest CF searched")
+    p.add_argument("--theta-max", type=float, default=d.theta_max, help="highest CF searched")
+    p.add_argument(
+        "--epsilon", type=float, default=d.epsilon, help="least smoothed gain to send compressed"
+    )
+    p.add_argument("--window", type=int, default=d.window, help="steps per candidate CF")
+    p.add_argument(
+        "--warmup-steps", type=int, default=d.warmup_steps, help="steps before the search"
+    )
+    p.add_argument(
+        "--eval-every", type=int, default=d.eval_every, help="steps between test evaluations"
+    )
+    p.add_argument(
+        "--log-dir", default=None, help="TensorBoard logs and plot (None: runs/<compressor>-<time>)"
+    )
     p.add_argument("--compare-dense", action="store_true", help="also train dense, compare")
     p.add_argument("--json", action="store_true", help="print a JSON summary instead")
     p.add_argument(

@@ -148,3 +148,25 @@ def test_bench_kernels_without_cuda_is_a_usage_error(capsys: pytest.CaptureFixtu
         main(["bench", "kernels", "--size", "1K"])
     assert exc.value.code == 2
     assert "needs a CUDA --device and CuPy" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("option", "match"),
+    [("--theta-min=0", "--theta-min must be"), ("--epsilon=2", "--epsilon must be")],
+)
+def test_demo_rejects_bad_values_before_starting_workers(
+    option: str, match: str, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log_dir = tmp_path / "run"
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", option, "--log-dir", str(log_dir)])
+    assert exc.value.code == 2
+    assert match in capsys.readouterr().err
+    assert not log_dir.exists()
+
+
+def test_demo_help_shows_every_default() -> None:
+    demo = build_parser()._subparsers._group_actions[0].choices["demo"]  # type: ignore[union-attr]
+    actions = [a for a in demo._actions if a.dest != "help"]
+    assert all(a.help for a in actions), [a.dest for a in actions if not a.help]
+    assert demo.format_help().count("(default:") == len(actions)

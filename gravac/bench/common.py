@@ -15,6 +15,7 @@ import gc
 import math
 import re
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -256,6 +257,7 @@ def bench_each(names: Iterable[str], bench: Callable[[str], T], *, failure: str)
     """
     results = []
     for name in names:
+        print(f"gravac bench: {name} ...", file=sys.stderr, flush=True)  # long runs show progress
         try:
             results.append(bench(name))
         except Exception as exc:

@@ -166,7 +166,7 @@ def test_demo_rejects_bad_values_before_starting_workers(
 
 
 def test_demo_help_shows_every_default() -> None:
-    demo = build_parser()._subparsers._group_actions[0].choices["demo"]  # type: ignore[union-attr]
+    demo = build_parser()._subparsers._group_actions[0].choices["demo"]  # type: ignore[union-attr,index]
     actions = [a for a in demo._actions if a.dest != "help"]
     assert all(a.help for a in actions), [a.dest for a in actions if not a.help]
     assert demo.format_help().count("(default:") == len(actions)

@@ -209,11 +209,12 @@ class GravacOptimizer(torch.optim.Optimizer):
         self.dense_bytes = dense_bytes
         self.batch_size = batch_size
         self.nonfinite = nonfinite
-        self.monitor: Monitor | None = None  # only rank 0 logs: other ranks create no file
-        if self.comm.rank == 0 and monitor is not None:
-            self.monitor = (
-                cast(Monitor, monitor) if hasattr(monitor, "log") else TensorBoardMonitor(monitor)
-            )
+        # Only rank 0 logs (other ranks create no file); without a process group yet, the rank is
+        # known at the first step (_resolve_group), and the monitor is opened then.
+        self.monitor: Monitor | None = None
+        self._monitor_spec = monitor
+        if self.comm.distributed:
+            self._open_monitor()
         self.clock = clock
         self.steps = 0
         self.skipped_steps = 0
@@ -316,6 +317,7 @@ class GravacOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
         """Aggregate compressed gradients across ranks, then step the wrapped optimizer."""
+        self._resolve_group()
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -374,6 +376,31 @@ class GravacOptimizer(torch.optim.Optimizer):
         return loss
 
     # ------------------------------------------------------------------ internals
+    def _resolve_group(self) -> None:
+        """Join the default process group if it appeared after construction (the HF Trainer
+        creates it inside ``TrainingArguments``); never step as one worker while it exists.
+
+        Raises:
+            RuntimeError: the group appeared after this optimizer had already stepped alone.
+        """
+        if not self.comm.distributed and dist.is_available() and dist.is_initialized():
+            if self.steps or self.skipped_steps:
+                raise RuntimeError(
+                    f"torch.distributed was initialised after this GravacOptimizer took "
+                    f"{self.steps + self.skipped_steps} step(s) as a single worker; create it "
+                    "(or call its first step) after init_process_group"
+                )
+            self.comm = Communicator(None)
+            self.controller.alpha = self.controller.config.alpha(self.comm.world_size)
+        self._open_monitor()
+
+    def _open_monitor(self) -> None:
+        """Open the monitor on rank 0, once."""
+        spec, self._monitor_spec = self._monitor_spec, None
+        if spec is None or self.comm.rank != 0:
+            return
+        self.monitor = cast(Monitor, spec) if hasattr(spec, "log") else TensorBoardMonitor(spec)
+
     def _current_layout(self) -> Layout:
         params = [p for g in self.param_groups for p in g["params"]]
         sig = tuple((id(p), p.requires_grad) for p in params)

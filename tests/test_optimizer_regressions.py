@@ -12,10 +12,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 
-from gravac import GravacOptimizer
-from gravac.launch import spawn_workers
+from gravac import GravacOptimizer, broadcast_parameters
+from gravac.launch import free_port, spawn_workers
 from tests.helpers import counter_clock, tiny_model, train_step
 
 
@@ -140,3 +141,38 @@ def _two_rank_monitor(rank: int, world_size: int, log_dir: str) -> int:
 def test_only_rank_zero_writes_event_files(tmp_path: Any) -> None:
     assert spawn_workers(_two_rank_monitor, 2, str(tmp_path), timeout=240.0) == [3, 3]
     assert [p.name for p in sorted(tmp_path.iterdir())] == ["rank-0"]
+
+
+# -- item 8: built before init_process_group ---------------------------------------------------
+
+
+def _group_after_construction(rank: int, world_size: int, port: int) -> dict[str, Any]:
+    dist.destroy_process_group()  # as if the optimizer came before the group (the HF Trainer)
+    model, late_model = tiny_model(seed=rank), tiny_model(seed=rank)
+    opt, late = make(model), make(late_model)
+    train_step(late_model, late, rank, 0)  # one step alone, before the group exists
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
+    )
+    broadcast_parameters(model)
+    for step in range(3):
+        train_step(model, opt, rank, step)
+    try:
+        train_step(late_model, late, rank, 1)
+        raised = ""
+    except RuntimeError as exc:
+        raised = str(exc)
+    return {
+        "world_size": opt.comm.world_size,
+        "params": [p.detach().clone() for p in model.parameters()],
+        "raised": raised,
+    }
+
+
+@pytest.mark.slow
+def test_the_group_is_joined_at_the_first_step() -> None:
+    out = spawn_workers(_group_after_construction, 2, free_port(), timeout=240.0)
+    assert [o["world_size"] for o in out] == [2, 2]
+    for a, b in zip(out[0]["params"], out[1]["params"], strict=True):
+        assert torch.equal(a, b)  # trained together, not as two single workers
+    assert all("took 1 step(s) as a single worker" in o["raised"] for o in out)

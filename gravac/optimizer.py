@@ -32,6 +32,7 @@ from gravac import compressors, policies
 from gravac.buckets import (
     DEFAULT_BUCKET_BYTES,
     DEFAULT_DENSE_BYTES,
+    Bucket,
     Layout,
     build_layout,
     flatten_grads,
@@ -222,6 +223,7 @@ class GravacOptimizer(torch.optim.Optimizer):
         self.total_dense_wire_bytes = 0
         self.last_record: StepRecord | None = None
         self._layout: Layout | None = None
+        self._absent: set[int] = set()  # ids of parameters with a gradient on no rank
         self._last_time: float | None = None
         self._last_cf: float | None = None
 
@@ -330,9 +332,14 @@ class GravacOptimizer(torch.optim.Optimizer):
         grads = [flatten_grads(b) for b in layout.compressed]
         dense = [flatten_grads(b) for b in layout.dense]
         local_bad = any(not bool(torch.isfinite(t).all()) for t in (*grads, *dense))
-        head = self._gather_scalars([float(local_bad), interval])
+        has_grad = [float(p.grad is not None) for p in layout.params]
+        head = self._gather_scalars([float(local_bad), interval, *has_grad])
         if head[:, 0].max() > 0:
             return self._skip(loss)
+        # A parameter without a gradient on every rank keeps grad None (torch.optim leaves it
+        # alone); one that has a gradient on some rank counts as zeros on the others (as DDP).
+        anywhere = head[:, 2:].max(dim=0).values.tolist() if has_grad else []
+        self._absent = {id(p) for p, h in zip(layout.params, anywhere, strict=True) if h == 0}
         if not layout.compressed:
             return self._step_dense_only(layout, dense, loss)
         agreed_interval = float(head[:, 1].max())
@@ -506,21 +513,41 @@ class GravacOptimizer(torch.optim.Optimizer):
         if decision.which == "dense":
             flats = [x.clone() for x in xs]
             self.comm.all_reduce_(flats)
-            for b, flat in zip(layout.compressed, flats, strict=True):
-                self.memory.reset(b.key)
+            for b, x, flat in zip(layout.compressed, xs, flats, strict=True):
+                absent = self._absent_mask(b)
+                if absent is None:
+                    self.memory.reset(b.key)
+                else:  # what reached no gradient stays in the residual
+                    self.memory.update(b.key, x, x.masked_fill(absent, 0))
                 write_grads(b, flat / n)
                 sent_bytes += flat.numel() * flat.element_size()
         else:
             for b, x, comp in zip(layout.compressed, xs, chosen, strict=True):
                 total = self._aggregate(comp)
-                self.memory.update(b.key, x, comp.sent)
+                absent = self._absent_mask(b)
+                applied = comp.sent if absent is None else comp.sent.masked_fill(absent, 0)
+                self.memory.update(b.key, x, applied)
                 write_grads(b, total / n)
                 sent_bytes += wire_bytes(comp.payload)
         self.comm.all_reduce_(dense)
         for b, flat in zip(layout.dense, dense, strict=True):
             write_grads(b, flat / n)
             sent_bytes += flat.numel() * flat.element_size()
+        for p in layout.params:
+            if id(p) in self._absent:
+                p.grad = None
         return sent_bytes
+
+    def _absent_mask(self, bucket: Bucket) -> Tensor | None:
+        """Elements of ``bucket`` whose parameter has a gradient on no rank (``None``: none)."""
+        if not any(id(p) in self._absent for p in bucket.params):
+            return None
+        return torch.cat(
+            [
+                torch.full((p.numel(),), id(p) in self._absent, dtype=torch.bool, device=p.device)
+                for p in bucket.params
+            ]
+        )
 
     def _aggregate(self, comp: _Compressed) -> Tensor:
         c = self.compressor

@@ -17,7 +17,7 @@ from torch import nn
 
 from gravac import GravacOptimizer, broadcast_parameters
 from gravac.launch import free_port, spawn_workers
-from tests.helpers import counter_clock, tiny_model, train_step
+from tests.helpers import batch, counter_clock, tiny_model, train_step
 
 
 def make(model: nn.Module, **kw: Any) -> GravacOptimizer:
@@ -176,3 +176,58 @@ def test_the_group_is_joined_at_the_first_step() -> None:
     for a, b in zip(out[0]["params"], out[1]["params"], strict=True):
         assert torch.equal(a, b)  # trained together, not as two single workers
     assert all("took 1 step(s) as a single worker" in o["raised"] for o in out)
+
+
+# -- item 4: parameters without a gradient --------------------------------------------------------
+
+
+@pytest.mark.parametrize("compressor", ["topk", "thc", "powersgd", "none"])
+def test_a_parameter_without_gradient_is_not_moved(compressor: str) -> None:
+    model = tiny_model()
+    unused = nn.Parameter(torch.randn(16, 16))
+    bias = nn.Parameter(torch.randn(16))
+    params = [*model.parameters(), unused, bias]
+    opt = GravacOptimizer(
+        torch.optim.AdamW(params, lr=0.1, weight_decay=0.1),
+        compressor=compressor,
+        window=2,
+        warmup_steps=1,
+        clock=counter_clock(),
+    )
+    before = [unused.detach().clone(), bias.detach().clone()]
+    for step in range(6):
+        train_step(model, opt, 0, step)
+    assert unused.grad is None and bias.grad is None
+    assert torch.equal(unused, before[0]) and torch.equal(bias, before[1])
+    assert unused not in opt.state  # AdamW never saw it
+
+
+def _grad_on_rank_zero_only(rank: int, world_size: int) -> dict[str, Any]:
+    model = tiny_model()
+    extra = nn.Parameter(torch.ones(8, 8))
+    never = nn.Parameter(torch.ones(8, 8))
+    opt = make(nn.ModuleList([model, nn.ParameterList([extra, never])]))
+    for step in range(4):
+        opt.zero_grad(set_to_none=True)
+        x, y = batch(rank, step)
+        loss = nn.functional.cross_entropy(model(x), y)
+        if rank == 0:
+            loss = loss + extra.sum()
+        loss.backward()
+        opt.step()
+    return {
+        "extra": extra.detach().clone(),
+        "never": never.detach().clone(),
+        "never_grad": never.grad,
+        "params": [p.detach().clone() for p in model.parameters()],
+    }
+
+
+@pytest.mark.slow
+def test_a_gradient_on_one_rank_counts_as_zeros_on_the_others() -> None:
+    out = spawn_workers(_grad_on_rank_zero_only, 2, timeout=240.0)
+    assert torch.equal(out[0]["extra"], out[1]["extra"])
+    assert not torch.equal(out[0]["extra"], torch.ones(8, 8))  # it trained, on both ranks
+    assert all(torch.equal(o["never"], torch.ones(8, 8)) and o["never_grad"] is None for o in out)
+    for a, b in zip(out[0]["params"], out[1]["params"], strict=True):
+        assert torch.equal(a, b)

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from gravac import compressors, policies
+from gravac.agreement import check_agreement, layout_text
 from gravac.buckets import (
     DEFAULT_BUCKET_BYTES,
     DEFAULT_DENSE_BYTES,
@@ -413,11 +414,27 @@ class GravacOptimizer(torch.optim.Optimizer):
         sig = tuple((id(p), p.requires_grad) for p in params)
         if self._layout is not None and self._layout.signature == sig:
             return self._layout
+        self._check_agreement(params)
         new = build_layout(params, bucket_bytes=self.bucket_bytes, dense_bytes=self.dense_bytes)
         if self._layout is not None:
             self._flush_residuals(self._layout)
         self._layout = new
         return new
+
+    def _check_agreement(self, params: list[Tensor]) -> None:
+        """Every rank must run this configuration on this parameter layout (raises if not)."""
+        settings = (
+            f"error_feedback={type(self.memory).__name__}, bucket_bytes={self.bucket_bytes}, "
+            f"dense_bytes={self.dense_bytes}, nonfinite={self.nonfinite}"
+        )
+        parts = {
+            "the compressor": repr(self.compressor),
+            "the policy": repr(self.controller.policy),
+            "the controller settings": repr(self.controller.config),
+            "the bucketing and error-feedback settings": settings,
+            "the parameters (order, shapes, dtypes, requires_grad)": layout_text(params),
+        }
+        check_agreement(self.comm, parts, self._comm_device())
 
     def _flush_residuals(self, old: Layout) -> None:
         """Move the residuals of an outdated layout into the gradients, so none is lost.

@@ -231,3 +231,40 @@ def test_a_gradient_on_one_rank_counts_as_zeros_on_the_others() -> None:
     assert all(torch.equal(o["never"], torch.ones(8, 8)) and o["never_grad"] is None for o in out)
     for a, b in zip(out[0]["params"], out[1]["params"], strict=True):
         assert torch.equal(a, b)
+
+
+# -- item 3: ranks that disagree ------------------------------------------------------------------
+
+
+def _disagreeing(rank: int, world_size: int, case: str) -> str:
+    kw: dict[str, Any] = {}
+    model = tiny_model()
+    if rank == 1:
+        if case == "theta_min":
+            kw["theta_min"] = 20.0
+        elif case == "compressor":
+            kw["compressor"] = "thc"
+        elif case == "shapes":
+            model = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+    opt = make(model, **kw)
+    try:
+        train_step(model, opt, rank, 0)
+    except ValueError as exc:
+        return str(exc)
+    return "trained"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("case", "named"),
+    [
+        ("theta_min", "the controller settings"),
+        ("compressor", "the compressor"),
+        ("shapes", "the parameters"),
+    ],
+)
+def test_ranks_that_disagree_raise_on_every_rank(case: str, named: str) -> None:
+    out = spawn_workers(_disagreeing, 2, case, timeout=240.0)
+    for message in out:
+        assert message.startswith("ranks disagree on") and named in message, message
+        assert "ranks [1] differ from rank 0" in message

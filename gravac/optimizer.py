@@ -19,6 +19,7 @@ them on the payload collective instead, which this version does not do.
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 from collections.abc import Callable
@@ -112,7 +113,8 @@ class GravacOptimizer(torch.optim.Optimizer):
         batch_size: samples per rank per step, for throughput in samples/s; ``None`` measures
             steps/s times the world size (the same ranking of CFs).
         nonfinite: ``"skip"`` (default) skips a step whose gradient holds NaN or Inf on any rank,
-            leaving parameters, residuals and controller untouched (as ``GradScaler`` does);
+            or whose aggregate does (finite gradients whose sum overflows), leaving parameters,
+            residuals, controller and compressor state untouched (as ``GradScaler`` does);
             ``"raise"`` raises ``FloatingPointError`` on every rank.
         monitor: a :class:`gravac.monitor.Monitor`, a ``SummaryWriter``, or a log directory;
             used on rank 0 only.
@@ -343,6 +345,8 @@ class GravacOptimizer(torch.optim.Optimizer):
         self._absent = {id(p) for p, h in zip(layout.params, anywhere, strict=True) if h == 0}
         if not layout.compressed:
             return self._step_dense_only(layout, dense, loss)
+        # Restored if the aggregate turns out non-finite (the step is then skipped on every rank).
+        before = copy.deepcopy((self.controller.state_dict(), self.compressor.state_dict()))
         agreed_interval = float(head[:, 1].max())
         if agreed_interval > 0 and self._last_cf is not None:
             samples = (self.batch_size or 1) * self.comm.world_size
@@ -370,6 +374,10 @@ class GravacOptimizer(torch.optim.Optimizer):
         achieved = _achieved_cf(chosen) if decision.which != "dense" else 1.0
         step_bytes = self._communicate(layout, xs, chosen, decision, dense)
         comm_seconds = self.clock() - t1
+        if step_bytes is None:  # finite gradients, non-finite aggregate (overflow): skip
+            self.controller.load_state_dict(before[0])
+            self.compressor.load_state_dict(before[1])
+            return self._skip(loss)
 
         self.optimizer.step()
         self._finish_step(
@@ -523,33 +531,37 @@ class GravacOptimizer(torch.optim.Optimizer):
         chosen: list[_Compressed],
         decision: Decision,
         dense: list[Tensor],
-    ) -> int:
-        """Aggregate what the decision sends, update residuals, write gradients; wire bytes."""
+    ) -> int | None:
+        """Aggregate what the decision sends; if every aggregate is finite, update residuals and
+        write gradients and return the wire bytes, else change nothing and return ``None``.
+
+        The aggregates are identical on every rank, so every rank takes the same branch.
+        """
         n = self.comm.world_size
         sent_bytes = 0
         if decision.which == "dense":
-            flats = [x.clone() for x in xs]
-            self.comm.all_reduce_(flats)
-            for b, x, flat in zip(layout.compressed, xs, flats, strict=True):
-                absent = self._absent_mask(b)
-                if absent is None:
-                    self.memory.reset(b.key)
-                else:  # what reached no gradient stays in the residual
-                    self.memory.update(b.key, x, x.masked_fill(absent, 0))
-                write_grads(b, flat / n)
-                sent_bytes += flat.numel() * flat.element_size()
+            totals = [x.clone() for x in xs]
+            self.comm.all_reduce_(totals)
+            sent_bytes += sum(t.numel() * t.element_size() for t in totals)
         else:
-            for b, x, comp in zip(layout.compressed, xs, chosen, strict=True):
-                total = self._aggregate(comp)
-                absent = self._absent_mask(b)
-                applied = comp.sent if absent is None else comp.sent.masked_fill(absent, 0)
-                self.memory.update(b.key, x, applied)
-                write_grads(b, total / n)
-                sent_bytes += wire_bytes(comp.payload)
+            totals = [self._aggregate(comp) for comp in chosen]
+            sent_bytes += sum(wire_bytes(comp.payload) for comp in chosen)
         self.comm.all_reduce_(dense)
+        sent_bytes += sum(t.numel() * t.element_size() for t in dense)
+        if not all(bool(torch.isfinite(t).all()) for t in (*totals, *dense)):
+            return None
+        for i, (b, x, total) in enumerate(zip(layout.compressed, xs, totals, strict=True)):
+            absent = self._absent_mask(b)
+            if decision.which == "dense" and absent is None:
+                self.memory.reset(b.key)
+            else:  # what was applied to no gradient stays in the residual
+                applied = x if decision.which == "dense" else chosen[i].sent
+                self.memory.update(
+                    b.key, x, applied if absent is None else applied.masked_fill(absent, 0)
+                )
+            write_grads(b, total / n)
         for b, flat in zip(layout.dense, dense, strict=True):
             write_grads(b, flat / n)
-            sent_bytes += flat.numel() * flat.element_size()
         for p in layout.params:
             if id(p) in self._absent:
                 p.grad = None
@@ -584,6 +596,8 @@ class GravacOptimizer(torch.optim.Optimizer):
         t1 = self.clock()
         step_bytes = self._communicate(layout, [], [], _DENSE, dense)
         comm_seconds = self.clock() - t1
+        if step_bytes is None:
+            return self._skip(loss)
         self.optimizer.step()
         plan = Plan(theta_min=self.controller.theta_min, candidate=None)
         self._finish_step(
@@ -594,7 +608,8 @@ class GravacOptimizer(torch.optim.Optimizer):
     def _skip(self, loss: float | None) -> float | None:
         if self.nonfinite == "raise":
             raise FloatingPointError(
-                f"non-finite gradient at step {self.steps} on at least one rank"
+                f"non-finite gradient on at least one rank, or non-finite aggregate, at step "
+                f"{self.steps}"
             )
         self.skipped_steps += 1
         self._last_cf = None

@@ -268,3 +268,50 @@ def test_ranks_that_disagree_raise_on_every_rank(case: str, named: str) -> None:
     for message in out:
         assert message.startswith("ranks disagree on") and named in message, message
         assert "ranks [1] differ from rank 0" in message
+
+
+# -- item 5: overflow ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rotation", ["full", "partial"])
+def test_thc_with_huge_finite_gradients_stays_finite(rotation: str) -> None:
+    """Elements of 1e18: the float32 sum of squares overflows; the norm must not."""
+    model = tiny_model()
+    opt = make(model, compressor="thc", compressor_options={"rotation": rotation})
+    for p in model.parameters():
+        p.grad = torch.randn_like(p) * 1e18
+    opt.step()
+    assert opt.skipped_steps == 0
+    assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+def _residuals(opt: GravacOptimizer) -> dict[int, torch.Tensor]:
+    return {k: v.clone() for k, v in opt.memory.state_dict().get("residuals", {}).items()}
+
+
+def _overflowing_sum(rank: int, world_size: int) -> dict[str, Any]:
+    model = tiny_model()
+    opt = make(model, compressor="none")
+    train_step(model, opt, rank, 0)
+    before = [p.detach().clone() for p in model.parameters()]
+    residuals, controller = _residuals(opt), copy.deepcopy(opt.controller.state_dict())
+    for p in model.parameters():  # finite on each rank, 2 * 3e38 overflows float32 in the sum
+        p.grad = torch.full_like(p, 3e38)
+    opt.step()
+    after = _residuals(opt)
+    return {
+        "skipped": opt.skipped_steps,
+        "unchanged": all(
+            torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True)
+        ),
+        "residuals": residuals.keys() == after.keys()
+        and all(torch.equal(residuals[k], after[k]) for k in after),
+        "controller": controller == opt.controller.state_dict(),
+    }
+
+
+@pytest.mark.slow
+def test_a_non_finite_aggregate_skips_the_step_on_every_rank() -> None:
+    out = spawn_workers(_overflowing_sum, 2, timeout=240.0)
+    for o in out:
+        assert o == {"skipped": 1, "unchanged": True, "residuals": True, "controller": True}

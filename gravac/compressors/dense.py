@@ -4,23 +4,41 @@
 bits (CF 2): the strong baseline that the "Beyond Throughput" note asks every compression scheme to
 beat, as PyTorch's ``fp16_compress_hook`` does. Like that hook they divide by the world size
 ``N`` *before* the cast, so that the all-reduced sum of ``N`` contributions stays in the 16-bit
-range; each contribution is first clamped to the format's largest finite value, so a finite
-gradient never becomes Inf and what the clamp cuts off stays in the error-feedback residual.
+range. Unlike that hook they also scale by a power of two ``2^k`` chosen from the largest
+magnitude ``m`` over all ranks (agreed through :meth:`local_stats`, ``stats_op = "max"``):
+``k = floor(log2(M / m))``, so the largest value lands in ``(M/2, M]`` of the format's largest
+finite value ``M``. Gradients above fp16's 65504 are then sent, not clamped (a clamp kept a high
+gain while the residual grew without bound), and small ones keep their precision instead of
+underflowing; the scaling is exact, undone after aggregation. Each contribution is still clamped
+to ``M`` (a no-op unless the agreed maximum is wrong), so a finite gradient never becomes Inf.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar, cast
 
 import torch
 from torch import Tensor
 
-from gravac.compressors.base import REFERENCE_BITS, Collective, Compressor, Context, Payload, Round
+from gravac.compressors.base import (
+    REFERENCE_BITS,
+    Collective,
+    Compressor,
+    Context,
+    Payload,
+    Round,
+    StatsOp,
+)
 from gravac.compressors.registry import register
 from gravac.kernels import check_backend_name, scaled_cast
 
 __all__ = ["BF16Compressor", "DensePayload", "FP16Compressor", "NoneCompressor"]
+
+#: Largest power-of-two shift: fp16's subnormals end at 2^-24 and float32's range at 2^127, so
+#: shifts beyond 2^+-64 only meet zeros or values that no longer fit float32.
+_MAX_EXPONENT = 64
 
 
 @dataclass(frozen=True)
@@ -32,9 +50,9 @@ class DensePayload(Payload):
 
 @dataclass(frozen=True)
 class ScaledContext(Context):
-    """Context of a cast: ``scale`` undoes the pre-division by the world size."""
+    """Context of a cast: ``scale`` (``N / 2^k``) undoes the scaling before the cast."""
 
-    scale: int = 1
+    scale: float = 1.0
 
 
 @register
@@ -53,7 +71,8 @@ class NoneCompressor(Compressor):
 
 
 class _HalfCompressor(Compressor):
-    """Send ``clamp(x, +-max) / N`` in :attr:`wire_dtype`; decompression multiplies by ``N``.
+    """Send ``clamp(x * 2^k, +-max) / N`` in :attr:`wire_dtype`; decompression multiplies by
+    ``N / 2^k`` (module docstring).
 
     Args:
         backend: kernel backend of the cast (:func:`gravac.kernels.scaled_cast`; ``None`` picks
@@ -61,16 +80,52 @@ class _HalfCompressor(Compressor):
     """
 
     collective: Collective = "allreduce"
+    stats_op: ClassVar[StatsOp] = "max"
     wire_dtype: ClassVar[torch.dtype]
 
     def __init__(self, *, backend: str | None = None) -> None:
         self.backend = check_backend_name(backend)
 
+    def local_stats(self, x: Tensor, cf: float, rnd: Round) -> Tensor | None:
+        """This rank's largest magnitude (NaN if ``x`` holds NaN)."""
+        if x.numel() == 0:
+            return None
+        return x.detach().abs().amax().float().reshape(1)
+
+    def exponent(self, x: Tensor, rnd: Round) -> int:
+        """``k``: ``m * 2^k <= M`` for the agreed largest magnitude ``m``, largest such ``k``.
+
+        Raises:
+            ValueError: ``rnd.agreed`` is missing with more than one rank.
+        """
+        if rnd.agreed is None:
+            if rnd.world_size != 1:
+                raise ValueError(
+                    f"{self.name} needs rnd.agreed: the max over ranks of local_stats() "
+                    f"(world_size={rnd.world_size})"
+                )
+            stats = self.local_stats(x, 1.0, rnd)
+            m = 0.0 if stats is None else float(stats[0])
+        else:
+            m = float(rnd.agreed.reshape(-1)[0])
+        limit = torch.finfo(self.wire_dtype).max
+        if not math.isfinite(m) or m <= 0.0:
+            return 0
+        k = max(-_MAX_EXPONENT, min(_MAX_EXPONENT, math.floor(math.log2(limit / m))))
+        while k > -_MAX_EXPONENT and math.ldexp(m, k) > limit:  # log2's rounding, at the edge
+            k -= 1
+        return k
+
     def compress(self, x: Tensor, cf: float, rnd: Round) -> tuple[DensePayload, ScaledContext]:
         flat = x.detach().reshape(-1)
-        values = scaled_cast(flat, self.wire_dtype, divisor=rnd.world_size, backend=self.backend)
+        k = self.exponent(flat, rnd)
+        values = scaled_cast(
+            flat, self.wire_dtype, divisor=rnd.world_size, exponent=k, backend=self.backend
+        )
         achieved = REFERENCE_BITS / torch.finfo(self.wire_dtype).bits if flat.numel() else 1.0
-        ctx = ScaledContext(x.shape, x.dtype, flat.numel(), achieved, scale=rnd.world_size)
+        ctx = ScaledContext(
+            x.shape, x.dtype, flat.numel(), achieved, scale=math.ldexp(rnd.world_size, -k)
+        )
         return DensePayload(values=values), ctx
 
     def decompress(self, payload: Payload, ctx: Context) -> Tensor:

@@ -268,11 +268,22 @@ def block_norms(x: Tensor, block: int, padded: int) -> Tensor:
     whole = flat.numel() // block
     out = torch.zeros(padded // block, dtype=cd, device=flat.device)
     if whole:
-        body = flat[: whole * block].view(whole, block)
-        out[:whole] = torch.linalg.vector_norm(body, dim=1, dtype=cd)
+        out[:whole] = _norms(flat[: whole * block].view(whole, block), cd)
     if flat.numel() > whole * block:
-        out[whole] = torch.linalg.vector_norm(flat[whole * block :], dtype=cd)
+        out[whole] = _norms(flat[whole * block :].view(1, -1), cd)[0]
     return out
+
+
+def _norms(rows: Tensor, dtype: torch.dtype) -> Tensor:
+    """L2 norm of each row in ``dtype``; rows whose squares overflow (a float32 sum of squares
+    passes 3.4e38 from elements of about 1e17 up) are recomputed as ``m * ||row / m||`` with
+    ``m`` the row's largest magnitude, so finite input always gives a finite norm."""
+    norms = torch.linalg.vector_norm(rows, dim=1, dtype=dtype)
+    if bool(torch.isinf(norms).any()):
+        m = rows.abs().amax(dim=1, keepdim=True).to(dtype)
+        safe = torch.where(m > 0, m, torch.ones_like(m))
+        norms = torch.linalg.vector_norm(rows.to(dtype) / safe, dim=1).mul_(m[:, 0])
+    return norms
 
 
 def thc_encode(

@@ -37,10 +37,26 @@ def test_fp16_sum_of_many_workers_does_not_overflow() -> None:
     torch.testing.assert_close(res.mean, torch.full((10,), 60000.0), rtol=1e-2, atol=0)
 
 
-def test_fp16_saturates_and_keeps_the_excess_in_the_residual() -> None:
-    x = torch.tensor([1e6, -1e6, 1.0])
-    c = compressors.create("fp16")
-    sent = c.decompress(*c.compress(x, 1.0, Round()))
-    assert torch.isfinite(sent).all()
-    assert sent[0] == torch.finfo(torch.float16).max
-    assert torch.equal(sent + (x - sent), x)
+@pytest.mark.parametrize(("name", "rtol"), [("fp16", 2**-11), ("bf16", 2**-8)])
+def test_values_beyond_the_range_are_scaled_not_clamped(name: str, rtol: float) -> None:
+    """A power-of-two scale from the agreed maximum: values up to 1e6 (above fp16's 65504), and
+    the same values times 1e-15 (below its smallest subnormal), arrive to the format's relative
+    precision."""
+    x = torch.tensor([1e6, -1e6, 3e3, 777.0, 12345.678])
+    for scale in (1.0, 1e-15):
+        c = compressors.create(name)
+        xs = x * scale
+        sent = c.decompress(*c.compress(xs, 1.0, Round()))
+        torch.testing.assert_close(sent, xs, rtol=rtol, atol=0)
+
+
+def test_the_scale_is_agreed_across_ranks() -> None:
+    """Two ranks of very different magnitudes: the mean arrives finite and accurate."""
+    grads = [torch.full((8,), 5e5), torch.full((8,), -1e5)]
+    res = simulate(compressors.create("fp16"), grads, 2.0)
+    torch.testing.assert_close(res.mean, torch.full((8,), 2e5), rtol=2**-10, atol=0)
+
+
+def test_many_ranks_need_the_agreed_maximum() -> None:
+    with pytest.raises(ValueError, match=r"needs rnd\.agreed"):
+        compressors.create("fp16").compress(torch.ones(3), 1.0, Round(world_size=2))

@@ -20,6 +20,8 @@ them on the payload collective instead, which this version does not do.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import math
 import os
 import time
 from collections.abc import Callable
@@ -74,6 +76,24 @@ def broadcast_parameters(
     with torch.no_grad():
         for t in [*module.parameters(), *module.buffers()]:
             dist.broadcast(t.data, src=src, group=group)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Pending:
+    """An aggregated step waiting for the wrapped optimizer (between synchronize and step)."""
+
+    layout: Layout
+    plan: Plan
+    decision: Decision
+    achieved: float
+    gains: tuple[float, float | None]
+    step_bytes: int
+    seconds: tuple[float, float]
+    search: bool = True
+
+
+#: The step is skipped on every rank (nothing to apply).
+_SKIPPED: Any = object()
 
 
 class _Compressed:
@@ -227,6 +247,7 @@ class GravacOptimizer(torch.optim.Optimizer):
         self.last_record: StepRecord | None = None
         self._layout: Layout | None = None
         self._absent: set[int] = set()  # ids of parameters with a gradient on no rank
+        self._pending: _Pending | None = None  # aggregated by synchronize(), not yet stepped
         self._last_time: float | None = None
         self._last_cf: float | None = None
 
@@ -321,12 +342,55 @@ class GravacOptimizer(torch.optim.Optimizer):
     # ------------------------------------------------------------------ step
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        """Aggregate compressed gradients across ranks, then step the wrapped optimizer."""
-        self._resolve_group()
+        """Aggregate compressed gradients across ranks, then step the wrapped optimizer.
+
+        After :meth:`synchronize` the aggregate is already in ``p.grad``: only the wrapped
+        optimizer steps (no second aggregation).
+        """
         loss = None
-        if closure is not None:
+        if closure is not None and self._pending is None:
             with torch.enable_grad():
                 loss = closure()
+        if self._pending is None:
+            self._pending = self._synchronize(explicit=False)
+        pending, self._pending = self._pending, None
+        if pending is _SKIPPED:
+            return loss
+        self.optimizer.step()
+        self._finish_step(pending)
+        return loss
+
+    def synchronize(self) -> None:
+        """Aggregate the gradients now and write the result into ``p.grad``; the next
+        :meth:`step` only steps the wrapped optimizer.
+
+        For work between aggregation and the update, on the aggregated gradients (identical on
+        every rank): ``GradScaler.unscale_`` (mixed precision), gradient clipping. The pattern,
+        as Horovod's::
+
+            scaler.scale(loss).backward()
+            opt.synchronize()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(opt)      # calls opt.step() unless it found Inf/NaN
+            scaler.update()
+
+        A step skipped for a non-finite gradient (on any rank) or aggregate fills every
+        gradient with NaN on every rank, so that ``GradScaler`` skips it everywhere and its
+        scales stay equal. A synchronised step that was never stepped is dropped (counted in
+        :attr:`skipped_steps`) by the next call.
+
+        Raises:
+            FloatingPointError: ``nonfinite="raise"`` and a gradient or aggregate is not finite.
+        """
+        if self._pending is not None and self._pending is not _SKIPPED:
+            self.skipped_steps += 1  # aggregated, never stepped: dropped
+        self._pending = self._synchronize(explicit=True)
+
+    def _synchronize(self, *, explicit: bool) -> _Pending:
+        """Everything of a step but the wrapped optimizer's: agree, compress, aggregate, write
+        ``p.grad``; :data:`_SKIPPED` when the step is skipped on every rank."""
+        self._resolve_group()
         now = self.clock()
         interval = -1.0 if self._last_time is None else now - self._last_time
         self._last_time = now
@@ -338,13 +402,13 @@ class GravacOptimizer(torch.optim.Optimizer):
         has_grad = [float(p.grad is not None) for p in layout.params]
         head = self._gather_scalars([float(local_bad), interval, *has_grad])
         if head[:, 0].max() > 0:
-            return self._skip(loss)
+            return self._skip(layout, explicit)
         # A parameter without a gradient on every rank keeps grad None (torch.optim leaves it
         # alone); one that has a gradient on some rank counts as zeros on the others (as DDP).
         anywhere = head[:, 2:].max(dim=0).values.tolist() if has_grad else []
         self._absent = {id(p) for p, h in zip(layout.params, anywhere, strict=True) if h == 0}
         if not layout.compressed:
-            return self._step_dense_only(layout, dense, loss)
+            return self._dense_only(layout, dense, explicit)
         # Restored if the aggregate turns out non-finite (the step is then skipped on every rank).
         before = copy.deepcopy((self.controller.state_dict(), self.compressor.state_dict()))
         agreed_interval = float(head[:, 1].max())
@@ -377,10 +441,8 @@ class GravacOptimizer(torch.optim.Optimizer):
         if step_bytes is None:  # finite gradients, non-finite aggregate (overflow): skip
             self.controller.load_state_dict(before[0])
             self.compressor.load_state_dict(before[1])
-            return self._skip(loss)
-
-        self.optimizer.step()
-        self._finish_step(
+            return self._skip(layout, explicit)
+        return _Pending(
             layout,
             plan,
             decision,
@@ -389,7 +451,6 @@ class GravacOptimizer(torch.optim.Optimizer):
             step_bytes,
             (compress_seconds, comm_seconds),
         )
-        return loss
 
     # ------------------------------------------------------------------ internals
     def _resolve_group(self) -> None:
@@ -588,24 +649,22 @@ class GravacOptimizer(torch.optim.Optimizer):
         """What a dense float32 all-reduce of every gradient would send."""
         return 4 * sum(b.numel for b in (*layout.compressed, *layout.dense))
 
-    def _step_dense_only(
-        self, layout: Layout, dense: list[Tensor], loss: float | None
-    ) -> float | None:
+    def _dense_only(self, layout: Layout, dense: list[Tensor], explicit: bool) -> _Pending:
         """A step with nothing to compress (every tensor travels dense): no gains to measure,
-        nothing for the controller to search, the dense all-reduce and the wrapped step only."""
+        nothing for the controller to search, the dense all-reduce only."""
         t1 = self.clock()
         step_bytes = self._communicate(layout, [], [], _DENSE, dense)
         comm_seconds = self.clock() - t1
         if step_bytes is None:
-            return self._skip(loss)
-        self.optimizer.step()
+            return self._skip(layout, explicit)
         plan = Plan(theta_min=self.controller.theta_min, candidate=None)
-        self._finish_step(
+        return _Pending(
             layout, plan, _DENSE, 1.0, (1.0, None), step_bytes, (0.0, comm_seconds), search=False
         )
-        return loss
 
-    def _skip(self, loss: float | None) -> float | None:
+    def _skip(self, layout: Layout, poison: bool) -> _Pending:
+        """Skip the step on every rank; ``poison``: fill every gradient with NaN (so that a
+        ``GradScaler`` after :meth:`synchronize` skips it on every rank too)."""
         if self.nonfinite == "raise":
             raise FloatingPointError(
                 f"non-finite gradient on at least one rank, or non-finite aggregate, at step "
@@ -613,50 +672,47 @@ class GravacOptimizer(torch.optim.Optimizer):
             )
         self.skipped_steps += 1
         self._last_cf = None
-        return loss
+        if poison:
+            for p in layout.params:
+                if p.grad is None:
+                    p.grad = torch.full_like(p, math.nan)
+                else:
+                    p.grad.fill_(math.nan)
+        return _SKIPPED
 
-    def _finish_step(
-        self,
-        layout: Layout,
-        plan: Plan,
-        decision: Decision,
-        achieved: float,
-        step_gains: tuple[float, float | None],
-        step_bytes: int,
-        seconds: tuple[float, float],
-        *,
-        search: bool = True,
-    ) -> None:
-        """Count, record and log the step; ``search``: let the controller advance its window
-        (steps that compressed nothing take no part in the search)."""
-        ctl = self.controller
-        dense_bytes = self._dense_bytes(layout)
-        self.total_wire_bytes += step_bytes
+    def _finish_step(self, step: _Pending) -> None:
+        """Count, record and log a step taken (a step that compressed nothing takes no part in
+        the controller's search)."""
+        ctl, cf = self.controller, step.decision.cf
+        dense_bytes = self._dense_bytes(step.layout)
+        self.total_wire_bytes += step.step_bytes
         self.total_dense_wire_bytes += dense_bytes
         record = StepRecord(
             step=self.steps,
             phase=ctl.phase.value,
-            cf_sent=decision.cf,
-            cf_achieved=achieved,
-            sent=decision.which,
-            theta_min=plan.theta_min,
-            cf_candidate=plan.candidate,
-            gain_min=ctl.smoothed_gain(plan.theta_min),
-            gain_candidate=None if plan.candidate is None else ctl.smoothed_gain(plan.candidate),
-            gain_min_step=step_gains[0],
-            gain_candidate_step=step_gains[1],
-            system_throughput=ctl.tsys.get(cf_key(decision.cf)),
-            compression_throughput=ctl.tput().get(cf_key(decision.cf)),
-            wire_bytes=step_bytes,
+            cf_sent=cf,
+            cf_achieved=step.achieved,
+            sent=step.decision.which,
+            theta_min=step.plan.theta_min,
+            cf_candidate=step.plan.candidate,
+            gain_min=ctl.smoothed_gain(step.plan.theta_min),
+            gain_candidate=(
+                None if step.plan.candidate is None else ctl.smoothed_gain(step.plan.candidate)
+            ),
+            gain_min_step=step.gains[0],
+            gain_candidate_step=step.gains[1],
+            system_throughput=ctl.tsys.get(cf_key(cf)),
+            compression_throughput=ctl.tput().get(cf_key(cf)),
+            wire_bytes=step.step_bytes,
             dense_wire_bytes=dense_bytes,
-            compress_seconds=seconds[0],
-            comm_seconds=seconds[1],
+            compress_seconds=step.seconds[0],
+            comm_seconds=step.seconds[1],
         )
         self.last_record = record
         if self.monitor is not None:
             self.monitor.log(record)
-        self._last_cf = decision.cf if search else None
-        if search:
+        self._last_cf = cf if step.search else None
+        if step.search:
             ctl.end_step()
         self.steps += 1
 

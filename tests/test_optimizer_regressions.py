@@ -315,3 +315,51 @@ def test_a_non_finite_aggregate_skips_the_step_on_every_rank() -> None:
     out = spawn_workers(_overflowing_sum, 2, timeout=240.0)
     for o in out:
         assert o == {"skipped": 1, "unchanged": True, "residuals": True, "controller": True}
+
+
+# -- item 2: mixed precision with GradScaler -------------------------------------------------------
+
+
+def _grad_scaler(rank: int, world_size: int) -> dict[str, Any]:
+    model = tiny_model()
+    opt = make(model)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    for step in range(5):
+        opt.zero_grad(set_to_none=True)
+        x, y = batch(rank, step)
+        loss = nn.functional.cross_entropy(model(x), y)
+        if rank == 1 and step == 2:
+            loss = loss * float("inf")  # Inf on one rank only
+        scaler.scale(loss).backward()
+        opt.synchronize()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
+        scaler.step(opt)
+        scaler.update()
+    return {
+        "scale": scaler.get_scale(),
+        "steps": opt.steps,
+        "skipped": opt.skipped_steps,
+        "params": [p.detach().clone() for p in model.parameters()],
+    }
+
+
+@pytest.mark.slow
+def test_grad_scaler_skips_an_inf_step_on_every_rank() -> None:
+    out = spawn_workers(_grad_scaler, 2, timeout=240.0)
+    assert [(o["scale"], o["steps"], o["skipped"]) for o in out] == [(2.0**15, 4, 1)] * 2
+    for a, b in zip(out[0]["params"], out[1]["params"], strict=True):
+        assert torch.equal(a, b)
+        assert bool(torch.isfinite(a).all())
+
+
+def test_step_after_synchronize_does_not_aggregate_again() -> None:
+    model = tiny_model()
+    opt = make(model)
+    x, y = batch(0, 0)
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.synchronize()
+    aggregated = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    opt.step()
+    assert opt.steps == 1
+    assert all(torch.equal(a, p.grad) for a, p in zip(aggregated, model.parameters(), strict=True))

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["Bucket", "Layout", "build_layout", "flatten_grads", "write_grads"]
+__all__ = ["Bucket", "Layout", "build_layout", "check_real", "flatten_grads", "write_grads"]
 
 #: default bucket size: PyTorch DDP's 25 MiB
 DEFAULT_BUCKET_BYTES = 25 * 2**20
@@ -64,6 +64,22 @@ def _signature(params: Sequence[Tensor]) -> tuple[tuple[int, bool], ...]:
     return tuple((id(p), p.requires_grad) for p in params)
 
 
+def check_real(params: Sequence[Tensor]) -> None:
+    """Refuse complex parameters: the compressors work on real tensors, and a cast to a real
+    wire format would drop the imaginary part.
+
+    Raises:
+        ValueError: naming the first complex parameter's index, shape and dtype.
+    """
+    for i, p in enumerate(params):
+        if p.is_complex():
+            raise ValueError(
+                f"parameter {i} (shape {tuple(p.shape)}, {p.dtype}) is complex: gravac's "
+                "compressors work on real tensors, and casting would drop the imaginary part; "
+                "keep the real and imaginary parts as two real parameters instead"
+            )
+
+
 def build_layout(params: Sequence[Tensor], *, bucket_bytes: int, dense_bytes: int) -> Layout:
     """Split ``params`` into compressed buckets and dense per-dtype buckets, in order."""
     compressed: list[Bucket] = []
@@ -75,6 +91,7 @@ def build_layout(params: Sequence[Tensor], *, bucket_bytes: int, dense_bytes: in
         if members:
             compressed.append(Bucket(key=len(compressed), params=tuple(members), dtype=dtype))
 
+    check_real(params)
     for p in params:
         if not p.requires_grad:
             continue

@@ -45,6 +45,22 @@ class Communicator:
             if w is not None:
                 w.wait()
 
+    def broadcast_(self, tensors: Sequence[Tensor], src: int = 0) -> None:
+        """Overwrite ``tensors`` with rank ``src``'s, one collective per dtype (coalesced)."""
+        if self.world_size == 1:
+            return
+        by_dtype: dict[tuple[torch.dtype, torch.device], list[Tensor]] = {}
+        for t in tensors:
+            by_dtype.setdefault((t.dtype, t.device), []).append(t)
+        root = dist.get_global_rank(self.group, src) if self.group is not None else src
+        for group in by_dtype.values():
+            flat = torch.cat([t.reshape(-1) for t in group])
+            dist.broadcast(flat, src=root, group=self.group)
+            offset = 0
+            for t in group:
+                t.copy_(flat[offset : offset + t.numel()].view_as(t))
+                offset += t.numel()
+
     def all_gather(self, tensor: Tensor) -> list[Tensor]:
         """Every rank's ``tensor`` (all of one shape), in rank order."""
         if self.world_size == 1:

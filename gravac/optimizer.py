@@ -39,6 +39,7 @@ from gravac.buckets import (
     Bucket,
     Layout,
     build_layout,
+    check_real,
     flatten_grads,
     write_grads,
 )
@@ -138,6 +139,9 @@ class GravacOptimizer(torch.optim.Optimizer):
             ``"raise"`` raises ``FloatingPointError`` on every rank.
         monitor: a :class:`gravac.monitor.Monitor`, a ``SummaryWriter``, or a log directory;
             used on rank 0 only.
+        sync_buffers: a module whose buffers (BatchNorm's running statistics, ...) are
+            broadcast from rank 0 after every step, as ``DistributedDataParallel`` does before
+            every forward (``broadcast_buffers=True``); ``None`` leaves buffers per rank.
         clock: seconds for step timing (tests inject a deterministic one).
     """
 
@@ -163,6 +167,7 @@ class GravacOptimizer(torch.optim.Optimizer):
         batch_size: int | None = None,
         nonfinite: str = "skip",
         monitor: Monitor | Any | None = None,
+        sync_buffers: torch.nn.Module | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
@@ -196,6 +201,10 @@ class GravacOptimizer(torch.optim.Optimizer):
                 "monitor must be None, a gravac Monitor, a SummaryWriter or a log directory "
                 f"(str or path), got {monitor!r}"
             )
+        if sync_buffers is not None and not isinstance(sync_buffers, torch.nn.Module):
+            raise ValueError(
+                f"sync_buffers must be a torch.nn.Module or None, got {sync_buffers!r}"
+            )
         if nonfinite not in _NONFINITE_CHOICES:
             raise ValueError(f"nonfinite must be one of {_NONFINITE_CHOICES}, got {nonfinite!r}")
         for name, value in (("bucket_bytes", bucket_bytes), ("dense_bytes", dense_bytes)):
@@ -204,6 +213,7 @@ class GravacOptimizer(torch.optim.Optimizer):
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
             raise ValueError(f"batch_size must be None or an integer >= 1, got {batch_size!r}")
         params = [p for g in optimizer.param_groups for p in g["params"]]
+        check_real(params)
         super().__init__([{"params": params}], {})
         # From here on param_groups, state and defaults are the wrapped optimizer's own objects.
         self.optimizer = optimizer
@@ -239,6 +249,7 @@ class GravacOptimizer(torch.optim.Optimizer):
         self._monitor_spec = monitor
         if self.comm.distributed:
             self._open_monitor()
+        self.sync_buffers = sync_buffers
         self.clock = clock
         self.steps = 0
         self.skipped_steps = 0
@@ -354,10 +365,11 @@ class GravacOptimizer(torch.optim.Optimizer):
         if self._pending is None:
             self._pending = self._synchronize(explicit=False)
         pending, self._pending = self._pending, None
-        if pending is _SKIPPED:
-            return loss
-        self.optimizer.step()
-        self._finish_step(pending)
+        if pending is not _SKIPPED:
+            self.optimizer.step()
+            self._finish_step(pending)
+        if self.sync_buffers is not None:
+            self.comm.broadcast_(list(self.sync_buffers.buffers()))
         return loss
 
     def synchronize(self) -> None:

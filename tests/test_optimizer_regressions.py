@@ -363,3 +363,42 @@ def test_step_after_synchronize_does_not_aggregate_again() -> None:
     opt.step()
     assert opt.steps == 1
     assert all(torch.equal(a, p.grad) for a, p in zip(aggregated, model.parameters(), strict=True))
+
+
+# -- item 7: complex parameters ----------------------------------------------------------------
+
+
+def test_complex_parameters_are_refused_clearly() -> None:
+    weight = nn.Parameter(torch.randn(4, 4, dtype=torch.complex64))
+    with pytest.raises(
+        ValueError, match=r"parameter 1 \(shape \(4, 4\), torch.complex64\) is complex"
+    ):
+        make(nn.ParameterList([nn.Parameter(torch.randn(3, 3)), weight]))
+    real = tiny_model()
+    opt = make(real)
+    opt.add_param_group({"params": [weight]})
+    with pytest.raises(ValueError, match="is complex"):
+        train_step(real, opt, 0, 0)
+
+
+# -- item 9: buffers ---------------------------------------------------------------------------
+
+
+def _batchnorm(rank: int, world_size: int, sync: bool) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(144, 10))
+    opt = make(model, sync_buffers=model if sync else None)
+    for step in range(5):
+        opt.zero_grad(set_to_none=True)
+        x, y = batch(rank, step)
+        nn.functional.cross_entropy(model(x * (1 + rank)), y).backward()
+        opt.step()
+    return [b.detach().clone() for b in model.buffers()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sync", [True, False])
+def test_buffers_are_synchronised_on_request(sync: bool) -> None:
+    out = spawn_workers(_batchnorm, 2, sync, timeout=240.0)
+    same = all(torch.equal(a, b) for a, b in zip(out[0], out[1], strict=True))
+    assert same == sync  # without it, each rank's running statistics drift apart

@@ -298,8 +298,19 @@ class Controller:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned."""
-        self.theta_min = float(state["theta_min"])
+        """Restore what :meth:`state_dict` returned.
+
+        Raises:
+            ValueError: the saved ``theta_min`` lies outside this controller's CF range.
+        """
+        theta_min = float(state["theta_min"])
+        lo, hi = self.config.theta_min, self.config.theta_max
+        if not lo <= theta_min <= hi:
+            raise ValueError(
+                f"the checkpoint's theta_min {theta_min:g} is outside this optimizer's CF range "
+                f"[theta_min={lo:g}, theta_max={hi:g}]"
+            )
+        self.theta_min = theta_min
         self.s = float(state["s"])
         self.phase = Phase(state["phase"])
         ideal = state["theta_ideal"]

@@ -24,6 +24,7 @@ import dataclasses
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -328,27 +329,79 @@ class GravacOptimizer(torch.optim.Optimizer):
                 "memory": self.memory.state_dict(),
                 "compressor": self.compressor.state_dict(),
                 "controller": self.controller.state_dict(),
+                # What the state above is only valid with (checked by load_state_dict).
+                "compressor_config": repr(self.compressor),
+                "layout": self._layout_shapes(),
+                "world_size": self.comm.world_size,
             },
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned (same model, compressor and world size)."""
+        """Restore what :meth:`state_dict` returned: same compressor (name and options) and
+        bucket layout; a different world size loads with a warning (residuals are per rank).
+
+        Everything is checked before anything changes, and a load that fails part-way is
+        rolled back: a failed load leaves this optimizer as it was.
+
+        Raises:
+            ValueError: not a GravacOptimizer state dict, another compressor or layout, or a
+                controller state outside this optimizer's CF range.
+        """
         if set(state_dict) != {"optimizer", "gravac"}:
             raise ValueError(
                 f"not a GravacOptimizer state dict: keys {sorted(state_dict)}, "
                 "expected ['gravac', 'optimizer']"
             )
+        g = state_dict["gravac"]
+        self._check_checkpoint(g)
+        before = copy.deepcopy(self.state_dict())
+        try:
+            self._load(state_dict)
+        except Exception:
+            self._load(before)
+            raise
+
+    def _check_checkpoint(self, g: dict[str, Any]) -> None:
+        saved = g.get("compressor_config")
+        if saved is not None and saved != repr(self.compressor):
+            raise ValueError(
+                f"the checkpoint was saved with compressor {saved}, this optimizer has "
+                f"{self.compressor!r}: its compressor state and residuals do not apply"
+            )
+        layout = g.get("layout")
+        if layout is not None and layout != self._layout_shapes():
+            raise ValueError(
+                f"the checkpoint's bucket layout {layout} differs from this optimizer's "
+                f"{self._layout_shapes()} (other parameters, bucket_bytes or dense_bytes): "
+                "its residuals do not apply"
+            )
+        world = g.get("world_size")
+        if world is not None and world != self.comm.world_size:
+            warnings.warn(
+                f"loading a checkpoint saved with world size {world} into world size "
+                f"{self.comm.world_size}: each rank's residuals are its own, so they now stand "
+                "for other ranks' unsent gradients (a one-off perturbation)",
+                stacklevel=3,
+            )
+
+    def _load(self, state_dict: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state_dict["optimizer"])
         g = state_dict["gravac"]
+        self.controller.load_state_dict(g["controller"])
+        self.compressor.load_state_dict(g["compressor"])
+        self.memory.load_state_dict(g["memory"])
         self.steps = int(g["steps"])
         self.skipped_steps = int(g["skipped_steps"])
         self.total_wire_bytes = int(g["total_wire_bytes"])
         self.total_dense_wire_bytes = int(g["total_dense_wire_bytes"])
         self._last_cf = g["last_cf"]
-        self.memory.load_state_dict(g["memory"])
-        self.compressor.load_state_dict(g["compressor"])
-        self.controller.load_state_dict(g["controller"])
         self._last_time = None
+
+    def _layout_shapes(self) -> list[list[list[int]]]:
+        """The compressed buckets' tensor shapes, as saved in a checkpoint."""
+        params = [p for grp in self.param_groups for p in grp["params"]]
+        layout = build_layout(params, bucket_bytes=self.bucket_bytes, dense_bytes=self.dense_bytes)
+        return [[list(shape) for shape in b.shapes] for b in layout.compressed]
 
     # ------------------------------------------------------------------ step
     @torch.no_grad()

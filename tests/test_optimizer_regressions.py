@@ -455,3 +455,61 @@ def test_small_transformer_is_compressed_and_learns_like_dense() -> None:
     # Measured: dense 0.17, topk 0.24 (chance is ln 2 = 0.69).
     assert topk[0]["late_loss"] < 0.4
     assert topk[0]["late_loss"] < dense[0]["late_loss"] + 0.15
+
+
+# -- item 11: checkpoints -----------------------------------------------------------------------
+
+
+def _trained(**kw: Any) -> tuple[nn.Module, GravacOptimizer]:
+    model = tiny_model()
+    opt = make(model, **kw)
+    for step in range(3):
+        train_step(model, opt, 0, step)
+    return model, opt
+
+
+@pytest.mark.parametrize(
+    ("saved", "loading", "match"),
+    [
+        ({"compressor": "dgc"}, {"compressor": "topk"}, "saved with compressor DGC"),
+        ({"compressor": "topk"}, {"compressor": "randomk"}, "saved with compressor TopK"),
+        ({}, {"bucket_bytes": 1024}, "bucket layout"),
+        ({"theta_min": 50.0}, {"theta_max": 20.0}, "theta_min 50 is outside"),
+    ],
+)
+def test_a_mismatched_checkpoint_is_refused_and_changes_nothing(
+    saved: dict[str, Any], loading: dict[str, Any], match: str
+) -> None:
+    _, source = _trained(**saved)
+    _, target = _trained(**loading)
+    before = copy.deepcopy(target.state_dict())
+    with pytest.raises(ValueError, match=match):
+        target.load_state_dict(source.state_dict())
+    after = target.state_dict()
+    assert after["gravac"]["steps"] == before["gravac"]["steps"]
+    assert after["gravac"]["controller"] == before["gravac"]["controller"]
+    assert after["optimizer"]["param_groups"] == before["optimizer"]["param_groups"]
+
+
+def test_another_world_size_loads_with_a_warning() -> None:
+    _, source = _trained()
+    state = source.state_dict()
+    state["gravac"]["world_size"] = 4
+    _, target = _trained()
+    with pytest.warns(UserWarning, match="world size 4 into world size 1"):
+        target.load_state_dict(state)
+    assert target.steps == 3
+
+
+def test_a_load_that_fails_part_way_is_rolled_back() -> None:
+    _, source = _trained(theta_min=12.0)
+    state = source.state_dict()
+    state["gravac"]["memory"] = {"not residuals": 1}  # fails after the optimizer and controller
+    _, target = _trained()
+    before = copy.deepcopy(target.state_dict())
+    with pytest.raises(KeyError):
+        target.load_state_dict(state)
+    after = target.state_dict()
+    assert after["gravac"]["controller"] == before["gravac"]["controller"]
+    for k, v in before["gravac"]["memory"]["residuals"].items():
+        assert torch.equal(after["gravac"]["memory"]["residuals"][k], v)

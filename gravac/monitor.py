@@ -1,11 +1,9 @@
 """Per-step records of what the optimizer did, and a TensorBoard monitor for them.
 
-Tags written (``gravac/...``): ``cf_sent`` (the CF the controller chose), ``cf_achieved`` (what
-the compressor achieved over the compressed buckets: 2 for fp16 whatever was asked),
-``cf_candidate``, ``theta_min``, ``gain_min``, ``gain_candidate`` (smoothed gains),
-``gain_min_step``, ``gain_candidate_step`` (this step's), ``system_throughput``,
-``compression_throughput``, ``wire_bytes``, ``dense_wire_bytes``, ``compress_seconds``,
-``comm_seconds``. The optimizer calls a monitor on rank 0 only.
+Tags written (``gravac/...``) are described in :data:`TAG_DESCRIPTIONS`, which the monitor also
+writes once as a text summary (``gravac/tags``) so that the descriptions travel with the logs.
+The optimizer calls a monitor on rank 0 only; a skipped step is recorded too (``skipped_steps``
+and ``phase`` only).
 """
 
 from __future__ import annotations
@@ -14,7 +12,40 @@ import math
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["Monitor", "StepRecord", "TensorBoardMonitor"]
+__all__ = [
+    "PHASE_CODES",
+    "SENT_CODES",
+    "TAG_DESCRIPTIONS",
+    "Monitor",
+    "StepRecord",
+    "TensorBoardMonitor",
+]
+
+#: Numeric codes of what was sent and of the controller's phase (scalars must be numbers).
+SENT_CODES = {"dense": 0, "min": 1, "candidate": 2}
+PHASE_CODES = {"warmup": 0, "search": 1, "settled": 2, "fixed": 3}
+
+#: Every tag, and what it holds.
+TAG_DESCRIPTIONS: dict[str, str] = {
+    "cf_sent": "the CF the controller chose to send (1 for dense)",
+    "cf_achieved": "the CF the compressor delivered over the compressed buckets (fp16: 2)",
+    "sent": "what was sent: 0 dense, 1 the theta_min compression, 2 the candidate's",
+    "phase": "controller phase: 0 warm-up, 1 search, 2 settled, 3 fixed CF",
+    "theta_min": "the lowest CF sent compressed",
+    "cf_candidate": "the candidate CF evaluated this step",
+    "gain_min": "smoothed compression gain at theta_min",
+    "gain_candidate": "smoothed compression gain at the candidate CF",
+    "gain_min_step": "this step's gain at theta_min (agreed across ranks)",
+    "gain_candidate_step": "this step's gain at the candidate CF",
+    "system_throughput": "smoothed samples/s measured while sending at cf_sent",
+    "compression_throughput": "gain x system throughput at cf_sent (what the search maximises)",
+    "wire_bytes": "bytes this rank sent this step",
+    "dense_wire_bytes": "bytes a dense float32 all-reduce would have sent this step",
+    "bytes_saved": "cumulative dense bytes minus wire bytes since the start",
+    "compress_seconds": "seconds compressing this step (this rank)",
+    "comm_seconds": "seconds aggregating this step (this rank)",
+    "skipped_steps": "cumulative steps skipped for a non-finite gradient or aggregate",
+}
 
 
 @dataclass(frozen=True)
@@ -39,10 +70,26 @@ class StepRecord:
     compress_seconds: float
     comm_seconds: float
     skipped: bool = False
+    bytes_saved: int = 0
+    skipped_steps: int = 0
+
+    @classmethod
+    def skip(cls, step: int, phase: str, skipped_steps: int) -> StepRecord:
+        """The record of a skipped step: its phase and the running count of skips only."""
+        nan = math.nan
+        return cls(
+            step, phase, nan, nan, "skipped", nan, None, None, None, nan, None, None, None,
+            0, 0, nan, nan, skipped=True, skipped_steps=skipped_steps,
+        )  # fmt: skip
 
     def scalars(self) -> dict[str, float]:
         """The numeric fields that are set, by tag name."""
-        out: dict[str, float] = {}
+        out: dict[str, float] = {"phase": float(PHASE_CODES[self.phase])}
+        out["skipped_steps"] = float(self.skipped_steps)
+        if self.skipped:
+            return out
+        out["sent"] = float(SENT_CODES[self.sent])
+        out["bytes_saved"] = float(self.bytes_saved)
         for name in (
             "cf_sent",
             "cf_achieved",
@@ -92,6 +139,8 @@ class TensorBoardMonitor:
         self._owned = not isinstance(log_dir, SummaryWriter)
         self.writer = SummaryWriter(log_dir=str(log_dir)) if self._owned else log_dir
         self.flush_every = flush_every
+        rows = "\n".join(f"| gravac/{tag} | {text} |" for tag, text in TAG_DESCRIPTIONS.items())
+        self.writer.add_text("gravac/tags", f"| tag | meaning |\n|---|---|\n{rows}", 0)
 
     def log(self, record: StepRecord) -> None:
         for tag, value in record.scalars().items():

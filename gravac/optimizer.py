@@ -737,6 +737,17 @@ class GravacOptimizer(torch.optim.Optimizer):
             )
         self.skipped_steps += 1
         self._last_cf = None
+        if self.skipped_steps & (self.skipped_steps - 1) == 0:  # 1, 2, 4, 8, ...: rate-limited
+            warnings.warn(
+                f"gravac skipped step {self.steps}: a gradient or aggregate was not finite on "
+                f"some rank ({self.skipped_steps} skipped so far; the next warning at "
+                f"{2 * self.skipped_steps})",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        if self.monitor is not None:
+            phase = self.controller.phase.value
+            self.monitor.log(StepRecord.skip(self.steps, phase, self.skipped_steps))
         if poison:
             for p in layout.params:
                 if p.grad is None:
@@ -772,6 +783,8 @@ class GravacOptimizer(torch.optim.Optimizer):
             dense_wire_bytes=dense_bytes,
             compress_seconds=step.seconds[0],
             comm_seconds=step.seconds[1],
+            bytes_saved=self.total_dense_wire_bytes - self.total_wire_bytes,
+            skipped_steps=self.skipped_steps,
         )
         self.last_record = record
         if self.monitor is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import warnings
 from typing import Any
 
 import numpy as np
@@ -513,3 +514,36 @@ def test_a_load_that_fails_part_way_is_rolled_back() -> None:
     assert after["gravac"]["controller"] == before["gravac"]["controller"]
     for k, v in before["gravac"]["memory"]["residuals"].items():
         assert torch.equal(after["gravac"]["memory"]["residuals"][k], v)
+
+
+# -- item 15: skipped steps are visible; what was sent, the phase, bytes saved are logged ----
+
+
+def test_skips_warn_rate_limited_and_everything_is_logged(tmp_path: Any) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    model = tiny_model()
+    opt = make(model, monitor=str(tmp_path))
+    warned = []
+    for step in range(8):
+        opt.zero_grad(set_to_none=True)
+        x, y = batch(0, step)
+        loss = nn.functional.cross_entropy(model(x), y)
+        if step in (1, 2, 3):
+            loss = loss * float("nan")
+        loss.backward()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            opt.step()
+        warned += [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    opt.close()
+    assert opt.skipped_steps == 3
+    assert [("1 skipped" in w, "2 skipped" in w) for w in warned] == [(True, False), (False, True)]
+    acc = EventAccumulator(str(tmp_path), size_guidance={"tensors": 0}).Reload()
+    tags = acc.Tags()["scalars"]
+    for tag in ("sent", "phase", "bytes_saved", "skipped_steps"):
+        assert f"gravac/{tag}" in tags
+    assert [e.value for e in acc.Scalars("gravac/skipped_steps")][-1] == 3.0
+    saved = [e.value for e in acc.Scalars("gravac/bytes_saved")]
+    assert saved == sorted(saved) and saved[-1] > 0
+    assert "gravac/tags/text_summary" in acc.Tags()["tensors"]

@@ -57,13 +57,16 @@ def main() -> None:
         opt.step()
         if rank == 0 and step % 50 == 0 and opt.last_record is not None:
             print(f"step {step}: CF sent {opt.last_record.cf_sent}", flush=True)
-    opt.close()
+    opt.close()  # collective: every rank has finished communicating when it returns
     if rank == 0:
         model.eval()
         with torch.no_grad():
             pred = model(test_x.to(device)).argmax(dim=1).cpu()
         print(f"test accuracy {float((pred == test_y).float().mean()):.4f}")
         print(f"wire bytes {opt.total_wire_bytes:,} (dense fp32 {opt.total_dense_wire_bytes:,})")
+    # Tear the group down together: a gloo rank that destroys its group while another rank is
+    # still running aborts ("terminate called without an active exception") in 1 run of 3.
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -54,6 +54,9 @@ def _worker(
         )
         try:
             out = fn(rank, world_size, *args)
+            # Tear the group down together: a gloo rank that destroys its group while another
+            # is still running can abort ("terminate called without an active exception").
+            dist.barrier()
         finally:
             dist.destroy_process_group()
         buf = io.BytesIO()

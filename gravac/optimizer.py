@@ -795,9 +795,13 @@ class GravacOptimizer(torch.optim.Optimizer):
         self.steps += 1
 
     def close(self) -> None:
-        """Flush and close the monitor."""
+        """Flush and close the monitor, then wait for every rank (a collective: call it on every
+        rank). A rank that destroys its gloo process group while another rank still uses it can
+        abort at exit, so ``opt.close(); dist.destroy_process_group()`` tears down together."""
         if self.monitor is not None:
             self.monitor.close()
+        if self.comm.distributed and dist.is_initialized():
+            dist.barrier(group=self.comm.group)
 
     def __repr__(self) -> str:
         return (

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any, Literal
@@ -62,6 +63,10 @@ def ewma(old: float | None, new: float, alpha: float) -> float:
 def cf_key(cf: float) -> float:
     """The table key of a CF (rounded, so that one CF computed twice names one entry)."""
     return round(cf, _CF_DIGITS)
+
+
+def _identity(cf: float) -> float:
+    return cf
 
 
 def _is_real(value: object) -> bool:
@@ -166,13 +171,23 @@ class Controller:
         config: the hyperparameters.
         policy: the scaling policy; one with a ``static_cf`` pins the CF (no search).
         world_size: number of workers (sets the default EWMA factor).
+        snap: the compressor's nearest deliverable CF to a requested one
+            (:meth:`gravac.compressors.Compressor.deliverable_cf`); every CF the controller
+            plans, keys its tables by and decides is a snapped one. ``None``: every CF.
     """
 
-    def __init__(self, config: ControllerConfig, policy: ScalingPolicy, world_size: int) -> None:
+    def __init__(
+        self,
+        config: ControllerConfig,
+        policy: ScalingPolicy,
+        world_size: int,
+        snap: Callable[[float], float] | None = None,
+    ) -> None:
         self.config = config
         self.policy = policy
         self.alpha = config.alpha(world_size)
-        self.theta_min = config.theta_min
+        self._snap = snap if snap is not None else _identity
+        self.theta_min = self.snap(config.theta_min)
         self.s = policy.first()
         self.theta_ideal: float | None = None
         self.window_index = 0  # search windows completed
@@ -187,18 +202,22 @@ class Controller:
             self.phase = Phase.SEARCH
 
     # ----------------------------------------------------------------- per step
+    def snap(self, cf: float) -> float:
+        """The deliverable CF nearest ``cf``, as a table key."""
+        return cf_key(self._snap(cf))
+
     @property
     def theta_c(self) -> float:
         """The candidate CF: ``min(theta_min * s, theta_max)`` (theta_ideal once settled)."""
         if self.phase is Phase.SETTLED and self.theta_ideal is not None:
             return self.theta_ideal
-        return cf_key(min(self.theta_min * self.s, self.config.theta_max))
+        return self.snap(min(self.theta_min * self.s, self.config.theta_max))
 
     def plan(self) -> Plan:
         """The CFs to compress at this step."""
         static = self.policy.static_cf
         if static is not None:
-            return Plan(theta_min=static, candidate=None)
+            return Plan(theta_min=self.snap(static), candidate=None)
         if self.phase is Phase.WARMUP or self.theta_c <= self.theta_min:
             return Plan(theta_min=self.theta_min, candidate=None)
         return Plan(theta_min=self.theta_min, candidate=self.theta_c)
@@ -270,6 +289,9 @@ class Controller:
         close = g_min is not None and g_c is not None and abs(g_c - g_min) <= omega * g_min
         if theta_c > self.theta_min and close:
             self.theta_min = theta_c
+        if self.snap(self.config.theta_max) <= self.theta_min:  # no higher CF can be delivered
+            self._settle(self.theta_min)
+            return
         ranked = sorted(self.tput().items(), key=lambda kv: (-kv[1], kv[0]))
         if len(ranked) >= 2 and ranked[0][1] - ranked[1][1] <= omega * ranked[0][1]:
             self._settle(min(ranked[0][0], ranked[1][0]))
@@ -304,7 +326,7 @@ class Controller:
             ValueError: the saved ``theta_min`` lies outside this controller's CF range.
         """
         theta_min = float(state["theta_min"])
-        lo, hi = self.config.theta_min, self.config.theta_max
+        lo, hi = self.snap(self.config.theta_min), self.config.theta_max
         if not lo <= theta_min <= hi:
             raise ValueError(
                 f"the checkpoint's theta_min {theta_min:g} is outside this optimizer's CF range "

@@ -238,7 +238,7 @@ class GravacOptimizer(torch.optim.Optimizer):
             warmup_steps=warmup_steps,
             ewma_alpha=ewma_alpha,
         )
-        self.controller = Controller(config, policy, self.comm.world_size)
+        self.controller = self._make_controller(config, policy)
         self.memory: Memory = compressor.make_memory() if error_feedback else NoMemory()
         self.bucket_bytes = bucket_bytes
         self.dense_bytes = dense_bytes
@@ -533,8 +533,15 @@ class GravacOptimizer(torch.optim.Optimizer):
                     "(or call its first step) after init_process_group"
                 )
             self.comm = Communicator(None)
-            self.controller.alpha = self.controller.config.alpha(self.comm.world_size)
+            self.controller = self._make_controller(self.controller.config, self.controller.policy)
         self._open_monitor()
+
+    def _make_controller(self, config: ControllerConfig, policy: ScalingPolicy) -> Controller:
+        """A controller that plans only CFs this compressor delivers at this world size."""
+        world = self.comm.world_size
+        return Controller(
+            config, policy, world, snap=lambda cf: self.compressor.deliverable_cf(cf, world)
+        )
 
     def _open_monitor(self) -> None:
         """Open the monitor on rank 0, once."""

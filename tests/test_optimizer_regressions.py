@@ -547,3 +547,30 @@ def test_skips_warn_rate_limited_and_everything_is_logged(tmp_path: Any) -> None
     saved = [e.value for e in acc.Scalars("gravac/bytes_saved")]
     assert saved == sorted(saved) and saved[-1] > 0
     assert "gravac/tags/text_summary" in acc.Tags()["tensors"]
+
+
+# -- item 6: the controller plans, records and logs only deliverable CFs -----------------------
+
+
+@pytest.mark.parametrize(
+    ("compressor", "options", "allowed"),
+    [
+        ("none", {}, {1.0}),
+        ("fp16", {}, {2.0}),
+        ("thc", {}, {4.0}),  # uint8 all-reduce lanes carry 8 bits whatever b is
+        ("thc", {"transport": "allgather"}, {4.0, 8.0, 16.0, 32.0}),
+    ],
+)
+def test_only_deliverable_cfs_are_planned_and_recorded(
+    compressor: str, options: dict[str, Any], allowed: set[float]
+) -> None:
+    model = tiny_model()
+    opt = make(model, compressor=compressor, compressor_options=options, epsilon=0.0)
+    records = []
+    for step in range(12):
+        train_step(model, opt, 0, step)
+        records.append(opt.last_record)
+    for r in records:
+        assert r is not None and r.cf_sent in allowed and r.cf_achieved in allowed
+        assert r.cf_candidate is None or r.cf_candidate in allowed
+    assert set(opt.controller.gain) <= allowed

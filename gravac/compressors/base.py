@@ -165,6 +165,15 @@ class Compressor(ABC):
         """Values all ranks must agree on before compressing ``x`` (``None``: nothing)."""
         return None
 
+    def deliverable_cf(self, cf: float, world_size: int = 1) -> float:
+        """The CF this compressor actually delivers, in wire bits, when asked for ``cf``.
+
+        The controller plans, records and logs only such CFs (a CF it cannot deliver would key
+        its tables by a fiction). Sparsifiers keep ``round(d / cf)`` elements, which is ``cf``
+        up to rounding: the default returns ``cf``.
+        """
+        return check_cf(cf)
+
     @abstractmethod
     def compress(self, x: Tensor, cf: float, rnd: Round) -> tuple[Payload, Context]:
         """Compress ``x`` at CF ``cf``; returns the payload that travels and the local context."""

@@ -62,6 +62,10 @@ class NoneCompressor(Compressor):
     name: ClassVar[str] = "none"
     collective: Collective = "allreduce"
 
+    def deliverable_cf(self, cf: float, world_size: int = 1) -> float:
+        """Always 1: the values travel as they are."""
+        return 1.0
+
     def compress(self, x: Tensor, cf: float, rnd: Round) -> tuple[DensePayload, Context]:
         flat = x.detach().reshape(-1).clone()
         return DensePayload(values=flat), Context(x.shape, x.dtype, flat.numel(), 1.0)
@@ -85,6 +89,10 @@ class _HalfCompressor(Compressor):
 
     def __init__(self, *, backend: str | None = None) -> None:
         self.backend = check_backend_name(backend)
+
+    def deliverable_cf(self, cf: float, world_size: int = 1) -> float:
+        """Always 2 (16 of 32 bits), whatever is asked."""
+        return REFERENCE_BITS / torch.finfo(self.wire_dtype).bits
 
     def local_stats(self, x: Tensor, cf: float, rnd: Round) -> Tensor | None:
         """This rank's largest magnitude (NaN if ``x`` holds NaN)."""
@@ -122,7 +130,7 @@ class _HalfCompressor(Compressor):
         values = scaled_cast(
             flat, self.wire_dtype, divisor=rnd.world_size, exponent=k, backend=self.backend
         )
-        achieved = REFERENCE_BITS / torch.finfo(self.wire_dtype).bits if flat.numel() else 1.0
+        achieved = self.deliverable_cf(cf) if flat.numel() else 1.0
         ctx = ScaledContext(
             x.shape, x.dtype, flat.numel(), achieved, scale=math.ldexp(rnd.world_size, -k)
         )

@@ -42,11 +42,15 @@ decompressed once, after aggregation, so nothing is decompressed and re-compress
   than float32); :meth:`THCCompressor.combine` unpacks, looks up and sums the levels, then
   decompresses once.
 
-CF -> bits: ``b`` in {1, 2, 4, 8} is CF {32, 16, 8, 4}; a requested CF picks the ``b`` with the
-largest CF not above it (CF below 4 gives ``b = 8``); ``achieved_cf = 32 / b``. ``wire_bytes`` is
-what the payload holds: the padded length (up to twice ``d`` for the full rotation) times the
-lane width, 1 byte (all-reduce with ``g * N <= 255``: 8 ranks at b = 4), 4 bytes (int32 lanes)
-or ``b / 8`` (all-gather), plus the count lane.
+CF -> bits: ``b`` in {1, 2, 4, 8} is CF {32, 16, 8, 4} on the all-gather; a requested CF picks
+the ``b`` with the largest CF not above it (CF below 4 gives ``b = 8``). On the all-reduce the
+lanes set the wire CF, so a requested CF picks the most precise ``b`` whose lanes deliver the
+largest wire CF not above it (:meth:`THCCompressor.config`). ``achieved_cf`` (and
+:meth:`THCCompressor.deliverable_cf`) counts the bits that travel: ``32 / b`` for the all-gather,
+``32 / 8 = 4`` for the all-reduce in uint8 lanes (1 in int32 lanes) whatever ``b`` is.
+``wire_bytes`` is what the payload holds: the padded length (up to twice ``d`` for the full
+rotation) times the lane width, 1 byte (all-reduce with ``g * N <= 255``: 8 ranks at b = 4),
+4 bytes (int32 lanes) or ``b / 8`` (all-gather), plus the count lane.
 
 Defaults per bit width, ``(g, p)``, chosen by the table DP's predicted NMSE of one worker on
 normal coordinates (:func:`gravac.compressors.thc_table.expected_nmse`; rounding plus clamping):
@@ -506,12 +510,38 @@ class THCCompressor(Compressor):
 
     # -- configuration -------------------------------------------------------------------------
 
-    def config(self, cf: float) -> tuple[int, int, float]:
-        """``(b, g, p)`` used at CF ``cf``."""
-        b = self.bits if self.bits is not None else bits_for_cf(cf)
-        g = self.granularity if self.granularity is not None else DEFAULT_GRANULARITY[b]
-        p = self.p if self.p is not None else DEFAULT_P[b]
-        return b, g, p
+    def config(self, cf: float, world_size: int = 1) -> tuple[int, int, float]:
+        """``(b, g, p)`` used at CF ``cf`` with ``world_size`` ranks.
+
+        All-gather: ``b = bits_for_cf(cf)``. All-reduce: the wire CF is set by the lanes, not by
+        ``b``, so ``b`` is the most precise one whose lanes still deliver the largest wire CF not
+        above ``cf`` (b = 4 in uint8 lanes up to 8 ranks; b = 8, int32 lanes, below CF 4).
+        """
+        if self.bits is not None:
+            b = self.bits
+        elif self.transport == "allgather":
+            b = bits_for_cf(cf)
+        else:
+            wire = {bits: self._wire_cf(bits, world_size) for bits in VALID_BITS}
+            fitting = [bits for bits in VALID_BITS if wire[bits] <= cf] or [max(VALID_BITS)]
+            best = max(wire[bits] for bits in fitting)
+            b = max(bits for bits in fitting if wire[bits] == best)
+        return b, self._granularity(b), self.p if self.p is not None else DEFAULT_P[b]
+
+    def _granularity(self, bits: int) -> int:
+        return self.granularity if self.granularity is not None else DEFAULT_GRANULARITY[bits]
+
+    def _wire_cf(self, bits: int, world_size: int) -> float:
+        if self.transport == "allreduce":
+            lane = lane_dtype(self._granularity(bits), world_size)
+            return REFERENCE_BITS / (_BYTE_BITS * lane.itemsize)
+        return REFERENCE_BITS / bits
+
+    def deliverable_cf(self, cf: float, world_size: int = 1) -> float:
+        """Wire CF: ``32 / b`` packed (all-gather); ``32 / lane bits`` for the all-reduce, whose
+        integer lanes carry 8 (uint8) or 32 bits an element whatever ``b`` is."""
+        b, _, _ = self.config(check_cf(cf), world_size)
+        return self._wire_cf(b, world_size)
 
     def layout(self, numel: int) -> tuple[int, int]:
         """``(block, padded)``: rotation block length and padded length for ``numel`` elements."""
@@ -536,7 +566,7 @@ class THCCompressor(Compressor):
         return block_norms(x, block, padded)
 
     def compress(self, x: Tensor, cf: float, rnd: Round) -> tuple[Payload, THCContext]:
-        b, g, p = self.config(check_cf(cf))
+        b, g, p = self.config(check_cf(cf), rnd.world_size)
         flat = x.detach().reshape(-1)
         n = flat.numel()
         cd = _compute_dtype(x.dtype)
@@ -560,7 +590,7 @@ class THCCompressor(Compressor):
             flat, norms, table, granularity=g, clamp=t, block=block, padded=padded,
             sign_seed=sign_seed, round_seed=round_seed, bits=b, lane=lane, backend=self.backend,
         )  # fmt: skip
-        achieved = REFERENCE_BITS / b
+        achieved = self.deliverable_cf(cf, rnd.world_size)
         ctx = THCContext(
             x.shape, x.dtype, n, achieved, b, g, t, table, norms, sign_seed, device, block,
             padded, rnd.world_size,

@@ -165,9 +165,14 @@ def test_wire_bytes_of_both_transports() -> None:
     ar, _ = compressors.create("thc").compress(x, CF_B4, Round(world_size=8, agreed=norm))
     assert isinstance(ar, THCLevelsPayload) and ar.levels.dtype == torch.uint8  # 30 * 8 <= 255
     assert wire_bytes(ar) == 8192 + 1
-    ar9, _ = compressors.create("thc").compress(x, CF_B4, Round(world_size=9, agreed=norm))
-    assert ar9.levels.dtype == torch.int32  # type: ignore[attr-defined]
+    ar9, _ = compressors.create("thc", bits=4).compress(x, CF_B4, Round(world_size=9, agreed=norm))
+    assert ar9.levels.dtype == torch.int32  # type: ignore[attr-defined]  # 30 * 9 > 255
     assert wire_bytes(ar9) == 4 * (8192 + 1)
+    # With b chosen from the CF, 9 ranks keep uint8 lanes (the wire CF) with b = 2 (g = 3).
+    auto = compressors.create("thc")
+    ar9, ctx = auto.compress(x, CF_B4, Round(world_size=9, agreed=norm))
+    assert ar9.levels.dtype == torch.uint8 and ctx.bits == 2  # type: ignore[attr-defined]
+    assert ctx.achieved_cf == auto.deliverable_cf(CF_B4, 9) == 4.0
 
 
 def test_lane_dtype_choice() -> None:
@@ -496,6 +501,6 @@ def test_explicit_bits_granularity_and_p_are_used() -> None:
     assert c.config(1000.0) == (2, 12, 1 / 8)  # type: ignore[attr-defined]
     assert c.table(1000.0) == optimal_table(2, 12, 1 / 8)  # type: ignore[attr-defined]
     payload, ctx = c.compress(torch.randn(64), 1000.0, Round())
-    assert ctx.achieved_cf == 16.0
+    assert ctx.achieved_cf == 4.0  # 2-bit indices, but all-reduced in uint8 lanes
     levels = payload.levels  # type: ignore[attr-defined]
     assert set(levels.tolist()) <= set(optimal_table(2, 12, 1 / 8))

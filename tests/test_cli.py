@@ -170,3 +170,11 @@ def test_demo_help_shows_every_default() -> None:
     actions = [a for a in demo._actions if a.dest != "help"]
     assert all(a.help for a in actions), [a.dest for a in actions if not a.help]
     assert demo.format_help().count("(default:") == len(actions)
+
+
+def test_bench_prints_progress_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(["bench", "compressors", "--size", "1K", "--compressors", "topk,fp16", "--json"]) == 0
+    )
+    err = capsys.readouterr().err
+    assert "gravac bench: topk ..." in err and "gravac bench: fp16 ..." in err

@@ -26,8 +26,8 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check gravac tests examples benchmarks
-	$(VENV)/bin/ruff format --check gravac tests examples benchmarks
+	$(VENV)/bin/ruff check gravac tests examples benchmarks scripts
+	$(VENV)/bin/ruff format --check gravac tests examples benchmarks scripts
 	$(VENV)/bin/mypy
 
 bench: $(STAMP)

@@ -156,29 +156,42 @@ def _torch_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _run_compressors(args: argparse.Namespace) -> int:
+def _run(
+    args: argparse.Namespace,
+    bench: Callable[..., Sequence[Any]],
+    table: Callable[..., str],
+    **options: Any,
+) -> int:
+    """Run ``bench`` with the common options and ``options`` under ``--threads``; print."""
     with _torch_threads(args.threads):
-        results = compressor_bench.bench_compressors(
-            args.compressors, cf=args.cf, workers=args.workers, **_common_options(args)
-        )
-        _print(args, results, compressor_bench.format_compressor_table)
+        _print(args, bench(**options, **_common_options(args)), table)
     return 0
+
+
+def _run_compressors(args: argparse.Namespace) -> int:
+    return _run(
+        args,
+        compressor_bench.bench_compressors,
+        compressor_bench.format_compressor_table,
+        names=args.compressors,
+        cf=args.cf,
+        workers=args.workers,
+    )
 
 
 def _run_multilevel(args: argparse.Namespace) -> int:
-    with _torch_threads(args.threads):
-        results = multilevel_bench.bench_multilevel(
-            args.compressors, cf1=args.cf1, cf2=args.cf2, **_common_options(args)
-        )
-        _print(args, results, multilevel_bench.format_multilevel_table)
-    return 0
+    return _run(
+        args,
+        multilevel_bench.bench_multilevel,
+        multilevel_bench.format_multilevel_table,
+        names=args.compressors,
+        cf1=args.cf1,
+        cf2=args.cf2,
+    )
 
 
 def _run_kernels(args: argparse.Namespace) -> int:
-    with _torch_threads(args.threads):
-        results = kernel_bench.bench_kernels(**_common_options(args))
-        _print(args, results, kernel_bench.format_kernel_table)
-    return 0
+    return _run(args, kernel_bench.bench_kernels, kernel_bench.format_kernel_table)
 
 
 def _common_options(args: argparse.Namespace) -> dict[str, Any]:

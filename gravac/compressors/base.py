@@ -165,6 +165,21 @@ class Compressor(ABC):
         """Values all ranks must agree on before compressing ``x`` (``None``: nothing)."""
         return None
 
+    def agreed_stats(self, x: Tensor, cf: float, rnd: Round) -> Tensor | None:
+        """``rnd.agreed``; with one rank and nothing agreed, this rank's :meth:`local_stats`.
+
+        Raises:
+            ValueError: ``rnd.agreed`` is missing with more than one rank.
+        """
+        if rnd.agreed is not None:
+            return rnd.agreed
+        if rnd.world_size != 1:
+            raise ValueError(
+                f"{self.name} needs rnd.agreed: the {self.stats_op} over ranks of local_stats() "
+                f"(world_size={rnd.world_size})"
+            )
+        return self.local_stats(x, cf, rnd)
+
     def deliverable_cf(self, cf: float, world_size: int = 1) -> float:
         """The CF this compressor actually delivers, in wire bits, when asked for ``cf``.
 

@@ -106,16 +106,8 @@ class _HalfCompressor(Compressor):
         Raises:
             ValueError: ``rnd.agreed`` is missing with more than one rank.
         """
-        if rnd.agreed is None:
-            if rnd.world_size != 1:
-                raise ValueError(
-                    f"{self.name} needs rnd.agreed: the max over ranks of local_stats() "
-                    f"(world_size={rnd.world_size})"
-                )
-            stats = self.local_stats(x, 1.0, rnd)
-            m = 0.0 if stats is None else float(stats[0])
-        else:
-            m = float(rnd.agreed.reshape(-1)[0])
+        stats = self.agreed_stats(x, 1.0, rnd)
+        m = 0.0 if stats is None else float(stats.reshape(-1)[0])
         limit = torch.finfo(self.wire_dtype).max
         if not math.isfinite(m) or m <= 0.0:
             return 0

@@ -638,14 +638,8 @@ class THCCompressor(Compressor):
 
     def _agreed_norms(self, x: Tensor, block: int, padded: int, rnd: Round) -> Tensor:
         n_blocks = padded // block
-        if rnd.agreed is None:
-            if rnd.world_size != 1:
-                raise ValueError(
-                    "thc needs rnd.agreed: the max over ranks of local_stats() "
-                    f"(world_size={rnd.world_size})"
-                )
-            return block_norms(x, block, padded)
-        agreed = rnd.agreed.reshape(-1)
+        # Never None here: local_stats() is None only for an empty x, handled by compress().
+        agreed = cast(Tensor, self.agreed_stats(x, 1.0, rnd)).reshape(-1)
         if agreed.numel() != n_blocks:
             raise ValueError(
                 f"rnd.agreed must hold {n_blocks} block norms (local_stats' shape), "

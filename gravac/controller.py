@@ -44,7 +44,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from gravac.compressors.base import check_cf
+from gravac.compressors.base import check_cf, is_real
 from gravac.policies.base import ScalingPolicy
 
 __all__ = ["Controller", "ControllerConfig", "Decision", "Phase", "Plan", "cf_key", "ewma"]
@@ -67,11 +67,6 @@ def cf_key(cf: float) -> float:
 
 def _identity(cf: float) -> float:
     return cf
-
-
-def _is_real(value: object) -> bool:
-    """A real number, NumPy's included, but not a bool (``True`` is no epsilon)."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_)
 
 
 def _is_integer(value: object) -> bool:
@@ -118,7 +113,7 @@ class ControllerConfig:
                 f"theta_max must be >= theta_min ({self.theta_min}), got {self.theta_max}"
             )
         for field, value in (("epsilon", self.epsilon), ("omega", self.omega)):
-            if not (_is_real(value) and 0.0 <= value <= 1.0):
+            if not (is_real(value) and 0.0 <= value <= 1.0):
                 raise ValueError(f"{field} must be a number in [0, 1], got {value!r}")
             object.__setattr__(self, field, float(value))
         for field, value, least in (
@@ -129,7 +124,7 @@ class ControllerConfig:
                 raise ValueError(f"{field} must be an integer >= {least}, got {value!r}")
             object.__setattr__(self, field, int(value))
         a = self.ewma_alpha
-        if a is not None and not (_is_real(a) and 0.0 < a <= 1.0):
+        if a is not None and not (is_real(a) and 0.0 < a <= 1.0):
             raise ValueError(f"ewma_alpha must be None or a number in (0, 1], got {a!r}")
 
     def alpha(self, world_size: int) -> float:

@@ -52,6 +52,7 @@ __all__ = [
     "Round",
     "StatsOp",
     "check_cf",
+    "is_real",
     "k_for_cf",
     "payload_tensors",
     "sum_payloads",
@@ -125,9 +126,14 @@ def wire_bytes(payload: Payload) -> int:
     return sum(t.numel() * t.element_size() for t in payload_tensors(payload))
 
 
+def is_real(value: object) -> bool:
+    """A real number, NumPy's included, but not a bool (``True`` is no CF or epsilon)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_)
+
+
 def check_cf(cf: float, *, name: str = "cf") -> float:
     """Validate a compression factor: a finite number >= 1."""
-    if isinstance(cf, bool | np.bool_) or not isinstance(cf, numbers.Real):
+    if not is_real(cf):
         raise ValueError(f"{name} must be a number >= 1, got {cf!r}")
     if not math.isfinite(cf) or cf < 1:
         raise ValueError(f"{name} must be a finite number >= 1, got {cf!r}")

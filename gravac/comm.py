@@ -45,17 +45,19 @@ class Communicator:
             if w is not None:
                 w.wait()
 
-    def broadcast_(self, tensors: Sequence[Tensor], src: int = 0) -> None:
-        """Overwrite ``tensors`` with rank ``src``'s, one collective per dtype (coalesced)."""
+    def broadcast_(self, tensors: Sequence[Tensor], src: int | None = None) -> None:
+        """Overwrite ``tensors`` with those of global rank ``src`` (``None``: the group's first
+        rank), one collective per dtype and device (coalesced)."""
         if self.world_size == 1:
             return
         by_dtype: dict[tuple[torch.dtype, torch.device], list[Tensor]] = {}
         for t in tensors:
             by_dtype.setdefault((t.dtype, t.device), []).append(t)
-        root = dist.get_global_rank(self.group, src) if self.group is not None else src
+        if src is None:
+            src = dist.get_global_rank(self.group, 0) if self.group is not None else 0
         for group in by_dtype.values():
             flat = torch.cat([t.reshape(-1) for t in group])
-            dist.broadcast(flat, src=root, group=self.group)
+            dist.broadcast(flat, src=src, group=self.group)
             offset = 0
             for t in group:
                 t.copy_(flat[offset : offset + t.numel()].view_as(t))

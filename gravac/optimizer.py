@@ -72,12 +72,11 @@ def _check_named(value: object, name: str, kind: type, known: list[str]) -> None
 def broadcast_parameters(
     module: torch.nn.Module, *, src: int = 0, group: dist.ProcessGroup | None = None
 ) -> None:
-    """Copy ``module``'s parameters and buffers from rank ``src`` to every rank (in order)."""
+    """Copy ``module``'s parameters and buffers from global rank ``src`` to every rank."""
     if not (dist.is_available() and dist.is_initialized()):
         return
     with torch.no_grad():
-        for t in [*module.parameters(), *module.buffers()]:
-            dist.broadcast(t.data, src=src, group=group)
+        Communicator(group).broadcast_([*module.parameters(), *module.buffers()], src)
 
 
 @dataclasses.dataclass(frozen=True)

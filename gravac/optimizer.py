@@ -106,6 +106,12 @@ class _Compressed:
         self.sent = sent
 
 
+def _all_finite(tensors: list[Tensor]) -> bool:
+    """Whether every element of every tensor is finite: one host sync, not one per tensor."""
+    flags = [torch.isfinite(t).all() for t in tensors if t.numel()]
+    return bool(torch.stack([f.to(flags[0].device) for f in flags]).all()) if flags else True
+
+
 def _achieved_cf(chosen: list[_Compressed]) -> float:
     """The CF achieved over the compressed buckets: elements over float32 elements sent."""
     numel = sum(c.ctx.numel for c in chosen)
@@ -462,7 +468,7 @@ class GravacOptimizer(torch.optim.Optimizer):
 
         grads = [flatten_grads(b) for b in layout.compressed]
         dense = [flatten_grads(b) for b in layout.dense]
-        local_bad = any(not bool(torch.isfinite(t).all()) for t in (*grads, *dense))
+        local_bad = not _all_finite([*grads, *dense])
         has_grad = [float(p.grad is not None) for p in layout.params]
         head = self._gather_scalars([float(local_bad), interval, *has_grad])
         if head[:, 0].max() > 0:
@@ -680,7 +686,7 @@ class GravacOptimizer(torch.optim.Optimizer):
             sent_bytes += sum(wire_bytes(comp.payload) for comp in chosen)
         self.comm.all_reduce_(dense)
         sent_bytes += sum(t.numel() * t.element_size() for t in dense)
-        if not all(bool(torch.isfinite(t).all()) for t in (*totals, *dense)):
+        if not _all_finite([*totals, *dense]):
             return None
         for i, (b, x, total) in enumerate(zip(layout.compressed, xs, totals, strict=True)):
             absent = self._absent_mask(b)

@@ -28,17 +28,10 @@ from gravac.bench.common import (
     json_row,
     synthetic_gradients,
 )
-from gravac.compressors.thc import (
-    DEFAULT_GRANULARITY,
-    DEFAULT_P,
-    DEFAULT_PARTIAL_STAGES,
-    block_norms,
-    thc_payload,
-)
-from gravac.compressors.thc_table import clamp_threshold, optimal_table
+from gravac.compressors.thc import THCCompressor, block_norms, thc_payload
+from gravac.compressors.thc_table import clamp_threshold
 from gravac.kernels import (
     available_backends,
-    next_power_of_two,
     pack_bits,
     scaled_cast,
     scatter_add,
@@ -55,6 +48,7 @@ TOPK_CF = 100
 WORKERS = 2
 #: THC at 4 bits (CF 8), its paper's default.
 THC_BITS = 4
+THC_CF = 8
 _SEED_A, _SEED_B = 0x5EED, 0xB0B
 
 
@@ -86,13 +80,15 @@ class KernelResult:
 Case = Callable[[str], Callable[[], object]]
 
 
+def _thc(partial: bool) -> THCCompressor:
+    return THCCompressor(bits=THC_BITS, rotation="partial" if partial else "full")
+
+
 def _thc_case(x: Tensor, *, partial: bool, packed: bool) -> Case:
-    n = x.numel()
-    full = next_power_of_two(n)
-    block = min(1 << DEFAULT_PARTIAL_STAGES, full) if partial else full
-    padded = -(-n // block) * block
-    g, p = DEFAULT_GRANULARITY[THC_BITS], DEFAULT_P[THC_BITS]
-    table = torch.tensor(optimal_table(THC_BITS, g, p))
+    thc = _thc(partial)
+    block, padded = thc.layout(x.numel())
+    _, g, p = thc.config(float(THC_CF))
+    table = torch.tensor(thc.table(float(THC_CF)))
     norms = block_norms(x, block, padded)
     opts = {
         "granularity": g,
@@ -115,8 +111,7 @@ def _cases(grads: Sequence[Tensor]) -> dict[str, Case]:
     threshold = float(x[picks[0]].abs().min())  # keeps the same 1% as top-k
     indices = torch.cat(picks)
     values = torch.cat([g[i] for g, i in zip(grads, picks, strict=False)])
-    g, p = DEFAULT_GRANULARITY[THC_BITS], DEFAULT_P[THC_BITS]
-    table = torch.tensor(optimal_table(THC_BITS, g, p))
+    table = torch.tensor(_thc(partial=True).table(float(THC_CF)))
     gen = torch.Generator(device=x.device).manual_seed(0)
     packed = [
         pack_bits(torch.randint(0, 2**THC_BITS, (n,), generator=gen, device=x.device), THC_BITS)

@@ -98,7 +98,8 @@ class _HalfCompressor(Compressor):
         """This rank's largest magnitude (NaN if ``x`` holds NaN)."""
         if x.numel() == 0:
             return None
-        return x.detach().abs().amax().float().reshape(1)
+        lo, hi = torch.aminmax(x.detach().reshape(-1))  # no |x| copy; NaN propagates
+        return torch.maximum(lo.abs(), hi.abs()).float().reshape(1)
 
     def exponent(self, x: Tensor, rnd: Round) -> int:
         """``k``: ``m * 2^k <= M`` for the agreed largest magnitude ``m``, largest such ``k``.

@@ -248,9 +248,13 @@ def hash_signs(
     """
     words = -(-n // _SIGNS_PER_HASH)
     z = _hash32(torch.zeros(words, dtype=torch.int64, device=device), seed)
-    shifts = torch.arange(_SIGNS_PER_HASH, device=device)
-    bits = (z[:, None] >> shifts) & 1
-    return (1 - 2 * bits).reshape(-1)[:n].to(dtype)
+    # The hash's 4 bytes (least significant first), then their 8 bits each: the per-sign work
+    # is in uint8, 8 times less memory traffic than in the int64 lanes of the hash.
+    octets = torch.arange(0, _SIGNS_PER_HASH, _BYTE_BITS, device=device)
+    low_bytes = ((z[:, None] >> octets) & 0xFF).to(torch.uint8)
+    bit = torch.arange(_BYTE_BITS, dtype=torch.uint8, device=device)
+    bits = (low_bytes[:, :, None] >> bit) & 1
+    return bits.reshape(-1)[:n].to(dtype).mul_(-2.0).add_(1.0)
 
 
 def _hash32(bits: Tensor, seed: int) -> Tensor:

@@ -6,8 +6,9 @@ travel dense, like the bias and norm parameters that PowerSGD, CGX and BytePS sk
 tensors below ``dense_bytes`` (0 by default: DESIGN.md 2 packs small matrices into buckets and
 compresses them, since a per-tensor threshold such as BytePS's 1 MiB suits tensor-by-tensor
 compression, not buckets, and left a small transformer uncompressed); the rest are packed, per
-dtype, into buckets of at most ``bucket_bytes`` that are compressed whole. A bucket is keyed by
-its index, which is how error-feedback residuals are stored.
+dtype, into buckets of at most ``bucket_bytes`` that are compressed whole, in reverse parameter
+order as DDP fills them. A bucket is keyed by its index, which is how error-feedback residuals
+are stored.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ __all__ = ["Bucket", "Layout", "build_layout", "check_real", "flatten_grads", "w
 
 #: default bucket size: PyTorch DDP's 25 MiB
 DEFAULT_BUCKET_BYTES = 25 * 2**20
+#: the first bucket (the last layers, whose gradients are ready first) is at most this large,
+#: as DDP's first bucket, so that communication starts early in backward
+FIRST_BUCKET_BYTES = 2**20
 #: tensors smaller than this travel dense; 0: every tensor of 2 or more dimensions is compressed
 #: (DESIGN.md 2)
 DEFAULT_DENSE_BYTES = 0
@@ -81,7 +85,12 @@ def check_real(params: Sequence[Tensor]) -> None:
 
 
 def build_layout(params: Sequence[Tensor], *, bucket_bytes: int, dense_bytes: int) -> Layout:
-    """Split ``params`` into compressed buckets and dense per-dtype buckets, in order."""
+    """Split ``params`` into compressed buckets and dense per-dtype buckets.
+
+    As DDP fills its buckets: in reverse parameter order (the order backward produces the
+    gradients in, so that bucket 0 is ready first), the first bucket at most
+    :data:`FIRST_BUCKET_BYTES`. The buckets are launched in key order, compressed ones first.
+    """
     compressed: list[Bucket] = []
     open_: dict[torch.dtype, list[Tensor]] = {}
     dense: dict[torch.dtype, list[Tensor]] = {}
@@ -92,7 +101,7 @@ def build_layout(params: Sequence[Tensor], *, bucket_bytes: int, dense_bytes: in
             compressed.append(Bucket(key=len(compressed), params=tuple(members), dtype=dtype))
 
     check_real(params)
-    for p in params:
+    for p in reversed(params):  # backward produces the last layers' gradients first
         if not p.requires_grad:
             continue
         nbytes = p.numel() * p.element_size()
@@ -101,7 +110,8 @@ def build_layout(params: Sequence[Tensor], *, bucket_bytes: int, dense_bytes: in
             continue
         members = open_.setdefault(p.dtype, [])
         used = sum(q.numel() * q.element_size() for q in members)
-        if members and used + nbytes > bucket_bytes:
+        cap = min(bucket_bytes, FIRST_BUCKET_BYTES) if not compressed else bucket_bytes
+        if members and used + nbytes > cap:
             close(p.dtype)
             open_[p.dtype] = [p]
         else:

@@ -4,20 +4,60 @@ Payloads of all-reduce compressors are summed in place; payloads of all-gather c
 gathered into one tensor per rank (every rank's payload has the same, CF-determined size, so no
 size exchange is needed). A small float64 vector of per-step scalars is all-gathered so that
 every rank reduces it in the same order and takes identical decisions.
+
+The ``*_async`` methods and :meth:`Communicator.send_payload` start a collective and return a
+:class:`torch.futures.Future` (the step engine chains decompression and the step's bookkeeping
+on them); with one rank they return futures that have already completed.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.futures import Future
 
-from gravac.compressors.base import Payload, StatsOp, payload_tensors
+from gravac.compressors.base import Collective, Payload, StatsOp, payload_tensors
 
-__all__ = ["Communicator"]
+__all__ = ["Communicator", "collect"]
+
+T = TypeVar("T")
+
+
+def _done(value: T) -> Future[T]:
+    """A future that has already completed with ``value``."""
+    fut: Future[T] = Future()
+    fut.set_result(value)
+    return fut
+
+
+def _future(work: dist.Work | None) -> Future[Any]:
+    if work is None:  # not a member of the group: nothing to wait for
+        return _done(None)
+    return work.get_future()
+
+
+def _then_value(fut: Future[Any], value: T) -> Future[T]:
+    """A future that completes with ``value`` once ``fut`` has (errors propagate)."""
+
+    def finish(f: Future[Any]) -> T:
+        f.value()  # raises the collective's error, if any
+        return value
+
+    return fut.then(finish)
+
+
+def collect(futures: Sequence[Future[Any]]) -> Future[list[Any]]:
+    """A future that completes with every future's value once all have (errors propagate)."""
+
+    def values(f: Future[list[Future[Any]]]) -> list[Any]:
+        return [g.value() for g in f.value()]
+
+    return torch.futures.collect_all(list(futures)).then(values)
 
 
 class Communicator:
@@ -34,6 +74,7 @@ class Communicator:
         self.group = group
         self.world_size = dist.get_world_size(group) if self.distributed else 1
         self.rank = dist.get_rank(group) if self.distributed else 0
+        self.backend: str | None = dist.get_backend(group) if self.distributed else None
 
     def all_reduce_(self, tensors: Sequence[Tensor], op: StatsOp = "sum") -> None:
         """Reduce ``tensors`` in place across ranks (``sum`` or ``max``)."""
@@ -44,6 +85,23 @@ class Communicator:
         for w in works:
             if w is not None:
                 w.wait()
+
+    def all_reduce_async(self, tensor: Tensor, op: StatsOp = "sum") -> Future[Tensor]:
+        """Start reducing ``tensor`` in place; the future completes with it, reduced."""
+        if self.world_size == 1:
+            return _done(tensor)
+        rop = dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM
+        work = dist.all_reduce(tensor, op=rop, group=self.group, async_op=True)
+        return _then_value(_future(work), tensor)
+
+    def all_gather_async(self, tensor: Tensor) -> Future[list[Tensor]]:
+        """Start gathering every rank's ``tensor`` (all of one shape); the future completes
+        with them in rank order."""
+        if self.world_size == 1:
+            return _done([tensor])
+        out = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        work = dist.all_gather(out, tensor.contiguous(), group=self.group, async_op=True)
+        return _then_value(_future(work), out)
 
     def broadcast_(self, tensors: Sequence[Tensor], src: int | None = None) -> None:
         """Overwrite ``tensors`` with those of global rank ``src`` (``None``: the group's first
@@ -71,18 +129,28 @@ class Communicator:
         dist.all_gather(out, tensor.contiguous(), group=self.group)
         return out
 
-    def reduce_payload(self, payload: Payload) -> Payload:
-        """All-reduce (sum) every tensor of ``payload``; returns the summed payload."""
-        tensors = [t.contiguous().clone() for t in payload_tensors(payload)]
-        self.all_reduce_(tensors)
+    def send_payload(self, payload: Payload, collective: Collective) -> Future[list[Payload]]:
+        """Start aggregating ``payload``: ``"allreduce"`` sums every tensor (the future
+        completes with the one summed payload), ``"allgather"`` gathers them (every rank's
+        payload, in rank order). The payload's own tensors are not modified."""
         names = [f.name for f in dataclasses.fields(payload)]
-        return dataclasses.replace(payload, **dict(zip(names, tensors, strict=True)))
+        tensors = [t.contiguous() for t in payload_tensors(payload)]
+        if collective == "allreduce":
+            summed = [t.clone() for t in tensors]
+            futs: list[Future[Any]] = [self.all_reduce_async(t) for t in summed]
 
-    def gather_payload(self, payload: Payload) -> list[Payload]:
-        """Every rank's ``payload``, in rank order."""
-        names = [f.name for f in dataclasses.fields(payload)]
-        gathered = [self.all_gather(t) for t in payload_tensors(payload)]
-        return [
-            dataclasses.replace(payload, **{n: g[r] for n, g in zip(names, gathered, strict=True)})
-            for r in range(self.world_size)
-        ]
+            def reduced(_: Future[list[Any]]) -> list[Payload]:
+                return [dataclasses.replace(payload, **dict(zip(names, summed, strict=True)))]
+
+            return collect(futs).then(reduced)
+
+        def gathered(f: Future[list[list[Tensor]]]) -> list[Payload]:
+            per_field = f.value()
+            return [
+                dataclasses.replace(
+                    payload, **{n: g[r] for n, g in zip(names, per_field, strict=True)}
+                )
+                for r in range(self.world_size)
+            ]
+
+        return collect([self.all_gather_async(t) for t in tensors]).then(gathered)

@@ -2,8 +2,8 @@
 
 Tyagi and Swany, "GraVAC: Adaptive Compression for Communication-Efficient Distributed DL
 Training", IEEE CLOUD 2023, Algorithm 1, as DESIGN.md section 5 states it. Every step the
-optimizer compresses at ``theta_min`` and, outside warm-up, at a candidate
-``theta_c = min(theta_min * s, theta_max)``; the controller then chooses what to send::
+engine compresses at ``theta_min`` and, outside warm-up, at a candidate
+``theta_c = min(theta_min * s, theta_max)``; the controller chooses what to send::
 
     warm-up:                          send theta_min
     gain[theta_c]   >= epsilon:       send theta_c
@@ -31,6 +31,17 @@ and a settled controller reopens the search when ``gain[theta_ideal]`` drops bel
 
 Every input (gains, step times) must be agreed by all ranks before it reaches the controller:
 the controller is deterministic, so identical inputs give identical decisions on every rank.
+
+Call protocol, per step t (deciding and observing are separate, so that the decision is known
+before the step's gradients exist and its own values are agreed while its payloads travel)::
+
+    plan = c.plan(); decision = c.decide(plan)      # from values agreed through step t - 1
+    ... compress at the plan's CFs, send what the decision names, agree step t's values ...
+    c.record_throughput(cf sent at t - 1, samples / agreed step time)   # when measured
+    c.observe(plan, gain_min_t, gain_candidate_t)
+    c.end_step()                                    # window and search rules
+
+A step skipped on every rank (non-finite values) makes none of the calls after ``decide``.
 """
 
 from __future__ import annotations
@@ -217,21 +228,33 @@ class Controller:
             return Plan(theta_min=self.theta_min, candidate=None)
         return Plan(theta_min=self.theta_min, candidate=self.theta_c)
 
-    def observe(self, plan: Plan, gain_min: float, gain_candidate: float | None) -> Decision:
-        """Fold this step's agreed gains into the EWMAs and decide what to send."""
+    def decide(self, plan: Plan) -> Decision:
+        """What to send at the step ``plan`` was made for, from the gains agreed before it.
+
+        The decision at step t reads the EWMAs through step t - 1 (DESIGN.md 5), so that it is
+        known before step t's gradients exist and each bucket can be sent as soon as it is
+        ready; step t's own gains reach :meth:`observe` afterwards. A CF without a smoothed
+        gain yet is not sent, except ``theta_min``, which is sent until its gain is known (as
+        in warm-up): a new candidate is first measured, then sent from its next step on.
+        """
+        if self.phase in (Phase.FIXED, Phase.WARMUP):
+            return Decision(cf=plan.theta_min, which="min")
+        eps = self.config.epsilon
+        g_c = None if plan.candidate is None else self.gain.get(cf_key(plan.candidate))
+        if plan.candidate is not None and g_c is not None and g_c >= eps:
+            return Decision(cf=plan.candidate, which="candidate")
+        g_min = self.gain.get(cf_key(plan.theta_min))
+        if g_min is None or g_min >= eps:
+            return Decision(cf=plan.theta_min, which="min")
+        return Decision(cf=1.0, which="dense")
+
+    def observe(self, plan: Plan, gain_min: float, gain_candidate: float | None) -> None:
+        """Fold one step's agreed gains (at the CFs of its ``plan``) into the EWMAs."""
         self._update_gain(plan.theta_min, gain_min)
         if plan.candidate is not None:
             if gain_candidate is None:
                 raise ValueError(f"a gain for candidate CF {plan.candidate} is required")
             self._update_gain(plan.candidate, gain_candidate)
-        if self.phase in (Phase.FIXED, Phase.WARMUP):
-            return Decision(cf=plan.theta_min, which="min")
-        eps = self.config.epsilon
-        if plan.candidate is not None and self.gain[cf_key(plan.candidate)] >= eps:
-            return Decision(cf=plan.candidate, which="candidate")
-        if self.gain[cf_key(plan.theta_min)] >= eps:
-            return Decision(cf=plan.theta_min, which="min")
-        return Decision(cf=1.0, which="dense")
 
     def smoothed_gain(self, cf: float) -> float | None:
         """The EWMA gain of ``cf`` (1 for dense), ``None`` before its first sample."""

@@ -42,8 +42,10 @@ TAG_DESCRIPTIONS: dict[str, str] = {
     "wire_bytes": "bytes this rank sent this step",
     "dense_wire_bytes": "bytes a dense float32 all-reduce would have sent this step",
     "bytes_saved": "cumulative dense bytes minus wire bytes since the start",
-    "compress_seconds": "seconds compressing this step (this rank)",
-    "comm_seconds": "seconds aggregating this step (this rank)",
+    "compress_seconds": "seconds compensating and compressing this step, much of it "
+    "overlapped with backward (this rank)",
+    "comm_seconds": "seconds from the last bucket's launch until every aggregate had arrived: "
+    "the communication not hidden behind backward (this rank)",
     "skipped_steps": "cumulative steps skipped for a non-finite gradient or aggregate",
 }
 

@@ -33,9 +33,11 @@ def make(
 def run_step(
     c: Controller, gain_min: float, gain_c: float, tsys: dict[float, float] | None = None
 ) -> tuple[float, str, float | None]:
-    """One step: plan, observe scripted gains, record scripted throughput, end the step."""
+    """One step in the documented order: plan and decide (from earlier steps), observe the
+    step's scripted gains, record scripted throughput, end the step."""
     plan = c.plan()
-    d = c.observe(plan, gain_min, gain_c if plan.candidate is not None else None)
+    d = c.decide(plan)
+    c.observe(plan, gain_min, gain_c if plan.candidate is not None else None)
     if tsys is not None:
         c.record_throughput(d.cf, tsys.get(d.cf, 100.0))
     c.end_step()
@@ -52,11 +54,14 @@ def test_warmup_sends_theta_min_whatever_the_gain_then_searches() -> None:
     assert c.plan().candidate == 20.0  # theta_min * r for the geometric policy, r = 2
 
 
-def test_send_candidate_min_or_dense_by_epsilon() -> None:
+def test_send_candidate_min_or_dense_by_epsilon_of_the_previous_step() -> None:
+    """The decision at step t reads the gains agreed through step t - 1 (DESIGN.md 5)."""
     c = make(warmup=0, window=100)
-    assert run_step(c, 0.9, 0.8)[:2] == (20.0, "candidate")
-    assert run_step(c, 0.9, 0.4)[:2] == (10.0, "min")
-    assert run_step(c, 0.3, 0.1)[:2] == (1.0, "dense")
+    # no gain yet: theta_min is sent, the candidate only measured
+    assert run_step(c, 0.9, 0.8)[:2] == (10.0, "min")
+    assert run_step(c, 0.9, 0.4)[:2] == (20.0, "candidate")  # from (0.9, 0.8)
+    assert run_step(c, 0.3, 0.1)[:2] == (10.0, "min")  # from (0.9, 0.4)
+    assert run_step(c, 0.3, 0.1)[:2] == (1.0, "dense")  # from (0.3, 0.1)
 
 
 def test_theta_min_escalates_when_gains_are_within_omega() -> None:
@@ -70,7 +75,7 @@ def test_theta_min_escalates_when_gains_are_within_omega() -> None:
 def test_theta_min_stays_when_gains_differ() -> None:
     c = make(warmup=0, window=2, omega=0.05)
     for _ in range(2):
-        run_step(c, 0.9, 0.6, tsys={10.0: 100.0, 20.0: 150.0})
+        run_step(c, 0.9, 0.6, tsys={10.0: 100.0, 20.0: 300.0})
     assert c.theta_min == 10.0
     assert c.plan().candidate == 40.0
 
@@ -95,9 +100,9 @@ def test_unsaturated_throughput_scales_up_by_policy() -> None:
     c = make(warmup=0, window=1, policy="exponential", theta_max=1e6)
     seen = []
     for step in range(4):
-        # the candidate is always sent (gain 0.6 >= epsilon) and far faster each window
+        # a one-step window measures its new candidate (no gain before it) and sends theta_min
         cf, which, cand = run_step(c, 0.95, 0.6, tsys={})
-        assert which == "candidate"
+        assert which == "min"
         c.record_throughput(cf, 100.0 * 10 ** (step + 1))
         seen.append(cand)
     # exponential with r = 2: s = 2, 2*2, 4*4, 16*8
@@ -106,9 +111,9 @@ def test_unsaturated_throughput_scales_up_by_policy() -> None:
 
 
 def test_exhausted_search_at_theta_max_settles_on_best_tput() -> None:
-    c = make(warmup=0, window=1, theta_max=40.0, omega=0.0)
+    c = make(warmup=0, window=2, theta_max=40.0, omega=0.0)
     tputs = {10.0: 100.0, 20.0: 300.0, 40.0: 200.0}
-    for _ in range(5):
+    for _ in range(6):
         if c.phase is Phase.SETTLED:
             break
         run_step(c, 1.0, 0.9, tsys=tputs)

@@ -156,7 +156,7 @@ def resume_run(rank: int, world_size: int) -> dict[str, Any]:
         model = tiny_model(seed=rank)
         broadcast_parameters(model)
         opt = make(model, "topk", policy="exponential")
-        opt.clock = counter_clock()
+        opt.engine.clock = counter_clock()
         return model, opt
 
     ref_model, ref_opt = fresh()
@@ -186,23 +186,30 @@ def test_resume_across_two_ranks_is_bit_exact() -> None:
 
 
 def nan_on_one_rank(rank: int, world_size: int) -> dict[str, Any]:
-    """Rank 1 alone produces a NaN gradient at step 3: every rank must skip that step."""
+    """Rank 1 alone produces a NaN gradient at step 3, its buckets launched during backward:
+    every rank must skip that step, residuals untouched."""
     model = tiny_model(seed=0)
     opt = make(model, "topk")
-    skipped, params = [], []
+    assert opt.overlap
+    skipped, params, residuals = [], [], []
     for step in range(6):
         opt.zero_grad()
         x, y = batch(rank, step)
-        torch.nn.functional.cross_entropy(model(x), y).backward()
         if step == 3 and rank == 1:
-            next(model.parameters()).grad[0, 0, 0, 0] = float("nan")  # type: ignore[index]
+            x[0, 0, 0, 0] = float("nan")
         before = [p.detach().clone() for p in model.parameters()]
+        kept = {k: v.clone() for k, v in opt.memory.residuals.items()}  # type: ignore[attr-defined]
+        torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
         skipped.append(opt.skipped_steps)
         params.append(
             all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
         )
-    return {"skipped": skipped, "unchanged": params, "steps": opt.steps}
+        now = opt.memory.residuals  # type: ignore[attr-defined]
+        residuals.append(
+            kept.keys() == now.keys() and all(torch.equal(kept[k], now[k]) for k in kept)
+        )
+    return {"skipped": skipped, "unchanged": params, "residuals": residuals, "steps": opt.steps}
 
 
 def test_nonfinite_gradient_on_one_rank_skips_the_step_on_all() -> None:
@@ -210,4 +217,5 @@ def test_nonfinite_gradient_on_one_rank_skips_the_step_on_all() -> None:
     for r in results:
         assert r["skipped"] == [0, 0, 0, 1, 1, 1]
         assert r["unchanged"] == [False, False, False, True, False, False]
+        assert r["residuals"] == [False, False, False, True, False, False]
         assert r["steps"] == 5

@@ -110,16 +110,17 @@ def test_state_dict_holds_residuals_and_controller() -> None:
         opt.load_state_dict(opt.optimizer.state_dict())
 
 
-def test_nonfinite_gradient_skips_the_step() -> None:
+@pytest.mark.parametrize("overlap", [True, False])
+def test_nonfinite_gradient_skips_the_step(overlap: bool) -> None:
     model = tiny_model()
-    opt = make(model)
+    opt = make(model, overlap=overlap)
     train_step(model, opt, 0, 0)
     before = [p.detach().clone() for p in model.parameters()]
     residuals = {k: v.clone() for k, v in opt.memory.residuals.items()}  # type: ignore[attr-defined]
     opt.zero_grad()
     x, y = batch(0, 1)
+    x[0, 0, 0, 0] = math.nan  # NaN gradients, launched during backward with overlap
     nn.functional.cross_entropy(model(x), y).backward()
-    next(model.parameters()).grad[0, 0, 0, 0] = math.nan  # type: ignore[index]
     opt.step()
     assert opt.skipped_steps == 1 and opt.steps == 1
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
@@ -128,13 +129,35 @@ def test_nonfinite_gradient_skips_the_step() -> None:
 
 def test_nonfinite_raise_mode() -> None:
     model = tiny_model()
-    opt = make(model, nonfinite="raise")
+    opt = make(model, nonfinite="raise", overlap=False)
     opt.zero_grad()
     x, y = batch(0, 0)
     nn.functional.cross_entropy(model(x), y).backward()
     next(model.parameters()).grad.fill_(math.inf)  # type: ignore[union-attr]
     with pytest.raises(FloatingPointError, match="non-finite gradient"):
         opt.step()
+
+
+def test_a_gradient_changed_after_its_bucket_was_sent_raises() -> None:
+    """With overlap, buckets travel during backward: a later change (clipping before
+    synchronize) would be lost silently, so it raises, and the step changes nothing."""
+    model = tiny_model()
+    opt = make(model)
+    before = [p.detach().clone() for p in model.parameters()]
+    x, y = batch(0, 0)
+    nn.functional.cross_entropy(model(x), y).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+    with pytest.raises(RuntimeError, match=r"opt\.synchronize"):
+        opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert not opt.memory.residuals  # type: ignore[attr-defined]
+    # Clipping after synchronize() works on the aggregate.
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.synchronize()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+    opt.step()
+    assert opt.steps == 1
 
 
 def test_frozen_and_missing_gradients() -> None:
@@ -288,3 +311,61 @@ def test_monitor_accepts_a_summary_writer(tmp_path: object) -> None:
     acc = EventAccumulator(str(tmp_path))
     acc.Reload()
     assert len(acc.Scalars("gravac/gain_min")) == 3
+
+
+def _run(overlap: bool, compressor: str, accumulate: int = 1) -> tuple[list[torch.Tensor], list]:
+    model = tiny_model()
+    opt = make(model, compressor=compressor, overlap=overlap)
+    records = []
+    for step in range(8):
+        opt.zero_grad()
+        with opt.no_sync():
+            for micro in range(accumulate - 1):
+                x, y = batch(micro + 1, step)
+                nn.functional.cross_entropy(model(x), y).backward()
+        x, y = batch(0, step)
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        records.append(opt.last_record)
+    return [p.detach().clone() for p in model.parameters()], records
+
+
+@pytest.mark.parametrize("compressor", ["topk", "thc", "powersgd", "dgc", "fp16"])
+def test_overlap_on_or_off_gives_bit_identical_results(compressor: str) -> None:
+    on, rec_on = _run(True, compressor)
+    off, rec_off = _run(False, compressor)
+    assert all(torch.equal(a, b) for a, b in zip(on, off, strict=True))
+    assert [(r.cf_sent, r.sent, r.wire_bytes) for r in rec_on] == [
+        (r.cf_sent, r.sent, r.wire_bytes) for r in rec_off
+    ]
+
+
+def test_no_sync_accumulates_as_without_overlap() -> None:
+    on, _ = _run(True, "topk", accumulate=3)
+    off, _ = _run(False, "topk", accumulate=3)
+    assert all(torch.equal(a, b) for a, b in zip(on, off, strict=True))
+
+
+def test_accumulating_without_no_sync_raises_clearly() -> None:
+    model = tiny_model()
+    opt = make(model)
+    assert opt.overlap
+    for micro in range(2):
+        x, y = batch(micro, 0)
+        loss = nn.functional.cross_entropy(model(x), y)
+        if micro == 0:
+            loss.backward()
+        else:
+            with pytest.raises(RuntimeError, match="no_sync"):
+                loss.backward()
+
+
+def test_buckets_are_launched_during_backward() -> None:
+    """With overlap every bucket whose gradients are all ready is on its way before step()."""
+    model = tiny_model()
+    opt = make(model)
+    x, y = batch(0, 0)
+    nn.functional.cross_entropy(model(x), y).backward()
+    assert opt._step is not None and opt._next == len(opt._units)
+    opt.step()
+    assert opt._step is None and opt.steps == 1

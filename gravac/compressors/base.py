@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gravac.gain import gain_terms
 from gravac.memory import Memory, ResidualMemory
 
 __all__ = [
@@ -212,6 +213,16 @@ class Compressor(ABC):
         to theta_2 equals compressing the input at theta_2 directly, at a fraction of the cost.
         """
         raise NotImplementedError(f"compressor {self.name!r} does not support multi-level")
+
+    def sent_terms(self, x: Tensor, payload: Payload, ctx: Context) -> Tensor:
+        """``[<c, x>, ||c||^2]`` in float64 for ``c = D(payload)`` sent for ``x``: the terms of
+        the compression gain (:mod:`gravac.gain`) that depend on what is sent.
+
+        The default decompresses to a dense tensor; compressors that can read the terms off
+        the payload override it (a sparsifier sends values of ``x`` itself, so both terms are
+        the sum of the squared values sent).
+        """
+        return gain_terms(x, self.decompress(payload, ctx))[:2]
 
     def combine(self, payloads: Sequence[Payload], ctx: Context) -> Tensor:
         """Sum over ranks of the decompressed payloads, as the collective computes it.

@@ -170,7 +170,8 @@ class DGCMemory(Memory):
     entry selected with value exactly 0 carries no update, so keeping its momentum is harmless.
     With ``momentum=0`` this is plain residual error feedback. After a dense step the caller
     either calls ``update(key, x, x)`` (``e = 0``, ``u`` masked wherever ``x != 0``) or
-    :meth:`reset`.
+    :meth:`reset`. The new ``u`` is kept only by :meth:`update`: a step that is skipped after
+    :meth:`compensate` (a non-finite value on some rank) leaves the momentum as it was.
 
     Args:
         momentum: ``m`` in [0, 1); the momentum of the SGD this replaces.
@@ -193,6 +194,8 @@ class DGCMemory(Memory):
         self.clip_norm = _check_clip_norm(clip_norm)
         self.momenta: dict[int, Tensor] = {}
         self.residuals: dict[int, Tensor] = {}
+        # momenta computed by compensate() for a step not yet committed by update()
+        self._fresh: dict[int, Tensor] = {}
 
     @staticmethod
     def _check_like(what: str, key: int, state: Tensor, g: Tensor) -> None:
@@ -211,7 +214,7 @@ class DGCMemory(Memory):
         else:
             self._check_like("momentum", key, u, g)
             u = u.mul(self.momentum).add_(g)
-        self.momenta[key] = u
+        self._fresh[key] = u  # kept by update(), dropped if the step is skipped
         step = g + self.momentum * u if self.nesterov else u
         e = self.residuals.get(key)
         if e is None:
@@ -221,7 +224,11 @@ class DGCMemory(Memory):
 
     def update(self, key: int, x: Tensor, sent: Tensor) -> None:
         self.residuals[key] = x - sent
-        u = self.momenta.get(key)
+        u = self._fresh.pop(key, None)
+        if u is None:
+            u = self.momenta.get(key)
+        else:
+            self.momenta[key] = u
         if self.masking and u is not None:
             u.masked_fill_(sent != 0, 0)
 
@@ -232,9 +239,11 @@ class DGCMemory(Memory):
         if key is None:
             self.momenta.clear()
             self.residuals.clear()
+            self._fresh.clear()
         else:
             self.momenta.pop(key, None)
             self.residuals.pop(key, None)
+            self._fresh.pop(key, None)
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -85,6 +85,13 @@ class SparseCompressor(Compressor):
         p = cast(SparsePayload, payload)
         return scatter_add(ctx.numel, p.indices, p.values.to(ctx.dtype)).view(ctx.shape)
 
+    def sent_terms(self, x: Tensor, payload: Payload, ctx: Context) -> Tensor:
+        """``<c, x> = ||c||^2 = sum of the squared values sent``: the values are entries of
+        ``x`` at distinct positions, so no dense decompression is needed."""
+        v = cast(SparsePayload, payload).values.reshape(-1).to(torch.float64)
+        vv = torch.dot(v, v)
+        return torch.stack([vv, vv])
+
     def combine(self, payloads: Sequence[Payload], ctx: Context) -> Tensor:
         """Sum of all gathered payloads in one scatter-add, rank order preserved."""
         if not payloads:

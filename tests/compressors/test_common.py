@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from gravac import compressors
 from gravac.compressors import Round, payload_tensors, wire_bytes
-from gravac.gain import compression_gain
+from gravac.gain import compression_gain, gain_terms
 from gravac.memory import ResidualMemory
 from gravac.simulation import simulate
 
@@ -186,3 +186,15 @@ def test_multilevel_keeps_fewer_elements(name: str) -> None:
     d2 = c.decompress(p2, ctx2)
     kept = d2 != 0
     torch.testing.assert_close(d2[kept], d1[kept], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("cf", [1.0, 10.0, 100.0])
+def test_sent_terms_equal_the_dense_computation(name: str, cf: float) -> None:
+    """The gain terms read off the payload are those of the decompressed tensor."""
+    torch.manual_seed(7)
+    c = compressors.create(name)
+    x = torch.randn(40, 50)
+    payload, ctx = _compress(c, x, cf, _round())
+    dense = gain_terms(x, c.decompress(payload, ctx))[:2]
+    torch.testing.assert_close(c.sent_terms(x, payload, ctx), dense, rtol=1e-9, atol=1e-9)

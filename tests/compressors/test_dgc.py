@@ -143,7 +143,7 @@ def test_momentum_correction_and_masking_identity() -> None:
     assert torch.equal(mem.momenta[0], u1)
     x2 = mem.compensate(0, g2)
     u2 = u1 * m + g2
-    assert torch.equal(mem.momenta[0], u2)
+    assert torch.equal(mem.momenta[0], u1)  # kept only by update()
     assert torch.equal(x2, (x1 - sent1) + u2)
     sent2 = c.decompress(*c.compress(x2, 10.0, Round(step=1)))
     mem.update(0, x2, sent2)
@@ -153,6 +153,19 @@ def test_momentum_correction_and_masking_identity() -> None:
     sent3 = c.decompress(*c.compress(x3, 10.0, Round(step=2)))
     mem.update(0, x3, sent3)
     assert torch.equal(sent3 + mem.residuals[0], x3)
+
+
+def test_a_skipped_step_leaves_the_momentum_as_it_was() -> None:
+    """compensate() without update() (a step skipped on every rank) changes no state."""
+    mem = DGCMemory(momentum=0.9)
+    g = torch.randn(20)
+    x = mem.compensate(0, g)
+    mem.update(0, x, torch.zeros(20))
+    before = mem.state_dict()
+    mem.compensate(0, torch.randn(20))  # skipped: never updated
+    after = mem.state_dict()
+    for name in ("momenta", "residuals"):
+        assert torch.equal(before[name][0], after[name][0])
 
 
 def test_nesterov_and_no_masking_variants() -> None:
@@ -261,7 +274,8 @@ def test_memory_state_dict_round_trip() -> None:
 
 def test_memory_rejects_a_changed_shape() -> None:
     mem = DGCMemory()
-    mem.compensate(0, torch.randn(10))
+    x = mem.compensate(0, torch.randn(10))
+    mem.update(0, x, torch.zeros(10))
     with pytest.raises(ValueError, match="momentum of bucket 0"):
         mem.compensate(0, torch.randn(11))
 

@@ -1,0 +1,278 @@
+"""gravac as a ``DistributedDataParallel`` communication hook (DESIGN.md section 2).
+
+The second front end over the step engine (:mod:`gravac.engine`): DDP fills its buckets during
+backward and hands each to the hook, which compresses it with the same engine, controller and
+error feedback as :class:`gravac.GravacOptimizer`, and returns a future of the aggregated
+bucket. Use it with any optimizer, and through DDP with Lightning and the HF ``Trainer``::
+
+    model = DistributedDataParallel(net)
+    state = GravacHookState(compressor="topk", policy="exponential", batch_size=32)
+    model.register_comm_hook(state, gravac_hook)
+
+Within a DDP bucket the 1-D tensors (biases, norms) travel dense and the rest is compressed as
+one unit. A step ends at DDP's last bucket: the step's scalars are agreed beside the payloads,
+and every bucket's future completes once the step is committed. A step with a non-finite
+gradient on any rank cannot be skipped by a hook (the optimizer runs after it): every rank
+receives NaN gradients instead, as plain DDP's all-reduce would give, so that ``GradScaler``
+skips the step on every rank; residuals, compressor and controller stay untouched.
+
+DDP rebuilds its buckets once, after the first iteration: the residuals of the first buckets
+are then carried, tensor by tensor, into the new ones (nothing is lost; DGC's momenta restart).
+The state pickles into a checkpoint without the process group, the monitor and the clock, as
+PyTorch's ``PowerSGDState`` does; or save :meth:`GravacHookState.state_dict`. Residuals are
+saved by parameter position (the order of DDP's initial buckets), so register a loaded state
+on a fresh DDP model of the same configuration, before its first backward.
+"""
+
+# No ``from __future__ import annotations``: DDP checks the hook's annotations as objects.
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.futures import Future
+
+from gravac.engine import Engine, Outcome, Step, Unit
+from gravac.options import build_engine
+
+__all__ = ["GravacHookState", "gravac_hook"]
+
+#: options that are not pickled with the state (a process, file or closure of this run)
+_LOCAL_OPTIONS = ("monitor", "clock")
+
+
+@dataclass(frozen=True)
+class _BucketPlan:
+    """How one DDP bucket (its parameters, in buffer order) maps onto engine units.
+
+    Attributes:
+        compressed: the unit of its compressed tensors, or ``None``.
+        dense: the unit of its 1-D tensors, or ``None``.
+        mask: per buffer element, whether it belongs to the compressed unit (``None`` when the
+            bucket is all one or the other).
+        params: the compressed unit's parameters, in order.
+    """
+
+    compressed: Unit | None
+    dense: Unit | None
+    mask: Tensor | None
+    params: tuple[Tensor, ...]
+
+
+class GravacHookState:
+    """The state of :func:`gravac_hook`: the engine (compressor, controller, residuals) and how
+    DDP's buckets map onto its units.
+
+    Args:
+        process_group: the group DDP communicates in (``None``: the default group).
+        **options: the compression and controller options of :class:`gravac.GravacOptimizer`
+            (``compressor``, ``policy``, ``theta_min``, ... ``batch_size``, ``nonfinite``,
+            ``monitor``, ``clock``), validated the same way.
+    """
+
+    def __init__(self, process_group: dist.ProcessGroup | None = None, **options: Any) -> None:
+        self.process_group = process_group
+        self.engine: Engine = build_engine(process_group, **options)
+        self._options = options  # to rebuild the engine after unpickling
+        self._step: Step | None = None  # the step whose buckets are being launched
+        self._done: Future[Outcome] | None = None  # completes when that step is committed
+        self._plans: dict[tuple[int, ...], _BucketPlan] = {}  # by the bucket's parameter ids
+        self._units: dict[int, tuple[Tensor, ...]] = {}  # unit key -> its compressed params
+        self._next_key = 0  # the key of the next new unit (identical on every rank)
+        # each parameter's position in the order DDP first handed them over (its initial
+        # buckets, identical in every run of one model and DDP configuration)
+        self._position: dict[int, int] = {}
+        # residual pieces of units retired by a bucket rebuild, by parameter id
+        self._orphans: dict[int, Tensor] = {}
+        # residual pieces of a loaded checkpoint, by position, until their parameter appears
+        self._loaded: dict[int, Tensor] = {}
+
+    # ------------------------------------------------------------------ the hook
+    def hook(self, bucket: dist.GradBucket) -> Future[Tensor]:
+        """Launch ``bucket`` and return a future of its aggregate (see :func:`gravac_hook`)."""
+        if self._step is None:
+            self.engine.join_group()
+            self._step = self.engine.begin()
+            self._done = Future()
+        step, done = self._step, self._done
+        assert done is not None
+        buffer = bucket.buffer()
+        plan = self._plan(bucket.parameters(), buffer)
+        first = len(step.flights)
+        if plan.compressed is not None:
+            flat = buffer if plan.mask is None else buffer.masked_select(plan.mask)
+            self.engine.launch(step, plan.compressed, self._with_orphans(plan, flat))
+        if plan.dense is not None:
+            flat = buffer if plan.mask is None else buffer.masked_select(~plan.mask)
+            self.engine.launch(step, plan.dense, flat)
+        if bucket.is_last():
+            self._close(step, done)
+
+        def result(f: Future[Outcome]) -> Tensor:
+            outcome = f.value()
+            if outcome.skipped:
+                return torch.full_like(buffer, math.nan)
+            grads = outcome.grads[
+                first : first + (plan.compressed is not None) + (plan.dense is not None)
+            ]
+            if plan.mask is None:
+                return grads[0].to(buffer.dtype).view_as(buffer)
+            out = torch.empty_like(buffer)
+            out.masked_scatter_(plan.mask, grads[0])
+            out.masked_scatter_(~plan.mask, grads[1])
+            return out
+
+        return done.then(result)
+
+    def _close(self, step: Step, done: Future[Outcome]) -> None:
+        """End the step at DDP's last bucket: agree its scalars, then commit it once
+        everything has arrived (in the callback of the last collective)."""
+        self._step, self._done = None, None
+        arrived = self.engine.close(step)
+
+        def commit(f: Future[Any]) -> None:
+            try:
+                f.value()  # a failed collective fails the step
+                outcome = self.engine.commit(step)
+                self.engine.finish(outcome)
+            except Exception as exc:  # every bucket's future fails with it
+                done.set_exception(exc)  # type: ignore[arg-type]  # torch's stub types it as T
+                return
+            done.set_result(outcome)
+
+        arrived.add_done_callback(commit)
+
+    def _plan(self, params: list[Tensor], buffer: Tensor) -> _BucketPlan:
+        """The units of a bucket of ``params`` (made once per bucket composition)."""
+        ids = tuple(id(p) for p in params)
+        plan = self._plans.get(ids)
+        if plan is not None:
+            return plan
+        total = sum(p.numel() for p in params)
+        if total != buffer.numel():
+            raise RuntimeError(
+                f"DDP bucket of {buffer.numel()} elements holds parameters of {total}: gravac's "
+                "hook needs a dense bucket laid out in parameter order"
+            )
+        for p in params:
+            position = self._position.setdefault(id(p), len(self._position))
+            piece = self._loaded.pop(position, None)
+            if piece is not None:
+                self._orphans[id(p)] = piece.reshape(-1).to(buffer.dtype)
+        compressed = [p.dim() > 1 for p in params]
+        comp = tuple(p for p, c in zip(params, compressed, strict=True) if c)
+        dense = tuple(p for p, c in zip(params, compressed, strict=True) if not c)
+        unit_c = Unit(self._key_for(comp), tuple(p.shape for p in comp), True) if comp else None
+        unit_d = Unit(-1, tuple(p.shape for p in dense), False) if dense else None
+        mask = None
+        if comp and dense:
+            mask = torch.cat(
+                [
+                    torch.full((p.numel(),), c, device=buffer.device)
+                    for p, c in zip(params, compressed, strict=True)
+                ]
+            )
+        plan = _BucketPlan(unit_c, unit_d, mask, comp)
+        self._plans[ids] = plan
+        return plan
+
+    def _key_for(self, params: tuple[Tensor, ...]) -> int:
+        """A new key for a unit of ``params``; units that share a parameter with it (DDP's
+        first buckets, after its rebuild) are retired first."""
+        ids = {id(p) for p in params}
+        for key, old in list(self._units.items()):
+            if ids & {id(p) for p in old}:
+                self._retire(key, old)
+        key, self._next_key = self._next_key, self._next_key + 1
+        self._units[key] = params
+        return key
+
+    def _retire(self, key: int, params: tuple[Tensor, ...]) -> None:
+        """Move a unit's residual into per-parameter pieces (added to the next unit that
+        holds each parameter) and forget the unit."""
+        e = self.engine.memory.residual(key)
+        if e is not None:
+            offset = 0
+            for p in params:
+                piece = e[offset : offset + p.numel()]
+                offset += p.numel()
+                kept = self._orphans.get(id(p))
+                self._orphans[id(p)] = piece.clone() if kept is None else kept + piece
+        self.engine.memory.reset(key)
+        del self._units[key]
+        self._plans = {
+            ids: plan
+            for ids, plan in self._plans.items()
+            if plan.compressed is None or plan.compressed.key != key
+        }
+
+    def _with_orphans(self, plan: _BucketPlan, flat: Tensor) -> Tensor:
+        """``flat`` plus the residual pieces of retired units for its parameters."""
+        if not self._orphans or not any(id(p) in self._orphans for p in plan.params):
+            return flat
+        pieces = [
+            self._orphans.pop(id(p), torch.zeros(p.numel(), dtype=flat.dtype, device=flat.device))
+            for p in plan.params
+        ]
+        return flat + torch.cat(pieces).to(flat.dtype)
+
+    # ------------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict[str, Any]:
+        """The engine's state, with the residuals by parameter position (DDP's buckets are
+        made anew, and rebuilt, in the run that loads it)."""
+        pieces: dict[int, Tensor] = {k: v.clone() for k, v in self._loaded.items()}
+        for key, params in self._units.items():
+            e = self.engine.memory.residual(key)
+            offset = 0
+            for p in params:
+                if e is not None:
+                    pieces[self._position[id(p)]] = e[offset : offset + p.numel()].clone()
+                offset += p.numel()
+        for p_id, piece in self._orphans.items():
+            pieces[self._position[p_id]] = piece.clone()
+        return {**self.engine.state_dict(with_memory=False), "residuals": pieces}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned, before this run's first step (DGC's
+        momenta restart; residuals are restored exactly).
+
+        Raises:
+            ValueError: the state was saved with another compressor.
+        """
+        self.engine.check_state(state)
+        self.engine.load_state_dict(state, with_memory=False)
+        self.engine.memory.reset()
+        self._loaded = {int(k): torch.as_tensor(v).clone() for k, v in state["residuals"].items()}
+        self._units, self._plans, self._orphans, self._position = {}, {}, {}, {}
+        self._next_key = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        options = {k: v for k, v in self._options.items() if k not in _LOCAL_OPTIONS}
+        return {"options": options, "state": self.state_dict()}
+
+    def __setstate__(self, saved: dict[str, Any]) -> None:
+        """Rebuild on the default process group (as ``PowerSGDState`` does) and load."""
+        self.__init__(None, **saved["options"])  # type: ignore[misc]
+        self.load_state_dict(saved["state"])
+
+    def close(self) -> None:
+        """Flush and close the monitor (rank 0)."""
+        self.engine.close_monitor()
+
+    def __repr__(self) -> str:
+        e = self.engine
+        return (
+            f"GravacHookState(compressor={e.compressor!r}, policy={e.controller.policy!r}, "
+            f"world_size={e.comm.world_size})"
+        )
+
+
+def gravac_hook(state: GravacHookState, bucket: dist.GradBucket) -> Future[Tensor]:
+    """The DDP communication hook: ``model.register_comm_hook(state, gravac_hook)``.
+
+    Compresses the bucket with the state's engine and returns a future of the aggregated
+    bucket (divided by the world size, as DDP expects).
+    """
+    return state.hook(bucket)

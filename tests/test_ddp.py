@@ -1,0 +1,214 @@
+"""The DDP comm hook (gravac.ddp) on real gloo process groups: the same results as the
+optimizer front end, non-finite steps, bucket rebuilds and checkpoints."""
+
+from __future__ import annotations
+
+import io
+import pickle
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from gravac import GravacOptimizer
+from gravac.ddp import GravacHookState, gravac_hook
+from gravac.launch import spawn_workers
+from tests.helpers import batch, counter_clock, tiny_model
+
+pytestmark = pytest.mark.slow
+STEPS = 10
+SPAWN_TIMEOUT = 240.0
+
+
+def options(compressor: str) -> dict[str, Any]:
+    return {"compressor": compressor, "window": 3, "warmup_steps": 2, "clock": counter_clock()}
+
+
+def sgd(model: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+
+def hooked(model: nn.Module, compressor: str, **ddp: Any) -> tuple[nn.Module, GravacHookState]:
+    net = DistributedDataParallel(model, **ddp)
+    state = GravacHookState(**options(compressor))
+    net.register_comm_hook(state, gravac_hook)
+    return net, state
+
+
+def fit(net: nn.Module, opt: torch.optim.Optimizer, rank: int, steps: range) -> None:
+    for step in steps:
+        opt.zero_grad()
+        x, y = batch(rank, step)
+        nn.functional.cross_entropy(net(x), y).backward()
+        opt.step()
+
+
+def hook_and_optimizer(rank: int, world_size: int, compressor: str) -> dict[str, Any]:
+    """Train the same model with the optimizer front end and with the DDP hook."""
+    a = tiny_model(seed=0)
+    opt_a = GravacOptimizer(sgd(a), **options(compressor))
+    records_a = []
+    for step in range(STEPS):
+        fit(a, opt_a, rank, range(step, step + 1))
+        records_a.append(opt_a.last_record)
+    b = tiny_model(seed=0)
+    net, state = hooked(b, compressor)
+    opt_b = sgd(b)
+    records_b = []
+    for step in range(STEPS):
+        fit(net, opt_b, rank, range(step, step + 1))
+        records_b.append(state.engine.last_record)
+    decisions = [
+        [(r.cf_sent, r.sent, r.theta_min, r.cf_candidate) for r in recs if r is not None]
+        for recs in (records_a, records_b)
+    ]
+    return {
+        "params_a": [p.detach().clone() for p in a.parameters()],
+        "params_b": [p.detach().clone() for p in b.parameters()],
+        "decisions_a": decisions[0],
+        "decisions_b": decisions[1],
+        "wire": (opt_a.total_wire_bytes, state.engine.total_wire_bytes),
+    }
+
+
+def test_the_hook_trains_exactly_as_the_optimizer_with_topk() -> None:
+    results = spawn_workers(hook_and_optimizer, 2, "topk", timeout=SPAWN_TIMEOUT)
+    for r in results:
+        assert r["decisions_a"] == r["decisions_b"]
+        assert len(r["decisions_b"]) == STEPS
+        assert r["wire"][0] == r["wire"][1]
+        for pa, pb in zip(r["params_a"], r["params_b"], strict=True):
+            assert torch.equal(pa, pb)
+    for pa, pb in zip(results[0]["params_b"], results[1]["params_b"], strict=True):
+        assert torch.equal(pa, pb)  # the ranks stay identical
+
+
+@pytest.mark.parametrize("compressor", ["thc", "powersgd", "randomk", "fp16"])
+def test_the_hook_keeps_ranks_identical(compressor: str) -> None:
+    results = spawn_workers(hook_and_optimizer, 2, compressor, timeout=SPAWN_TIMEOUT)
+    assert results[0]["decisions_b"] == results[1]["decisions_b"]
+    for pa, pb in zip(results[0]["params_b"], results[1]["params_b"], strict=True):
+        assert torch.equal(pa, pb)
+        assert bool(torch.isfinite(pa).all())
+
+
+def nan_on_one_rank(rank: int, world_size: int) -> dict[str, Any]:
+    """Rank 1 alone has a NaN gradient at step 2: every rank gets NaN gradients (so that
+    GradScaler skips everywhere), and the hook's residuals and counters stay as they were."""
+    model = tiny_model(seed=0)
+    net, state = hooked(model, "topk")
+    out: dict[str, Any] = {}
+    for step in range(4):
+        net.zero_grad()
+        x, y = batch(rank, step)
+        if step == 2 and rank == 1:
+            x[0, 0, 0, 0] = float("nan")
+        kept = {k: v.clone() for k, v in state.engine.memory.residuals.items()}  # type: ignore[attr-defined]
+        nn.functional.cross_entropy(net(x), y).backward()
+        if step == 2:
+            grads = [p.grad for p in model.parameters()]
+            out["all_nan"] = all(bool(torch.isnan(g).all()) for g in grads if g is not None)
+            now = state.engine.memory.residuals  # type: ignore[attr-defined]
+            out["residuals_kept"] = kept.keys() == now.keys() and all(
+                torch.equal(kept[k], now[k]) for k in kept
+            )
+    out["steps"], out["skipped"] = state.engine.steps, state.engine.skipped_steps
+    return out
+
+
+def test_a_nonfinite_gradient_on_one_rank_gives_nan_on_every_rank() -> None:
+    for r in spawn_workers(nan_on_one_rank, 2, timeout=SPAWN_TIMEOUT):
+        assert r["all_nan"] and r["residuals_kept"]
+        assert (r["steps"], r["skipped"]) == (3, 1)
+
+
+def conservation(rank: int, world_size: int) -> dict[str, Any]:
+    """One rank, small DDP buckets that DDP rebuilds after the first step: error feedback
+    loses nothing, sum of gradients == sum of what was applied + the residuals left."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.Linear(64, 10))
+    net, state = hooked(model, "topk", bucket_cap_mb=0.02)
+    grads_sum = [torch.zeros_like(p, dtype=torch.float64) for p in model.parameters()]
+    applied_sum = [torch.zeros_like(p, dtype=torch.float64) for p in model.parameters()]
+    keys_seen = set()
+    for step in range(6):
+        net.zero_grad()
+        x = torch.randn(8, 64, generator=torch.Generator().manual_seed(step))
+        local = torch.autograd.grad(model(x).square().mean(), list(model.parameters()))
+        net(x).square().mean().backward()
+        for s, g in zip(grads_sum, local, strict=True):
+            s += g.double()
+        for s, p in zip(applied_sum, model.parameters(), strict=True):
+            s += p.grad.double()  # type: ignore[union-attr]
+        keys_seen |= set(state.engine.memory.residuals)  # type: ignore[attr-defined]
+    left = [torch.zeros_like(p, dtype=torch.float64) for p in model.parameters()]
+    index = {id(p): i for i, p in enumerate(model.parameters())}
+    for key, params in state._units.items():
+        e = state.engine.memory.residual(key)
+        if e is None:
+            continue
+        offset = 0
+        for p in params:
+            left[index[id(p)]] += e[offset : offset + p.numel()].view(p.shape).double()
+            offset += p.numel()
+    for p in model.parameters():
+        if id(p) in state._orphans:  # retired, not yet added to a new unit
+            left[index[id(p)]] += state._orphans[id(p)].view(p.shape).double()
+    error = max(
+        float((g - a - e).abs().max()) for g, a, e in zip(grads_sum, applied_sum, left, strict=True)
+    )
+    return {"error": error, "keys": sorted(keys_seen), "units": sorted(state._units)}
+
+
+def test_error_feedback_survives_ddps_bucket_rebuild() -> None:
+    (r,) = spawn_workers(conservation, 1, timeout=SPAWN_TIMEOUT)
+    assert r["error"] < 1e-5
+    assert len(r["keys"]) > len(r["units"])  # the first buckets were retired by the rebuild
+
+
+def resume(rank: int, world_size: int) -> dict[str, Any]:
+    """10 steps straight against 4 + pickle the state (as a checkpoint) + 6 in a fresh DDP."""
+    ref = tiny_model(seed=0)
+    net, _ = hooked(ref, "topk")
+    opt = sgd(ref)
+    fit(net, opt, rank, range(STEPS))
+    model = tiny_model(seed=0)
+    net, state = hooked(model, "topk")
+    opt = sgd(model)
+    fit(net, opt, rank, range(4))
+    buf = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "hook": state}, buf)
+    buf.seek(0)
+    saved = torch.load(buf, weights_only=False)
+    model = tiny_model(seed=1)
+    model.load_state_dict(saved["model"])
+    net = DistributedDataParallel(model)
+    restored: GravacHookState = saved["hook"]
+    restored.engine.clock = counter_clock()
+    net.register_comm_hook(restored, gravac_hook)
+    opt = sgd(model)
+    opt.load_state_dict(saved["opt"])
+    fit(net, opt, rank, range(4, STEPS))
+    same = all(torch.equal(a, b) for a, b in zip(ref.parameters(), model.parameters(), strict=True))
+    return {"same": same, "steps": restored.engine.steps}
+
+
+def test_a_pickled_state_resumes_bit_exactly() -> None:
+    for r in spawn_workers(resume, 2, timeout=SPAWN_TIMEOUT):
+        assert r["same"] and r["steps"] == STEPS
+
+
+def test_the_state_pickles_without_the_process_group_monitor_or_clock(tmp_path: Any) -> None:
+    state = GravacHookState(compressor="dgc", monitor=str(tmp_path), clock=counter_clock())
+    copy = pickle.loads(pickle.dumps(state))
+    assert repr(copy.engine.compressor) == repr(state.engine.compressor)
+    assert copy.engine.monitor is None and copy.engine.steps == 0
+
+
+def test_bad_options_name_the_option() -> None:
+    with pytest.raises(ValueError, match="theta_min"):
+        GravacHookState(theta_min=0.5)
+    with pytest.raises(ValueError, match="nonfinite"):
+        GravacHookState(nonfinite="ignore")

@@ -41,7 +41,7 @@ from torch.futures import Future
 from gravac.comm import Communicator, collect
 from gravac.compressors.base import Compressor, Context, Payload, Round, wire_bytes
 from gravac.controller import Controller, ControllerConfig, Decision, Plan, cf_key
-from gravac.gain import gain_from_terms
+from gravac.gain import gain_from_terms, squared_norm
 from gravac.memory import Memory
 from gravac.monitor import Monitor, StepRecord, TensorBoardMonitor
 from gravac.policies.base import ScalingPolicy
@@ -294,8 +294,7 @@ class Engine:
                 chosen = (p_c, ctx_c)
         else:
             terms += [torch.zeros((), dtype=torch.float64, device=x.device)] * 2
-        xd = x.detach().reshape(-1).to(torch.float64)
-        terms.append(torch.dot(xd, xd))
+        terms.append(squared_norm(x))
         step.terms = step.terms.to(x.device) + torch.stack(terms)
         if step.decision.which == "dense":
             total = x.clone()

@@ -258,8 +258,11 @@ class Compressor(ABC):
 
 
 def sum_payloads(payloads: Sequence[Payload]) -> Payload:
-    """Elementwise sum of payloads of one type (what an all-reduce computes)."""
+    """Elementwise sum of payloads of one type (what an all-reduce computes); a single
+    payload is its own sum (returned as it is, not copied)."""
     first = payloads[0]
+    if len(payloads) == 1:
+        return first
     summed = {}
     for f in dataclasses.fields(first):
         total = getattr(first, f.name).clone()

@@ -67,7 +67,8 @@ class NoneCompressor(Compressor):
         return 1.0
 
     def compress(self, x: Tensor, cf: float, rnd: Round) -> tuple[DensePayload, Context]:
-        flat = x.detach().reshape(-1).clone()
+        """The payload is ``x`` itself, flat (a view where ``x`` is contiguous): no copy."""
+        flat = x.detach().reshape(-1)
         return DensePayload(values=flat), Context(x.shape, x.dtype, flat.numel(), 1.0)
 
     def decompress(self, payload: Payload, ctx: Context) -> Tensor:

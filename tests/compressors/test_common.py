@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from gravac import compressors
 from gravac.compressors import Round, payload_tensors, wire_bytes
-from gravac.gain import compression_gain, gain_terms
+from gravac.gain import compression_gain, gain_terms, squared_norm
 from gravac.memory import ResidualMemory
 from gravac.simulation import simulate
 
@@ -198,3 +198,17 @@ def test_sent_terms_equal_the_dense_computation(name: str, cf: float) -> None:
     payload, ctx = _compress(c, x, cf, _round())
     dense = gain_terms(x, c.decompress(payload, ctx))[:2]
     torch.testing.assert_close(c.sent_terms(x, payload, ctx), dense, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("scale", [1e-30, 1.0, 1e17, 1e30])
+def test_squared_norm_matches_float64_without_overflow(dtype: torch.dtype, scale: float) -> None:
+    """float32 partial sums, float64 where they overflow: the float64 value, finite."""
+    torch.manual_seed(3)
+    x = (torch.randn(3 * 2**20 + 5, dtype=torch.float64) * scale).to(dtype)
+    exact = torch.dot(x.double(), x.double())
+    got = squared_norm(x)
+    assert got.dtype == torch.float64
+    if bool(torch.isfinite(exact)):
+        torch.testing.assert_close(got, exact, rtol=1e-4, atol=0)  # float32 partial sums
+    assert float(squared_norm(torch.empty(0, dtype=dtype))) == 0.0

@@ -2,7 +2,8 @@
 
 GraVAC measures the information a compressed gradient keeps as the ratio of the variance of the
 compressed gradient to the variance of the error-fed gradient. We compute it as the squared cosine
-similarity of ``x = g + e`` and what is sent, ``c = D(C(x))``, accumulated in float64::
+similarity of ``x = g + e`` and what is sent, ``c = D(C(x))``, accumulated in float64 (float32
+partial sums over cache-sized chunks, added in float64: :func:`inner`)::
 
     gain = <c, x>^2 / (||c||^2 ||x||^2)  in [0, 1]
 
@@ -21,34 +22,40 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["compression_gain", "gain_from_terms", "gain_terms", "squared_norm"]
+__all__ = ["compression_gain", "gain_from_terms", "gain_terms", "inner", "squared_norm"]
 
-#: below this, a float32 sum of squares may have lost elements to underflow (squares of
-#: magnitudes under about 1e-19 are subnormal or 0 in float32): it is taken again in float64
+#: below this magnitude, a float32 sum of products may have lost terms to underflow (products
+#: under about 1e-38 are subnormal or 0 in float32): it is taken again in float64
 _FLOAT32_SAFE_MIN = 2.0**-60
 #: elements per float32 partial sum of :func:`squared_norm`: small enough that float32
 #: accumulation loses nothing that matters to a gain, large enough to keep the loop short
 _NORM_CHUNK = 2**20
 
 
-def squared_norm(x: Tensor) -> Tensor:
-    """``||x||^2`` as a float64 scalar on ``x``'s device, without a float64 copy of ``x``.
+def inner(a: Tensor, b: Tensor) -> Tensor:
+    """``<a, b>`` as a float64 scalar on ``a``'s device, without float64 copies.
 
     Partial sums over chunks of :data:`_NORM_CHUNK` elements in float32 (BLAS dot, 40x faster
-    than a float64 copy and dot on 16M elements), added in float64. If a partial sum is not
-    finite (huge values overflow float32's range when squared) or the total is tiny (tiny
-    values underflow), the sum is taken again in float64: the result is the float64 one to
-    float32 rounding, finite whenever that is (one host sync).
+    than float64 copies and a dot on 16M elements), added in float64. If a partial sum is not
+    finite (huge values overflow float32's range in a product) or the total is tiny in
+    magnitude (tiny products underflow), the sum is taken again in float64: the result is the
+    float64 one to float32 rounding (about 1e-5 relative), finite whenever that is (one host
+    sync).
     """
-    flat = x.detach().reshape(-1)
-    if flat.numel() == 0:
-        return torch.zeros((), dtype=torch.float64, device=x.device)
-    chunks = [c.float() for c in flat.split(_NORM_CHUNK)]
-    parts = torch.stack([torch.dot(c, c) for c in chunks]).to(torch.float64)
-    total = parts.sum()
-    if bool(torch.isfinite(parts).all() & (total >= _FLOAT32_SAFE_MIN)):
+    fa, fb = a.detach().reshape(-1), b.detach().reshape(-1)
+    if fa.numel() == 0:
+        return torch.zeros((), dtype=torch.float64, device=a.device)
+    pairs = list(zip(fa.split(_NORM_CHUNK), fb.split(_NORM_CHUNK), strict=True))
+    parts = torch.stack([torch.dot(ca.float(), cb.float()) for ca, cb in pairs])
+    total = parts.to(torch.float64).sum()
+    if bool(torch.isfinite(parts).all() & (total.abs() >= _FLOAT32_SAFE_MIN)):
         return total
-    return torch.stack([torch.dot(c64, c64) for c64 in (c.double() for c in chunks)]).sum()
+    return torch.stack([torch.dot(ca.double(), cb.double()) for ca, cb in pairs]).sum()
+
+
+def squared_norm(x: Tensor) -> Tensor:
+    """``||x||^2`` as a float64 scalar, without a float64 copy (:func:`inner`)."""
+    return inner(x, x)
 
 
 def gain_terms(x: Tensor, sent: Tensor) -> Tensor:
@@ -57,9 +64,7 @@ def gain_terms(x: Tensor, sent: Tensor) -> Tensor:
         raise ValueError(
             f"gain needs tensors of one shape, got x {tuple(x.shape)} and sent {tuple(sent.shape)}"
         )
-    xd = x.detach().reshape(-1).to(torch.float64)
-    cd = sent.detach().reshape(-1).to(torch.float64)
-    return torch.stack([torch.dot(cd, xd), torch.dot(cd, cd), torch.dot(xd, xd)])
+    return torch.stack([inner(sent, x), squared_norm(sent), squared_norm(x)])
 
 
 def gain_from_terms(terms: Tensor) -> float:

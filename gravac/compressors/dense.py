@@ -32,6 +32,7 @@ from gravac.compressors.base import (
     StatsOp,
 )
 from gravac.compressors.registry import register
+from gravac.gain import inner, squared_norm
 from gravac.kernels import check_backend_name, scaled_cast
 
 __all__ = ["BF16Compressor", "DensePayload", "FP16Compressor", "NoneCompressor"]
@@ -73,6 +74,11 @@ class NoneCompressor(Compressor):
 
     def decompress(self, payload: Payload, ctx: Context) -> Tensor:
         return cast(DensePayload, payload).values.to(ctx.dtype).view(ctx.shape)
+
+    def sent_terms(self, x: Tensor, payload: Payload, ctx: Context) -> Tensor:
+        """What is sent is ``x``: both terms are ``||x||^2`` (one pass)."""
+        xx = squared_norm(x)
+        return torch.stack([xx, xx])
 
 
 class _HalfCompressor(Compressor):
@@ -133,6 +139,12 @@ class _HalfCompressor(Compressor):
     def decompress(self, payload: Payload, ctx: Context) -> Tensor:
         values = cast(DensePayload, payload).values.to(ctx.dtype)
         return (values * cast(ScaledContext, ctx).scale).view(ctx.shape)
+
+    def sent_terms(self, x: Tensor, payload: Payload, ctx: Context) -> Tensor:
+        """From the 16-bit values ``v`` and the scale ``s`` of ``c = s v``: ``s <v, x>`` and
+        ``s^2 ||v||^2``, without decompressing."""
+        v, scale = cast(DensePayload, payload).values, cast(ScaledContext, ctx).scale
+        return torch.stack([inner(v, x) * scale, squared_norm(v) * scale**2])
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(backend={self.backend!r})"

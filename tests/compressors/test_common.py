@@ -197,7 +197,7 @@ def test_sent_terms_equal_the_dense_computation(name: str, cf: float) -> None:
     x = torch.randn(40, 50)
     payload, ctx = _compress(c, x, cf, _round())
     dense = gain_terms(x, c.decompress(payload, ctx))[:2]
-    torch.testing.assert_close(c.sent_terms(x, payload, ctx), dense, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(c.sent_terms(x, payload, ctx), dense, rtol=1e-5, atol=1e-9)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

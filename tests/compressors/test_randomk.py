@@ -85,7 +85,7 @@ def test_payload_values_are_x_at_the_indices_and_gain_is_kept_energy() -> None:
     assert torch.equal(payload.values, x.reshape(-1)[idx])  # type: ignore[attr-defined]
     out = c.decompress(payload, ctx)
     kept = x.reshape(-1)[idx].double().square().sum() / x.double().square().sum()
-    assert compression_gain(x, out) == pytest.approx(float(kept), rel=1e-9)
+    assert compression_gain(x, out) == pytest.approx(float(kept), rel=1e-6)  # float32 partials
     assert wire_bytes(payload) == idx.numel() * 4
 
 

@@ -1,6 +1,10 @@
 """The gravac demo as a torchrun script: GraVAC + Top-k on scikit-learn's digits.
 
     torchrun --nproc_per_node=2 examples/train_digits.py --max-steps 300
+    torchrun --nproc_per_node=2 examples/train_digits.py --ddp-hook   # the DDP comm hook
+
+Without ``--ddp-hook`` the model is plain and ``GravacOptimizer`` aggregates; with it the model
+is wrapped in ``DistributedDataParallel`` with gravac's comm hook and a plain SGD steps.
 
 torchrun sets the rendezvous environment; gloo runs on the CPU, NCCL when CUDA is available.
 """
@@ -14,6 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 import gravac
+from gravac.ddp import GravacHookState, gravac_hook
 from gravac.demo import DigitsCNN, digits_data
 
 
@@ -24,6 +29,7 @@ def main() -> None:
     parser.add_argument("--compressor", default="topk", choices=gravac.compressors.names())
     parser.add_argument("--policy", default="exponential", choices=gravac.policies.names())
     parser.add_argument("--log-dir", default="runs/torchrun-digits")
+    parser.add_argument("--ddp-hook", action="store_true", help="DDP + gravac's comm hook")
     args = parser.parse_args()
 
     cuda = torch.cuda.is_available()
@@ -38,32 +44,42 @@ def main() -> None:
     torch.manual_seed(0)
     model = DigitsCNN().to(device)
     gravac.broadcast_parameters(model)
-    opt = gravac.GravacOptimizer(
-        torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-        compressor=args.compressor,
-        policy=args.policy,
-        window=20,
-        warmup_steps=40,
-        ewma_alpha=0.2,
-        dense_bytes=4096,
-        batch_size=args.batch_size,
-        monitor=args.log_dir,
-    )
+    options = {
+        "compressor": args.compressor,
+        "policy": args.policy,
+        "window": 20,
+        "warmup_steps": 40,
+        "ewma_alpha": 0.2,
+        "batch_size": args.batch_size,
+        "monitor": args.log_dir,
+    }
+    sgd = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    net: nn.Module = model
+    if args.ddp_hook:
+        net = nn.parallel.DistributedDataParallel(model)
+        state = GravacHookState(**options)
+        net.register_comm_hook(state, gravac_hook)
+        opt: torch.optim.Optimizer = sgd
+        engine = state.engine
+    else:
+        opt = gravac.GravacOptimizer(sgd, dense_bytes=4096, **options)  # type: ignore[arg-type]
+        engine = opt.engine
     gen = torch.Generator().manual_seed(rank)
     for step in range(args.max_steps):
         idx = torch.randint(0, len(train_y), (args.batch_size,), generator=gen).to(device)
         opt.zero_grad(set_to_none=True)
-        nn.functional.cross_entropy(model(train_x[idx]), train_y[idx]).backward()
+        nn.functional.cross_entropy(net(train_x[idx]), train_y[idx]).backward()
         opt.step()
-        if rank == 0 and step % 50 == 0 and opt.last_record is not None:
-            print(f"step {step}: CF sent {opt.last_record.cf_sent}", flush=True)
-    opt.close()  # collective: every rank has finished communicating when it returns
+        if rank == 0 and step % 50 == 0 and engine.last_record is not None:
+            print(f"step {step}: CF sent {engine.last_record.cf_sent}", flush=True)
+    engine.close_monitor()
     if rank == 0:
         model.eval()
         with torch.no_grad():
             pred = model(test_x.to(device)).argmax(dim=1).cpu()
         print(f"test accuracy {float((pred == test_y).float().mean()):.4f}")
-        print(f"wire bytes {opt.total_wire_bytes:,} (dense fp32 {opt.total_dense_wire_bytes:,})")
+        dense = engine.total_dense_wire_bytes
+        print(f"wire bytes {engine.total_wire_bytes:,} (dense fp32 {dense:,})")
     # Tear the group down together: a gloo rank that destroys its group while another rank is
     # still running aborts ("terminate called without an active exception") in 1 run of 3.
     dist.barrier()

@@ -41,6 +41,15 @@ def test_torchrun_example_trains(tmp_path: Path) -> None:
     assert any((tmp_path / "tb").iterdir())
 
 
+def test_torchrun_example_trains_with_the_ddp_hook(tmp_path: Path) -> None:
+    out = _torchrun("--max-steps", "60", "--ddp-hook", "--log-dir", str(tmp_path / "tb"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert float(out.stdout.split("test accuracy")[1].split()[0]) > 0.5
+    sent, dense = out.stdout.split("wire bytes ")[1].split(" (dense fp32 ")
+    assert int(sent.replace(",", "")) < int(dense.split(")")[0].replace(",", ""))
+    assert any((tmp_path / "tb").iterdir())
+
+
 def test_torchrun_exit_path_is_clean_every_time(tmp_path: Path) -> None:
     for run in range(EXIT_RUNS):
         out = _torchrun(

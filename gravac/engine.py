@@ -414,7 +414,7 @@ class Engine:
             comm_seconds=comm_seconds,
             skipped_steps=self.skipped_steps,
         )
-        grads = tuple(t / n for t in totals)
+        grads = tuple(t.div_(n) if n > 1 else t for t in totals)  # the totals are ours
         return Outcome(False, grads, present, record, search=bool(compressed))
 
     def _update_residual(self, f: _Flight, present: tuple[bool, ...]) -> None:
@@ -423,6 +423,9 @@ class Engine:
         absent = self._absent_mask(f, present)
         if f.sent is None and absent is None:
             self.memory.reset(f.unit.key)
+            return
+        if absent is None and f.sent is not None:
+            self.memory.update_sent(f.unit.key, f.x, self.compressor, *f.sent)
             return
         applied = f.x if f.sent is None else self.compressor.decompress(*f.sent)
         if absent is not None:

@@ -13,10 +13,13 @@ that is the same on every rank) and never shared between ranks.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from gravac.compressors.base import Compressor, Context, Payload
 
 __all__ = ["Memory", "NoMemory", "ResidualMemory"]
 
@@ -30,6 +33,14 @@ class Memory:
 
     def update(self, key: int, x: Tensor, sent: Tensor) -> None:
         """Record that ``sent`` (dense, ``D(C(x))``) was sent for the compensated ``x``."""
+
+    def update_sent(
+        self, key: int, x: Tensor, compressor: Compressor, payload: Payload, ctx: Context
+    ) -> None:
+        """Record that ``payload`` (compressed by ``compressor`` from ``x``) was sent: the same
+        as :meth:`update` with its dense decompression, which memories that only keep the
+        residual avoid (:meth:`Compressor.residual_`); ``x`` is consumed."""
+        self.update(key, x, compressor.decompress(payload, ctx))
 
     def reset(self, key: int | None = None) -> None:
         """Forget the residual of ``key`` (all keys when ``None``), e.g. after a dense step."""
@@ -48,6 +59,11 @@ class Memory:
 
 class NoMemory(Memory):
     """No error feedback: what is not sent is dropped (for baselines and ablations)."""
+
+    def update_sent(
+        self, key: int, x: Tensor, compressor: Compressor, payload: Payload, ctx: Context
+    ) -> None:
+        """Nothing to keep."""
 
 
 class ResidualMemory(Memory):
@@ -73,6 +89,11 @@ class ResidualMemory(Memory):
 
     def update(self, key: int, x: Tensor, sent: Tensor) -> None:
         self.residuals[key] = x - sent
+
+    def update_sent(
+        self, key: int, x: Tensor, compressor: Compressor, payload: Payload, ctx: Context
+    ) -> None:
+        self.residuals[key] = compressor.residual_(x, payload, ctx)
 
     def reset(self, key: int | None = None) -> None:
         if key is None:

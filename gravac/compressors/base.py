@@ -224,6 +224,12 @@ class Compressor(ABC):
         """
         return gain_terms(x, self.decompress(payload, ctx))[:2]
 
+    def residual_(self, x: Tensor, payload: Payload, ctx: Context) -> Tensor:
+        """``x - D(payload)``, the error-feedback residual of sending ``payload`` for ``x``,
+        computed in ``x``'s storage (``x`` is consumed). Sparsifiers override it with zeroing
+        the sent positions (no dense decompression)."""
+        return x.sub_(self.decompress(payload, ctx))
+
     def combine(self, payloads: Sequence[Payload], ctx: Context) -> Tensor:
         """Sum over ranks of the decompressed payloads, as the collective computes it.
 

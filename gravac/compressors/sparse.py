@@ -92,6 +92,12 @@ class SparseCompressor(Compressor):
         vv = torch.dot(v, v)
         return torch.stack([vv, vv])
 
+    def residual_(self, x: Tensor, payload: Payload, ctx: Context) -> Tensor:
+        """The values sent are ``x`` at the indices: the residual is ``x`` with them zeroed,
+        bit for bit ``x - D(payload)``, in place."""
+        x.view(-1).index_fill_(0, cast(SparsePayload, payload).indices.long(), 0)
+        return x
+
     def combine(self, payloads: Sequence[Payload], ctx: Context) -> Tensor:
         """Sum of all gathered payloads in one scatter-add, rank order preserved."""
         if not payloads:

@@ -10,6 +10,8 @@ Subcommands:
     bench compressors   throughput, NMSE, achieved CF and wire bytes of every compressor
     bench multilevel    multi-level compression against compressing twice
     bench kernels       each CuPy kernel against its torch path and a plain copy (CUDA)
+    compare             DDP, its compression hooks and gravac on the same run: step time and its
+                        split, bytes sent, time to target accuracy (shaped links as root)
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 
-from gravac import __version__, bench, demo
+from gravac import __version__, bench, compare, demo
 
 __all__ = ["SUBCOMMANDS", "build_parser", "main"]
 
@@ -25,6 +27,7 @@ __all__ = ["SUBCOMMANDS", "build_parser", "main"]
 SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None], ...] = (
     demo.add_parser,
     bench.add_parser,
+    compare.add_parser,
 )
 
 

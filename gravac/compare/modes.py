@@ -1,0 +1,387 @@
+"""How a ``gravac compare`` mode exchanges gradients: DDP, its compression hooks, or gravac.
+
+A :class:`Mode` checks that it can run with a configuration (:meth:`Mode.check`, before any
+worker starts) and, inside a worker, wraps the freshly built model (:meth:`Mode.open`) in a
+:class:`Session`: the module the forward pass goes through, the optimizer, and after each step
+the :class:`StepFigures` the mode knows of (bytes sent; compression and communication seconds
+where the mode measures them). :data:`MODES` maps names to modes.
+
+=================  ================================================================  ===========
+mode               what                                                              wire bytes
+=================  ================================================================  ===========
+``ddp``            ``DistributedDataParallel``, float32 all-reduce                   4 per param
+``ddp-fp16``       DDP + ``fp16_compress_hook``                                      2 per param
+``ddp-powersgd``   DDP + ``powerSGD_hook`` (one bucket on gloo, see below)           torch's count
+``gravac``         :class:`gravac.GravacOptimizer` around SGD, plain model           last_record
+``gravac-ddp``     DDP + :func:`gravac.ddp.gravac_hook`                              last_record
+=================  ================================================================  ===========
+
+Wire bytes are what one rank puts into the collectives per step, the measure gravac's
+``StepRecord.wire_bytes`` uses (a ring all-reduce moves ``2 (n - 1) / n`` times that over each
+link). DDP all-reduces every parameter's gradient once a step, so its bytes follow from the
+parameter count exactly; PowerSGD's come from the elements torch's hook counts after
+compression (``PowerSGDState.total_numel_after_compression``), and the float32 all-reduce of
+every parameter before ``start_powerSGD_iter``.
+
+.. note:: **PowerSGD on gloo needs a single DDP bucket.** torch's ``powerSGD_hook`` launches
+   only a bucket's first all-reduce from the hook; the all-reduces of P and Q are launched from
+   ``Future.then`` callbacks, which gloo runs on its worker threads when the previous
+   collective completes, and which block there in ``.wait()``. With two or more buckets,
+   those launches race DDP's launch of the next bucket from the autograd thread, so ranks
+   issue their collectives in different orders: gloo pairs collectives by issue order and
+   aborts with "Received data size doesn't match expected size" (or both of its worker threads
+   block in nested waits and the step hangs). It starts exactly at ``start_powerSGD_iter``,
+   because the vanilla all-reduce before it is a single collective launched from the autograd
+   thread. It reproduces with plain torch (2.13) and no gravac code on this model, which has
+   two buckets under DDP's defaults (a first bucket of 1 MiB, then 25 MiB). None of
+   ``use_error_feedback``, ``warm_start``, ``batch_tensors_with_same_shape`` or DDP's
+   ``gradient_as_bucket_view`` changes how the collectives are launched, and none helps;
+   ``bucket_cap_mb`` at least the model's gradient size (one bucket, which the explicit
+   value also gives the first bucket) makes the chain of collectives sequential and works.
+   So ``ddp-powersgd`` runs with one bucket, which gives up overlapping the all-reduce with
+   backward, and says so in its options.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.nn.parallel import DistributedDataParallel
+
+from gravac import compressors, policies
+from gravac.compare.workloads import parameter_count
+from gravac.controller import ControllerConfig
+from gravac.optimizer import GravacOptimizer, broadcast_parameters
+
+if TYPE_CHECKING:
+    from gravac.compare.config import CompareConfig
+
+__all__ = [
+    "FLOAT16_BYTES",
+    "FLOAT32_BYTES",
+    "MODES",
+    "Mode",
+    "Session",
+    "StepFigures",
+    "get",
+    "names",
+    "optimizer_has_overlap",
+]
+
+#: bytes of a float32 and a float16 element on the wire
+FLOAT32_BYTES = 4
+FLOAT16_BYTES = 2
+#: bytes in DDP's ``bucket_cap_mb`` unit (MiB)
+_MIB = 2**20
+#: seed of PowerSGD's random initial factors (torch's default), the same on every rank
+POWERSGD_SEED = 0
+#: where the ``gravac-ddp`` mode's hook lives
+_GRAVAC_DDP_MODULE = "gravac.ddp"
+
+
+@dataclass(frozen=True)
+class StepFigures:
+    """What a mode knows of one step on this rank.
+
+    Attributes:
+        wire_bytes: bytes this rank put into the collectives.
+        compress_seconds: seconds compressing, where the mode measures it.
+        comm_seconds: seconds of communication not hidden behind backward, where the mode
+            measures it (gravac's ``StepRecord.comm_seconds``).
+    """
+
+    wire_bytes: int
+    compress_seconds: float | None = None
+    comm_seconds: float | None = None
+
+
+class Session(ABC):
+    """A mode running in one worker: the module to train through and its optimizer."""
+
+    #: the module the forward pass goes through (DDP's wrapper, or the model itself)
+    module: nn.Module
+    #: the optimizer to ``zero_grad`` and ``step``
+    optimizer: torch.optim.Optimizer
+
+    @abstractmethod
+    def after_step(self) -> StepFigures:
+        """The figures of the step that ``optimizer.step()`` just finished."""
+
+    def options(self) -> dict[str, Any]:
+        """What the mode ran with beyond the configuration, for the report."""
+        return {}
+
+    def close(self) -> None:  # noqa: B027 - most sessions hold nothing to release
+        """Release what the session holds (collective where the mode's is)."""
+
+
+def _sgd(model: nn.Module, cfg: CompareConfig) -> torch.optim.SGD:
+    return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def optimizer_has_overlap() -> bool:
+    """Whether :class:`gravac.GravacOptimizer` takes an ``overlap`` keyword."""
+    return "overlap" in inspect.signature(GravacOptimizer).parameters
+
+
+def _check_gravac_options(cfg: CompareConfig) -> None:
+    """Reject compressor, policy and CF-range options before any worker starts."""
+    for option, registry, name, kwargs in (
+        ("--compressor-options", compressors, cfg.compressor, cfg.compressor_options),
+        ("--policy-options", policies, cfg.policy, cfg.policy_options),
+    ):
+        if name not in registry.names():
+            flag = option.removesuffix("-options")
+            raise ValueError(f"{flag} must be one of {registry.names()}, got {name!r}")
+        try:
+            registry.create(name, **kwargs)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{option} {kwargs} do not fit {name!r}: {exc}") from None
+    try:
+        ControllerConfig(theta_min=cfg.theta_min, theta_max=cfg.theta_max)
+    except ValueError as exc:
+        raise ValueError(f"--{str(exc).replace('_', '-')}") from None
+
+
+class Mode(ABC):
+    """A way of exchanging gradients; see the module docstring for the list."""
+
+    #: the ``--modes`` name
+    name: ClassVar[str]
+    #: one line for ``--help``
+    summary: ClassVar[str]
+    #: whether :class:`StepFigures` carries the communication time ("record"), or the report
+    #: derives it as forward + backward time beyond the bare model's ("exposed")
+    comm_source: ClassVar[str] = "exposed"
+
+    def check(self, cfg: CompareConfig) -> None:  # noqa: B027 - most modes run anywhere
+        """Raise ``ValueError`` naming the option if this mode cannot run with ``cfg``."""
+
+    def timed_from(self, cfg: CompareConfig) -> int:
+        """The first step whose time counts towards the medians (0-based)."""
+        return cfg.timing_warmup
+
+    @abstractmethod
+    def open(self, model: nn.Module, cfg: CompareConfig) -> Session:
+        """Wrap ``model`` (built identically on every rank) for training in this mode."""
+
+
+class _DdpSession(Session):
+    """DDP with an optional comm hook; a fixed number of bytes per element every step."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        cfg: CompareConfig,
+        *,
+        element_bytes: int,
+        hook: Any = None,
+    ) -> None:
+        self.module = DistributedDataParallel(model)
+        if hook is not None:
+            self.module.register_comm_hook(None, hook)  # state: the default process group
+        self.optimizer = _sgd(model, cfg)
+        self._wire_bytes = parameter_count(model) * element_bytes
+
+    def after_step(self) -> StepFigures:
+        return StepFigures(self._wire_bytes)
+
+
+class DdpMode(Mode):
+    name = "ddp"
+    summary = "DistributedDataParallel, float32 all-reduce"
+
+    def open(self, model: nn.Module, cfg: CompareConfig) -> Session:
+        return _DdpSession(model, cfg, element_bytes=FLOAT32_BYTES)
+
+
+class DdpFp16Mode(Mode):
+    name = "ddp-fp16"
+    summary = "DDP + fp16_compress_hook"
+
+    def open(self, model: nn.Module, cfg: CompareConfig) -> Session:
+        return _DdpSession(
+            model, cfg, element_bytes=FLOAT16_BYTES, hook=default_hooks.fp16_compress_hook
+        )
+
+
+class _PowerSgdSession(Session):
+    def __init__(self, model: nn.Module, cfg: CompareConfig) -> None:
+        self._numel = parameter_count(model)
+        # one bucket: torch's hook mis-orders gloo collectives across buckets (module docs)
+        self._bucket_cap_mb = math.ceil(self._numel * FLOAT32_BYTES / _MIB) + 1
+        self.module = DistributedDataParallel(model, bucket_cap_mb=self._bucket_cap_mb)
+        self.state = powerSGD_hook.PowerSGDState(
+            process_group=None,
+            matrix_approximation_rank=cfg.powersgd_rank,
+            start_powerSGD_iter=cfg.powersgd_start,
+            random_seed=POWERSGD_SEED,
+        )
+        self.module.register_comm_hook(self.state, powerSGD_hook.powerSGD_hook)
+        self.optimizer = _sgd(model, cfg)
+        self._counted = 0
+
+    def after_step(self) -> StepFigures:
+        counted = self.state.total_numel_after_compression
+        # steps before start_powerSGD_iter all-reduce every element and leave the count alone
+        sent = counted - self._counted or self._numel
+        self._counted = counted
+        return StepFigures(sent * FLOAT32_BYTES)
+
+    def options(self) -> dict[str, Any]:
+        return {
+            "bucket_cap_mb": self._bucket_cap_mb,
+            "buckets": "one (torch's powerSGD_hook mis-orders gloo collectives across buckets)",
+        }
+
+
+class DdpPowerSgdMode(Mode):
+    name = "ddp-powersgd"
+    summary = "DDP + PyTorch's powerSGD_hook, one bucket"
+
+    def check(self, cfg: CompareConfig) -> None:
+        if cfg.steps <= cfg.powersgd_start:
+            raise ValueError(
+                f"--steps ({cfg.steps}) must exceed --powersgd-start ({cfg.powersgd_start}) for "
+                "ddp-powersgd, or PowerSGD never runs"
+            )
+
+    def timed_from(self, cfg: CompareConfig) -> int:
+        # the steps before start_powerSGD_iter are plain all-reduces, not PowerSGD
+        return max(cfg.timing_warmup, cfg.powersgd_start)
+
+    def open(self, model: nn.Module, cfg: CompareConfig) -> Session:
+        return _PowerSgdSession(model, cfg)
+
+
+def _gravac_options(cfg: CompareConfig) -> dict[str, Any]:
+    """The keyword options GravacOptimizer and GravacHookState share (batch size per rank:
+    gravac's throughput is in samples/s)."""
+    return {
+        "compressor": cfg.compressor,
+        "compressor_options": cfg.compressor_options or None,
+        "policy": cfg.policy,
+        "policy_options": cfg.policy_options or None,
+        "theta_min": cfg.theta_min,
+        "theta_max": cfg.theta_max,
+        "batch_size": cfg.batch_size,
+    }
+
+
+def _figures(record: Any) -> StepFigures:
+    if record is None:
+        raise RuntimeError("gravac left no last_record after the step")
+    return StepFigures(
+        int(record.wire_bytes),
+        _finite(float(record.compress_seconds)),
+        _finite(float(record.comm_seconds)),
+    )
+
+
+class _GravacSession(Session):
+    def __init__(self, model: nn.Module, cfg: CompareConfig) -> None:
+        broadcast_parameters(model)
+        options = _gravac_options(cfg)
+        self._overlap = cfg.overlap if optimizer_has_overlap() else None
+        if self._overlap is not None:
+            options["overlap"] = self._overlap
+        self.module = model
+        self._gravac = GravacOptimizer(_sgd(model, cfg), **options)
+        self.optimizer = self._gravac
+
+    def after_step(self) -> StepFigures:
+        return _figures(self._gravac.last_record)
+
+    def options(self) -> dict[str, Any]:
+        return {"overlap": self._overlap}
+
+    def close(self) -> None:
+        self._gravac.close()
+
+
+class GravacMode(Mode):
+    name = "gravac"
+    summary = "GravacOptimizer around SGD on the plain model"
+    comm_source = "record"
+
+    def check(self, cfg: CompareConfig) -> None:
+        _check_gravac_options(cfg)
+        if not cfg.overlap and not optimizer_has_overlap():
+            raise ValueError("--no-overlap: this GravacOptimizer takes no overlap option")
+
+    def open(self, model: nn.Module, cfg: CompareConfig) -> Session:
+        return _GravacSession(model, cfg)
+
+
+def _import_gravac_ddp() -> Any:
+    try:
+        return importlib.import_module(_GRAVAC_DDP_MODULE)
+    except ImportError as exc:
+        raise ValueError(
+            f"--modes gravac-ddp needs {_GRAVAC_DDP_MODULE} (GravacHookState, gravac_hook), "
+            f"which cannot be imported: {exc}"
+        ) from None
+
+
+class _GravacDdpSession(Session):
+    def __init__(self, model: nn.Module, cfg: CompareConfig) -> None:
+        ddp = _import_gravac_ddp()
+        self.module = DistributedDataParallel(model)
+        self.state = ddp.GravacHookState(process_group=None, **_gravac_options(cfg))
+        self.module.register_comm_hook(self.state, ddp.gravac_hook)
+        self.optimizer = _sgd(model, cfg)
+
+    def after_step(self) -> StepFigures:
+        # the record is ``state.last_record`` in the API this mode was specified against, and
+        # ``state.engine.last_record`` in gravac.ddp as written (README): read either
+        if hasattr(self.state, "last_record"):
+            return _figures(self.state.last_record)
+        return _figures(self.state.engine.last_record)
+
+
+class GravacDdpMode(Mode):
+    name = "gravac-ddp"
+    summary = "DDP + gravac's comm hook (gravac.ddp)"
+    comm_source = "record"
+
+    def check(self, cfg: CompareConfig) -> None:
+        _import_gravac_ddp()
+        _check_gravac_options(cfg)
+
+    def open(self, model: nn.Module, cfg: CompareConfig) -> Session:
+        return _GravacDdpSession(model, cfg)
+
+
+#: every mode, by name, in the order ``--help`` lists them
+MODES: dict[str, Mode] = {
+    m.name: m for m in (DdpMode(), DdpFp16Mode(), DdpPowerSgdMode(), GravacMode(), GravacDdpMode())
+}
+
+
+def names() -> list[str]:
+    """The registered mode names."""
+    return list(MODES)
+
+
+def get(name: str) -> Mode:
+    """The mode called ``name``.
+
+    Raises:
+        ValueError: no such mode; the message names ``--modes`` and lists the modes.
+    """
+    try:
+        return MODES[name]
+    except KeyError:
+        raise ValueError(f"--modes: unknown mode {name!r}; choose from {names()}") from None

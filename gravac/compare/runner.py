@@ -1,0 +1,215 @@
+"""Run a ``gravac compare`` measurement: the network, then each mode's workers, then a summary.
+
+:func:`run_compare` sets up the network (:mod:`gravac.compare.netns`: shaped links between
+namespaces, or loopback), measures a shaped link's throughput, then runs every mode one after
+another, each as a job of fresh worker processes (``python -m gravac.compare.worker``) on the
+same seeds, and returns the summary :func:`gravac.compare.report.format_table` lays out.
+
+Workers are started as subprocesses (inside ``ip netns exec`` when links are shaped), with
+``GLOO_SOCKET_IFNAME`` naming their interface and their stdout sent to stderr, so that stdout
+carries only the result. A job fails as soon as one worker fails (the others are killed: they
+would wait for it forever) or when it outlives ``--timeout``; the error carries the failed
+worker's traceback. Whatever happens, workers are killed and namespaces deleted before
+:func:`run_compare` returns or raises; SIGTERM and SIGHUP are turned into
+``KeyboardInterrupt`` for the duration, as Ctrl-C is, so that they clean up too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gravac.compare import modes, netns, workloads
+from gravac.compare.config import CompareConfig
+from gravac.compare.report import summarise
+from gravac.compare.train import LINK_TEST_JOB
+
+__all__ = ["CompareError", "run_compare"]
+
+#: seconds between checks on the workers of a job
+_POLL_SECONDS = 0.1
+#: the workers' stdout goes to this file descriptor (stderr): stdout is the report's
+_STDERR_FD = 2
+#: the worker entry point
+_WORKER_MODULE = "gravac.compare.worker"
+#: in a run's working directory: the configuration (JSON) and the workload's data, loaded
+#: once here and the same for every rank and mode (each worker saves scikit-learn's import)
+_CONFIG_FILE = "config.json"
+_DATA_FILE = "data.pt"
+#: signals that end a run as Ctrl-C does (cleaning up)
+_TERMINATING = (signal.SIGTERM, signal.SIGHUP)
+
+
+class CompareError(RuntimeError):
+    """A job failed: a worker raised or exited, or the job outlived ``--timeout``."""
+
+
+def _log(message: str) -> None:
+    print(f"gravac compare: {message}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """Turn SIGTERM and SIGHUP into ``KeyboardInterrupt`` within the block (main thread)."""
+    if threading.current_thread() is not threading.main_thread():  # handlers are main-only
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    old = {s: signal.signal(s, interrupt) for s in _TERMINATING}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def _network(cfg: CompareConfig, unavailable: str | None) -> Iterator[netns.Network]:
+    rate = cfg.rate_bits
+    if rate is None or unavailable is not None:
+        yield netns.Loopback()
+        return
+    netns.remove_stale()
+    with netns.ShapedNetwork(cfg.workers, rate, cfg.delay_seconds) as network:
+        yield network
+
+
+def _failure(job: str, rank: int, proc: subprocess.Popen[bytes], result: Path) -> str:
+    try:
+        error = json.loads(result.read_text()).get("error")
+    except (OSError, ValueError):
+        error = None
+    if error:
+        return f"{job}: worker {rank} failed:\n{error}"
+    return f"{job}: worker {rank} exited with status {proc.returncode} without a result"
+
+
+def _run_job(
+    job: str, index: int, cfg: CompareConfig, network: netns.Network, workdir: Path
+) -> list[Any]:
+    """Run ``job`` on every rank; each rank's result, in rank order."""
+    master = f"{network.address(0)}:{network.port(index)}"
+    config, data = workdir / _CONFIG_FILE, workdir / _DATA_FILE
+    results = [workdir / f"job{index}-rank{rank}.json" for rank in range(cfg.workers)]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for rank in range(cfg.workers):
+            argv = [
+                sys.executable, "-m", _WORKER_MODULE, "--config", str(config),
+                "--data", str(data), "--job", job, "--rank", str(rank),
+                "--world-size", str(cfg.workers), "--master", master,
+                "--result", str(results[rank]),
+            ]  # fmt: skip
+            env = {
+                **os.environ,
+                "GLOO_SOCKET_IFNAME": network.ifname(rank),
+                "OMP_NUM_THREADS": str(cfg.threads),
+            }
+            procs.append(
+                subprocess.Popen(
+                    network.wrap(rank, argv),
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=_STDERR_FD,
+                )
+            )
+        deadline = time.monotonic() + cfg.timeout
+        while any(p.poll() is None for p in procs):
+            failed = next((r for r, p in enumerate(procs) if p.poll() not in (None, 0)), None)
+            if failed is not None:
+                raise CompareError(_failure(job, failed, procs[failed], results[failed]))
+            if time.monotonic() > deadline:
+                raise CompareError(
+                    f"{job}: workers did not finish within --timeout {cfg.timeout:g} s"
+                )
+            time.sleep(_POLL_SECONDS)
+        for rank, p in enumerate(procs):
+            if p.returncode != 0:
+                raise CompareError(_failure(job, rank, p, results[rank]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    return [json.loads(path.read_text())["result"] for path in results]
+
+
+def run_compare(cfg: CompareConfig) -> dict[str, Any]:
+    """Run every mode of ``cfg``; the summary of the run (JSON-serialisable).
+
+    Raises:
+        CompareError: a job failed.
+        gravac.compare.netns.NetworkError: the shaped links could not be made or removed.
+    """
+    started = time.perf_counter()
+    load_before = os.getloadavg()[0]
+    workload = workloads.get(cfg.workload)
+    unavailable = netns.shaping_unavailable() if cfg.bandwidth is not None else None
+    if unavailable is not None:
+        _log(f"--bandwidth {cfg.bandwidth} needs shaped links: {unavailable}; using loopback")
+    with (
+        _terminate_as_interrupt(),
+        tempfile.TemporaryDirectory(prefix="gravac-compare-") as tmp,
+        _network(cfg, unavailable) as network,
+    ):
+        workdir = Path(tmp)
+        (workdir / _CONFIG_FILE).write_text(cfg.to_json())
+        torch.save(workload.data(), workdir / _DATA_FILE)
+        _log(f"network: {network.description}")
+        jobs = 0
+        link = None
+        if network.shaped and cfg.link_test_mb:
+            _log(f"measuring the link: gloo all_reduce of {cfg.link_test_mb} MiB")
+            link = _run_job(LINK_TEST_JOB, jobs, cfg, network, workdir)[0]
+            jobs += 1
+            _log(f"link: {link['gbit_per_s']:.3f} Gbit/s")
+        summaries = []
+        for name in cfg.modes:
+            _log(f"mode {name}: {cfg.workers} workers, {cfg.steps} steps")
+            job_started = time.perf_counter()
+            raw = _run_job(name, jobs, cfg, network, workdir)[0]
+            jobs += 1
+            summaries.append(summarise(modes.get(name), cfg, raw))
+            _log(f"mode {name}: done in {time.perf_counter() - job_started:.1f} s")
+    return {
+        "config": asdict(cfg),
+        "workload": {
+            "name": workload.name,
+            "summary": workload.summary,
+            "parameters": summaries[0].parameters,
+            "metric": workload.metric_name,
+            "target": cfg.target_value,
+        },
+        "network": {
+            "shaped": network.shaped,
+            "description": network.description,
+            "bandwidth": cfg.bandwidth if network.shaped else None,
+            "delay": cfg.delay if network.shaped else None,
+            "measured_gbit_per_s": None if link is None else link["gbit_per_s"],
+            "link_test": link,
+            "note": None if unavailable is None else f"not shaped: {unavailable}",
+        },
+        "modes": [asdict(s) for s in summaries],
+        "host": {
+            "cpus": os.cpu_count(),
+            "load_before": load_before,
+            "load_after": os.getloadavg()[0],
+        },
+        "seconds": time.perf_counter() - started,
+    }

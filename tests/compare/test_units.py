@@ -1,0 +1,145 @@
+"""``gravac compare``'s pure parts: option parsing, registries, the summary of a raw record."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gravac.compare import config, modes, netns, report, workloads
+from gravac.compare.config import CompareConfig
+
+#: parameters of the VGG-style workload: conv 1->64, conv 64->128 (3x3, biases), 8192->640,
+#: 640->10 (with biases)
+VGG_PARAMETERS = (64 * 9 + 64) + (128 * 64 * 9 + 128) + (8192 * 640 + 640) + (640 * 10 + 10)
+
+
+@pytest.mark.parametrize(
+    ("text", "bits"),
+    [("1gbit", 10**9), ("100mbit", 10**8), ("2.5Gbit", 25 * 10**8), ("125mbps", 10**9)],
+)
+def test_parse_rate_reads_tc_units(text: str, bits: int) -> None:
+    assert netns.parse_rate(text) == bits
+
+
+@pytest.mark.parametrize("text", ["fast", "1gb", "", "10kbit", "-1gbit"])
+def test_parse_rate_rejects_naming_the_option(text: str) -> None:
+    with pytest.raises(ValueError, match="--bandwidth"):
+        netns.parse_rate(text)
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("1ms", 1e-3), ("500us", 5e-4), ("0.5s", 0.5)])
+def test_parse_delay(text: str, seconds: float) -> None:
+    assert netns.parse_delay(text) == pytest.approx(seconds, rel=1e-12)
+
+
+def test_parse_delay_rejects_naming_the_option() -> None:
+    with pytest.raises(ValueError, match="--delay"):
+        netns.parse_delay("1 hour")
+
+
+def test_vgg_workload_has_the_specified_shape() -> None:
+    model = workloads.get("vgg-digits").model()
+    assert workloads.parameter_count(model) == VGG_PARAMETERS == 5_324_426
+    assert model(torch.zeros(3, 1, 8, 8)).shape == (3, 10)
+
+
+def test_registries_name_their_entries() -> None:
+    assert modes.names() == ["ddp", "ddp-fp16", "ddp-powersgd", "gravac", "gravac-ddp"]
+    assert {"vgg-digits", "tiny-digits"} <= set(workloads.names())
+    with pytest.raises(ValueError, match="--workload"):
+        workloads.get("mnist")
+    with pytest.raises(ValueError, match="--modes"):
+        modes.get("horovod")
+
+
+def test_config_round_trips_through_json() -> None:
+    cfg = CompareConfig(
+        modes=("ddp", "gravac"), policy="fixed", policy_options={"cf": 100}, bandwidth="1gbit"
+    )
+    assert CompareConfig.from_json(cfg.to_json()) == cfg
+    assert cfg.rate_bits == 10**9
+    assert cfg.target_value == workloads.DEFAULT_TARGET
+
+
+@pytest.mark.parametrize(
+    ("options", "option"),
+    [
+        ({"modes": ()}, "--modes"),
+        ({"modes": ("ddp", "ddp")}, "--modes"),
+        ({"workers": 1}, "--workers"),
+        ({"steps": 5, "timing_warmup": 5}, "--steps"),
+        ({"steps": 10, "modes": ("ddp-powersgd",)}, "--powersgd-start"),
+        ({"powersgd_start": 1}, "--powersgd-start"),
+        ({"policy": "fixed"}, "--policy-options"),
+        ({"policy_options": {"nope": 1}}, "--policy-options"),
+        ({"theta_min": 100.0, "theta_max": 10.0}, "--theta-max"),
+        ({"delay": "1ms"}, "--delay"),
+        ({"momentum": 1.0}, "--momentum"),
+    ],
+)
+def test_config_rejects_naming_the_option(options: dict[str, object], option: str) -> None:
+    with pytest.raises(ValueError, match=option):
+        CompareConfig(**options)  # type: ignore[arg-type]
+
+
+def _raw(comm: float | None) -> dict[str, object]:
+    """A scripted rank-0 record of 4 steps, evaluated at steps 2 and 4."""
+    return {
+        "step_seconds": [9.0, 1.0, 2.0, 3.0],
+        "forward_backward_seconds": [9.0, 0.5, 0.75, 1.0],
+        "compute_seconds": [0.25, 0.5, 0.5],
+        "wire_bytes": [400, 100, 100, 120],
+        "compress_seconds": [None, 0.1, 0.2, 0.3],
+        "comm_seconds": [comm] * 4,
+        "evaluations": [[2, 10.0, 0.5], [4, 15.0, 0.97]],
+        "parameters": 100,
+        "options": {},
+    }
+
+
+def test_summarise_takes_medians_after_the_warmup_and_the_time_to_target() -> None:
+    cfg = CompareConfig(modes=("ddp", "gravac"), steps=4, timing_warmup=1)
+    ddp = report.summarise(modes.get("ddp"), cfg, _raw(None))
+    assert (ddp.step_seconds, ddp.forward_backward_seconds, ddp.compute_seconds) == (
+        2.0,
+        0.75,
+        0.5,
+    )
+    assert ddp.comm_source == "exposed"
+    assert ddp.comm_seconds == 0.25  # forward and backward beyond the bare model's
+    assert ddp.compress_seconds is None
+    assert ddp.other_seconds == 2.0 - 0.5 - 0.25  # the step beyond compute and comm
+    assert ddp.wire_bytes == 720
+    assert ddp.wire_bytes_per_step == 100
+    assert ddp.dense_wire_bytes_per_step == 400
+    assert (ddp.time_to_target_seconds, ddp.steps_to_target, ddp.final_metric) == (
+        15.0,
+        4,
+        0.97,
+    )
+    gravac = report.summarise(modes.get("gravac"), cfg, _raw(0.125))
+    assert (gravac.compress_seconds, gravac.comm_seconds) == (0.2, 0.125)
+    assert gravac.other_seconds == 2.0 - 0.5 - 0.2 - 0.125
+
+
+def test_summarise_reports_a_target_never_reached_as_none() -> None:
+    cfg = CompareConfig(modes=("ddp",), steps=4, timing_warmup=1, target=0.99)
+    summary = report.summarise(modes.get("ddp"), cfg, _raw(None))
+    assert summary.time_to_target_seconds is None
+    assert summary.steps_to_target is None
+
+
+def test_powersgd_timing_starts_at_compression() -> None:
+    cfg = CompareConfig(modes=("ddp-powersgd",), steps=20, timing_warmup=3, powersgd_start=10)
+    assert modes.get("ddp-powersgd").timed_from(cfg) == 10
+    assert modes.get("ddp").timed_from(cfg) == 3
+
+
+def test_quick_defaults_are_consistent() -> None:
+    cfg = CompareConfig(
+        modes=config.QUICK_MODES,
+        workload=workloads.QUICK_WORKLOAD,
+        steps=config.QUICK_STEPS,
+        eval_every=config.QUICK_EVAL_EVERY,
+    )
+    assert cfg.steps > cfg.timing_warmup

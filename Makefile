@@ -16,7 +16,7 @@ $(PY):
 
 $(STAMP): setup.cfg pyproject.toml | $(PY)
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install --quiet "$(TORCH_SPEC)"
-	$(PIP) install --quiet -e ".[dev]"
+	$(PIP) install --quiet -e ".[dev,integrations]"
 	touch $(STAMP)
 
 demo: $(STAMP)

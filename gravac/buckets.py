@@ -124,9 +124,10 @@ def build_layout(params: Sequence[Tensor], *, bucket_bytes: int, dense_bytes: in
     return Layout(tuple(compressed), dense_buckets, _signature(params))
 
 
-def flatten_grads(bucket: Bucket) -> Tensor:
-    """The bucket's gradients as one flat tensor; a missing gradient counts as zeros and a
-    sparse one is densified, so that every rank packs the same layout."""
+def flatten_grads(bucket: Bucket, out: Tensor | None = None) -> Tensor:
+    """The bucket's gradients as one flat tensor (written into ``out`` when given: a buffer
+    reused across steps); a missing gradient counts as zeros and a sparse one is densified,
+    so that every rank packs the same layout."""
     parts = []
     for p in bucket.params:
         g = p.grad
@@ -135,7 +136,11 @@ def flatten_grads(bucket: Bucket) -> Tensor:
         else:
             g = g.to_dense() if g.is_sparse else g
             parts.append(g.reshape(-1).to(bucket.dtype))
-    return torch.cat(parts) if parts else torch.empty(0, dtype=bucket.dtype)
+    if not parts:
+        return torch.empty(0, dtype=bucket.dtype)
+    if out is None:
+        return torch.cat(parts)
+    return torch.cat(parts, out=out)
 
 
 def write_grads(bucket: Bucket, flat: Tensor) -> None:

@@ -211,6 +211,7 @@ class Engine:
         self.last_record: StepRecord | None = None  # the last step taken
         self.last_cf: float | None = None  # CF sent at the previous step (None: not searching)
         self.last_close: float | None = None  # the clock at the previous step's close()
+        self._alone = 0  # steps this process took, or skipped, as a single worker
 
     # ------------------------------------------------------------------ the group
     def join_group(self) -> None:
@@ -222,11 +223,11 @@ class Engine:
             RuntimeError: the group appeared after this engine had already stepped alone.
         """
         if not self.comm.distributed and dist.is_available() and dist.is_initialized():
-            if self.steps or self.skipped_steps:
+            if self._alone:
                 raise RuntimeError(
-                    f"torch.distributed was initialised after gravac took "
-                    f"{self.steps + self.skipped_steps} step(s) as a single worker; create the "
-                    "optimizer or hook state (or call its first step) after init_process_group"
+                    f"torch.distributed was initialised after gravac took {self._alone} "
+                    "step(s) as a single worker; create the optimizer or hook state (or call "
+                    "its first step) after init_process_group"
                 )
             self.comm = Communicator(None)
             self.controller = self._make_controller(self.controller.config, self.controller.policy)
@@ -454,6 +455,7 @@ class Engine:
         saved = self.total_dense_wire_bytes - self.total_wire_bytes
         record = dataclasses.replace(record, bytes_saved=saved)
         self.last_record = record
+        self._alone += not self.comm.distributed
         if self.monitor is not None:
             self.monitor.log(record)
         self.last_cf = record.cf_sent if outcome.search else None
@@ -471,6 +473,7 @@ class Engine:
             )
         self.compressor.load_state_dict(step.snapshot)
         self.skipped_steps += 1
+        self._alone += not self.comm.distributed
         self.last_cf = None
         if self.skipped_steps & (self.skipped_steps - 1) == 0:  # 1, 2, 4, 8, ...: rate-limited
             warnings.warn(

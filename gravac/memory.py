@@ -75,6 +75,9 @@ class ResidualMemory(Memory):
 
     def __init__(self) -> None:
         self.residuals: dict[int, Tensor] = {}
+        # per key, the storage of a residual replaced by update_sent(): the next compensate()
+        # writes g + e into it instead of allocating (no page faults on a fresh buffer)
+        self._spare: dict[int, Tensor] = {}
 
     def compensate(self, key: int, g: Tensor) -> Tensor:
         e = self.residuals.get(key)
@@ -85,7 +88,10 @@ class ResidualMemory(Memory):
                 f"residual of bucket {key} has shape {tuple(e.shape)} and dtype {e.dtype}, "
                 f"gradient has {tuple(g.shape)} and {g.dtype}"
             )
-        return g + e
+        spare = self._spare.pop(key, None)
+        if spare is None or spare.shape != g.shape or spare.dtype != g.dtype:
+            return g + e
+        return torch.add(g, e, out=spare)
 
     def update(self, key: int, x: Tensor, sent: Tensor) -> None:
         self.residuals[key] = x - sent
@@ -93,9 +99,13 @@ class ResidualMemory(Memory):
     def update_sent(
         self, key: int, x: Tensor, compressor: Compressor, payload: Payload, ctx: Context
     ) -> None:
+        old = self.residuals.get(key)
         self.residuals[key] = compressor.residual_(x, payload, ctx)
+        if old is not None and old is not self.residuals[key]:
+            self._spare[key] = old
 
     def reset(self, key: int | None = None) -> None:
+        self._spare.clear()
         if key is None:
             self.residuals.clear()
         else:

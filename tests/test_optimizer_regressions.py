@@ -152,18 +152,24 @@ def _group_after_construction(rank: int, world_size: int, port: int) -> dict[str
     model, late_model = tiny_model(seed=rank), tiny_model(seed=rank)
     opt, late = make(model), make(late_model)
     train_step(late_model, late, rank, 0)  # one step alone, before the group exists
+    # a state loaded before the group exists carries steps, but none was taken alone here
+    saved = make(tiny_model(seed=rank))
+    saved.load_state_dict(late.state_dict())
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
     )
     broadcast_parameters(model)
     for step in range(3):
         train_step(model, opt, rank, step)
+    resumed = tiny_model(seed=0)
+    train_step(resumed, saved, rank, 0)
     try:
         train_step(late_model, late, rank, 1)
         raised = ""
     except RuntimeError as exc:
         raised = str(exc)
     return {
+        "resumed_world_size": saved.comm.world_size,
         "world_size": opt.comm.world_size,
         "params": [p.detach().clone() for p in model.parameters()],
         "raised": raised,
@@ -174,6 +180,7 @@ def _group_after_construction(rank: int, world_size: int, port: int) -> dict[str
 def test_the_group_is_joined_at_the_first_step() -> None:
     out = spawn_workers(_group_after_construction, 2, free_port(), timeout=240.0)
     assert [o["world_size"] for o in out] == [2, 2]
+    assert [o["resumed_world_size"] for o in out] == [2, 2]
     for a, b in zip(out[0]["params"], out[1]["params"], strict=True):
         assert torch.equal(a, b)  # trained together, not as two single workers
     assert all("took 1 step(s) as a single worker" in o["raised"] for o in out)

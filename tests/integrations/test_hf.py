@@ -1,0 +1,100 @@
+"""The Hugging Face Trainer with gravac's callback: real DDP (gloo) processes under torchrun."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here downloads; make sure of it
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from torch import Tensor, nn
+from torch.utils.data import Dataset
+
+from gravac.ddp import GravacHookState
+from gravac.launch import free_port
+from tests.helpers import batch, tiny_model
+from tests.integrations._run import EXAMPLES, STEPS, assert_compressed, run_example
+
+transformers = pytest.importorskip("transformers")
+from gravac.integrations.hf import GravacCallback  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_example_compresses_under_torchrun(tmp_path: Path) -> None:
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    assert torchrun is not None, "torchrun is installed with torch"
+    command = [
+        torchrun,
+        "--nproc_per_node=2",
+        "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}",
+        str(EXAMPLES / "hf_trainer.py"),
+        f"--max-steps={STEPS}",
+        f"--output-dir={tmp_path / 'out'}",
+        f"--report={tmp_path}",
+    ]
+    assert_compressed(run_example(command, tmp_path))
+
+
+class _Classifier(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = tiny_model()
+
+    def forward(self, x: Tensor, labels: Tensor) -> dict[str, Tensor]:
+        return {"loss": nn.functional.cross_entropy(self.net(x), labels)}
+
+
+class _Data(Dataset[dict[str, Tensor]]):
+    def __init__(self) -> None:
+        self.x, self.y = batch(0, 0, size=32)
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> dict[str, Tensor]:
+        return {"x": self.x[i], "labels": self.y[i]}
+
+
+def _trainer(tmp_path: Path) -> transformers.Trainer:
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        per_device_train_batch_size=8,
+        max_steps=2,
+        save_strategy="no",
+        logging_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+    )
+    return transformers.Trainer(model=_Classifier(), args=args, train_dataset=_Data())
+
+
+def test_one_process_trains_uncompressed_with_a_warning(tmp_path: Path) -> None:
+    state = GravacHookState(compressor="topk")
+    trainer = _trainer(tmp_path)
+    trainer.add_callback(GravacCallback(state, trainer))
+    with pytest.warns(UserWarning, match="one process"):
+        trainer.train()
+    assert trainer.state.global_step == 2
+    assert state.engine.steps == 0
+
+
+def test_a_callback_given_another_trainer_refuses_to_start(tmp_path: Path) -> None:
+    state = GravacHookState(compressor="topk")
+    trainer = _trainer(tmp_path)
+    trainer.add_callback(GravacCallback(state, _trainer(tmp_path)))
+    with pytest.raises(RuntimeError, match="another Trainer"):
+        trainer.train()
+
+
+def test_the_callback_checks_its_arguments(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="GravacHookState"):
+        GravacCallback(object(), _trainer(tmp_path))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="Trainer"):
+        GravacCallback(GravacHookState(), object())  # type: ignore[arg-type]

@@ -156,10 +156,15 @@ class Phase(str, Enum):
 
 @dataclass(frozen=True)
 class Plan:
-    """What to compress this step: always at ``theta_min``; at ``candidate`` too when set."""
+    """What to compress this step: always at ``theta_min``; at ``candidate`` too when set.
+
+    ``measure``: whether the step's gains are wanted (not under a fixed CF, whose decisions
+    never read them: the engine then skips the gain terms).
+    """
 
     theta_min: float
     candidate: float | None
+    measure: bool = True
 
 
 @dataclass(frozen=True)
@@ -223,7 +228,7 @@ class Controller:
         """The CFs to compress at this step."""
         static = self.policy.static_cf
         if static is not None:
-            return Plan(theta_min=self.snap(static), candidate=None)
+            return Plan(theta_min=self.snap(static), candidate=None, measure=False)
         if self.phase is Phase.WARMUP or self.theta_c <= self.theta_min:
             return Plan(theta_min=self.theta_min, candidate=None)
         return Plan(theta_min=self.theta_min, candidate=self.theta_c)
@@ -249,7 +254,10 @@ class Controller:
         return Decision(cf=1.0, which="dense")
 
     def observe(self, plan: Plan, gain_min: float, gain_candidate: float | None) -> None:
-        """Fold one step's agreed gains (at the CFs of its ``plan``) into the EWMAs."""
+        """Fold one step's agreed gains (at the CFs of its ``plan``) into the EWMAs (a plan
+        that measures nothing has none to fold)."""
+        if not plan.measure:
+            return
         self._update_gain(plan.theta_min, gain_min)
         if plan.candidate is not None:
             if gain_candidate is None:

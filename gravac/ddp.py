@@ -50,14 +50,14 @@ class _BucketPlan:
     Attributes:
         compressed: the unit of its compressed tensors, or ``None``.
         dense: the unit of its 1-D tensors, or ``None``.
-        mask: per buffer element, whether it belongs to the compressed unit (``None`` when the
-            bucket is all one or the other).
+        spans: per unit (compressed first), the ``(start, end)`` buffer ranges of its tensors,
+            merged where adjacent; empty when the bucket is all one kind (the buffer itself).
         params: the compressed unit's parameters, in order.
     """
 
     compressed: Unit | None
     dense: Unit | None
-    mask: Tensor | None
+    spans: tuple[tuple[tuple[int, int], ...], ...]
     params: tuple[Tensor, ...]
 
 
@@ -101,12 +101,12 @@ class GravacHookState:
         buffer = bucket.buffer()
         plan = self._plan(bucket.parameters(), buffer)
         first = len(step.flights)
-        if plan.compressed is not None:
-            flat = buffer if plan.mask is None else buffer.masked_select(plan.mask)
-            self.engine.launch(step, plan.compressed, self._with_orphans(plan, flat))
-        if plan.dense is not None:
-            flat = buffer if plan.mask is None else buffer.masked_select(~plan.mask)
-            self.engine.launch(step, plan.dense, flat)
+        units = [u for u in (plan.compressed, plan.dense) if u is not None]
+        for i, unit in enumerate(units):
+            flat = _gather(buffer, plan.spans[i]) if plan.spans else buffer
+            if unit.compressed:
+                flat = self._with_orphans(plan, flat)
+            self.engine.launch(step, unit, flat)
         if bucket.is_last():
             self._close(step, done)
 
@@ -114,14 +114,12 @@ class GravacHookState:
             outcome = f.value()
             if outcome.skipped:
                 return torch.full_like(buffer, math.nan)
-            grads = outcome.grads[
-                first : first + (plan.compressed is not None) + (plan.dense is not None)
-            ]
-            if plan.mask is None:
+            grads = outcome.grads[first : first + len(units)]
+            if not plan.spans:
                 return grads[0].to(buffer.dtype).view_as(buffer)
             out = torch.empty_like(buffer)
-            out.masked_scatter_(plan.mask, grads[0])
-            out.masked_scatter_(~plan.mask, grads[1])
+            for grad, spans in zip(grads, plan.spans, strict=True):
+                _scatter(out, spans, grad)
             return out
 
         return done.then(result)
@@ -166,15 +164,10 @@ class GravacHookState:
         dense = tuple(p for p, c in zip(params, compressed, strict=True) if not c)
         unit_c = Unit(self._key_for(comp), tuple(p.shape for p in comp), True) if comp else None
         unit_d = Unit(-1, tuple(p.shape for p in dense), False) if dense else None
-        mask = None
+        spans: tuple[tuple[tuple[int, int], ...], ...] = ()
         if comp and dense:
-            mask = torch.cat(
-                [
-                    torch.full((p.numel(),), c, device=buffer.device)
-                    for p, c in zip(params, compressed, strict=True)
-                ]
-            )
-        plan = _BucketPlan(unit_c, unit_d, mask, comp)
+            spans = (_spans(params, compressed, True), _spans(params, compressed, False))
+        plan = _BucketPlan(unit_c, unit_d, spans, comp)
         self._plans[ids] = plan
         return plan
 
@@ -267,6 +260,34 @@ class GravacHookState:
             f"GravacHookState(compressor={e.compressor!r}, policy={e.controller.policy!r}, "
             f"world_size={e.comm.world_size})"
         )
+
+
+def _spans(params: list[Tensor], kinds: list[bool], kind: bool) -> tuple[tuple[int, int], ...]:
+    """The buffer ranges of the parameters of ``kind``, adjacent ones merged."""
+    out: list[tuple[int, int]] = []
+    offset = 0
+    for p, k in zip(params, kinds, strict=True):
+        end = offset + p.numel()
+        if k == kind:
+            if out and out[-1][1] == offset:
+                out[-1] = (out[-1][0], end)
+            else:
+                out.append((offset, end))
+        offset = end
+    return tuple(out)
+
+
+def _gather(buffer: Tensor, spans: tuple[tuple[int, int], ...]) -> Tensor:
+    """The buffer's ``spans``, concatenated."""
+    return torch.cat([buffer[a:b] for a, b in spans])
+
+
+def _scatter(out: Tensor, spans: tuple[tuple[int, int], ...], flat: Tensor) -> None:
+    """Write ``flat`` back into ``out``'s ``spans``, in order."""
+    offset = 0
+    for a, b in spans:
+        out[a:b].copy_(flat[offset : offset + b - a])
+        offset += b - a
 
 
 def gravac_hook(state: GravacHookState, bucket: dist.GradBucket) -> Future[Tensor]:

@@ -261,9 +261,9 @@ class Engine:
         """Compensate, compress and start aggregating one unit's flat gradient ``flat`` (not
         modified); the future completes with the sum over ranks of what was sent."""
         t0 = self.clock()
-        if flat.numel():
-            step.ends.append(_ends(flat))
         if not unit.compressed:
+            if flat.numel():
+                step.ends.append(_ends(flat))
             x = flat.clone()
             flight = _Flight(unit, x, None, self.comm.all_reduce_async(x), _nbytes(x))
         else:
@@ -283,8 +283,9 @@ class Engine:
             cfs.append(plan.candidate)
         r_min, *r_c = self._agree_stats(x, cfs, base)
         p_min, ctx_min = c.compress(x, plan.theta_min, r_min)
-        terms = [*c.sent_terms(x, p_min, ctx_min)]
         chosen = (p_min, ctx_min)
+        zero = torch.zeros((), dtype=torch.float64, device=x.device)
+        terms = [*c.sent_terms(x, p_min, ctx_min)] if plan.measure else [zero, zero]
         if plan.candidate is not None:
             if direct:
                 p_c, ctx_c = c.compress(x, plan.candidate, r_c[0])
@@ -294,8 +295,16 @@ class Engine:
             if step.decision.which == "candidate":
                 chosen = (p_c, ctx_c)
         else:
-            terms += [torch.zeros((), dtype=torch.float64, device=x.device)] * 2
-        terms.append(squared_norm(x))
+            terms += [zero, zero]
+        # x = g + e with a finite residual: x is finite exactly when g is, and ||x||^2 is NaN
+        # or Inf exactly when x is not (float64 where float32 overflows): the non-finite flag
+        if plan.measure:
+            xx = squared_norm(x)
+            step.ends.append(xx.reshape(1))
+            terms.append(xx)
+        else:
+            step.ends.append(_ends(x))
+            terms.append(zero)
         step.terms = step.terms.to(x.device) + torch.stack(terms)
         if step.decision.which == "dense":
             total = x.clone()
@@ -382,9 +391,11 @@ class Engine:
         compressed = [f for f in step.flights if f.unit.compressed]
         plan, decision = step.plan, step.decision
         if not compressed:  # nothing to compress: no gains, no search
-            plan, decision = Plan(theta_min=plan.theta_min, candidate=None), _DENSE
-        gain_min = gain_from_terms(terms[[0, 1, 4]])
-        gain_c = gain_from_terms(terms[[2, 3, 4]]) if plan.candidate is not None else None
+            plan, decision = Plan(theta_min=plan.theta_min, candidate=None, measure=False), _DENSE
+        gain_min = gain_from_terms(terms[[0, 1, 4]]) if plan.measure else math.nan
+        gain_c = None
+        if plan.candidate is not None and plan.measure:
+            gain_c = gain_from_terms(terms[[2, 3, 4]])
         if compressed:
             interval = float(table[:, 2].max())
             if interval > 0 and self.last_cf is not None:
@@ -405,7 +416,7 @@ class Engine:
             cf_candidate=plan.candidate,
             gain_min=ctl.smoothed_gain(plan.theta_min),
             gain_candidate=None if plan.candidate is None else ctl.smoothed_gain(plan.candidate),
-            gain_min_step=gain_min if compressed else 1.0,
+            gain_min_step=gain_min,
             gain_candidate_step=gain_c,
             system_throughput=ctl.tsys.get(cf_key(cf)),
             compression_throughput=ctl.tput().get(cf_key(cf)),
@@ -420,9 +431,9 @@ class Engine:
 
     def _update_residual(self, f: _Flight, present: tuple[bool, ...]) -> None:
         """``e <- x - D(sent)``; what belongs to a tensor with a gradient on no rank stays in
-        the residual (it is applied to nothing); after a dense send, ``e <- 0``."""
+        the residual (it is applied to nothing); after a dense or exact send, ``e <- 0``."""
         absent = self._absent_mask(f, present)
-        if f.sent is None and absent is None:
+        if absent is None and (f.sent is None or self.compressor.exact):
             self.memory.reset(f.unit.key)
             return
         if absent is None and f.sent is not None:

@@ -369,3 +369,16 @@ def test_buckets_are_launched_during_backward() -> None:
     assert opt._step is not None and opt._next == len(opt._units)
     opt.step()
     assert opt._step is None and opt.steps == 1
+
+
+def test_a_fixed_cf_measures_no_gains_and_none_keeps_no_residual() -> None:
+    """Under a fixed CF the decisions never read gains, so none are computed; an exact
+    compressor (none) leaves a zero residual, which is not kept."""
+    model = tiny_model()
+    opt = make(model, compressor="none", policy="fixed", policy_options={"cf": 1})
+    for step in range(3):
+        train_step(model, opt, 0, step)
+    record = opt.last_record
+    assert record is not None and math.isnan(record.gain_min_step)
+    assert not opt.controller.gain
+    assert not opt.memory.residuals  # type: ignore[attr-defined]

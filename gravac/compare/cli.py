@@ -86,6 +86,16 @@ def _checked_string(parse: Callable[[str], object]) -> Callable[[str], str]:
     return check
 
 
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default, except ``None``: those options say theirs in their help
+    (it depends on --quick or on the workload)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def add_parser(subparsers: Any) -> None:
     """Register ``gravac compare``."""
     d = CompareConfig()
@@ -98,7 +108,7 @@ def add_parser(subparsers: Any) -> None:
             "With --bandwidth (as root) every worker runs in its own network namespace behind a "
             "tc-shaped veth link; otherwise on loopback."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_Formatter,
     )
     p.add_argument(
         "--modes",

@@ -62,6 +62,7 @@ class NoneCompressor(Compressor):
 
     name: ClassVar[str] = "none"
     collective: Collective = "allreduce"
+    exact: ClassVar[bool] = True
 
     def deliverable_cf(self, cf: float, world_size: int = 1) -> float:
         """Always 1: the values travel as they are."""
@@ -138,7 +139,13 @@ class _HalfCompressor(Compressor):
 
     def decompress(self, payload: Payload, ctx: Context) -> Tensor:
         values = cast(DensePayload, payload).values.to(ctx.dtype)
-        return (values * cast(ScaledContext, ctx).scale).view(ctx.shape)
+        return values.mul_(cast(ScaledContext, ctx).scale).view(ctx.shape)
+
+    def residual_(self, x: Tensor, payload: Payload, ctx: Context) -> Tensor:
+        """``x - s v`` in one pass over ``x`` (``s v`` is exact: ``s`` is a power of two times
+        the world size, so this equals ``x - D(payload)``)."""
+        values = cast(DensePayload, payload).values.view(x.shape)
+        return x.sub_(values, alpha=cast(ScaledContext, ctx).scale)
 
     def sent_terms(self, x: Tensor, payload: Payload, ctx: Context) -> Tensor:
         """From the 16-bit values ``v`` and the scale ``s`` of ``c = s v``: ``s <v, x>`` and

@@ -212,3 +212,20 @@ def test_squared_norm_matches_float64_without_overflow(dtype: torch.dtype, scale
     if bool(torch.isfinite(exact)):
         torch.testing.assert_close(got, exact, rtol=1e-4, atol=0)  # float32 partial sums
     assert float(squared_norm(torch.empty(0, dtype=dtype))) == 0.0
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("cf", [1.0, 10.0, 100.0])
+def test_residual_in_place_equals_x_minus_the_decompressed(name: str, cf: float) -> None:
+    torch.manual_seed(11)
+    c = compressors.create(name)
+    x = torch.randn(40, 50)
+    payload, ctx = _compress(c, x, cf, _round())
+    want = x - c.decompress(payload, ctx)
+    got = c.residual_(x.clone(), payload, ctx)
+    if name in BITWISE_EF:
+        assert torch.equal(got, want)
+    else:
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    if c.exact:
+        assert not bool(want.any())

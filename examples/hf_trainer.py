@@ -18,8 +18,6 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported
 
 import argparse
-import hashlib
-import json
 from pathlib import Path
 
 import torch
@@ -32,6 +30,7 @@ import gravac
 from gravac.ddp import GravacHookState
 from gravac.demo import DigitsCNN, digits_data
 from gravac.integrations.hf import GravacCallback
+from gravac.integrations.report import report_run
 
 
 class DigitsClassifier(nn.Module):
@@ -60,14 +59,6 @@ class Digits(Dataset[dict[str, Tensor]]):
 
     def __getitem__(self, i: int) -> dict[str, Tensor]:
         return {"pixel_values": self.x[i], "labels": self.y[i]}
-
-
-def digest(model: nn.Module) -> str:
-    """A hash of the parameters' bytes (equal on every rank when the ranks agree)."""
-    h = hashlib.sha256()
-    for p in model.parameters():
-        h.update(p.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
 
 
 def main() -> None:
@@ -124,27 +115,14 @@ def main() -> None:
     with torch.no_grad():
         pred = model(test_x)["logits"].argmax(dim=1)
     accuracy = float((pred == test_y).float().mean())
-    engine, rank = state.engine, training.process_index
-    last = engine.last_record
-    if args.report is not None:
-        args.report.mkdir(parents=True, exist_ok=True)
-        report = {
-            "rank": rank,
-            "world_size": training.world_size,
-            "steps": engine.steps,
-            "cf_sent": last.cf_sent if last is not None else None,
-            "wire_bytes": engine.total_wire_bytes,
-            "dense_wire_bytes": engine.total_dense_wire_bytes,
-            "accuracy": accuracy,
-            "digest": digest(model),
-        }
-        (args.report / f"rank{rank}.json").write_text(json.dumps(report))
-    if rank == 0:
-        print(f"test accuracy {accuracy:.4f}")
-        if last is not None:
-            print(f"gravac steps {engine.steps}, CF sent at the last step {last.cf_sent:g}")
-        wire, dense = engine.total_wire_bytes, engine.total_dense_wire_bytes
-        print(f"wire bytes {wire:,} (dense fp32 {dense:,}, {dense / max(wire, 1):.1f}x)")
+    report_run(
+        state.engine,
+        model,
+        rank=training.process_index,
+        world_size=training.world_size,
+        accuracy=accuracy,
+        report_dir=args.report,
+    )
     if dist.is_initialized():
         dist.barrier()  # tear down together (see examples/train_digits.py)
         dist.destroy_process_group()

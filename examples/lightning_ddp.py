@@ -13,8 +13,6 @@ the test accuracy, the CF gravac sent at the last step and the bytes on the wire
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 from pathlib import Path
 
 import torch
@@ -27,6 +25,7 @@ import gravac
 from gravac.ddp import GravacHookState
 from gravac.demo import DigitsCNN, digits_data
 from gravac.integrations.lightning import GravacCallback
+from gravac.integrations.report import report_run
 
 #: processes Lightning starts on this machine
 DEVICES = 2
@@ -46,14 +45,6 @@ class Digits(LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
-
-
-def digest(model: nn.Module) -> str:
-    """A hash of the parameters' bytes (equal on every rank when the ranks agree)."""
-    h = hashlib.sha256()
-    for p in model.parameters():
-        h.update(p.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
 
 
 def main() -> None:
@@ -100,27 +91,14 @@ def main() -> None:
     model.eval()
     with torch.no_grad():
         accuracy = float((model.net(test_x).argmax(dim=1) == test_y).float().mean())
-    engine, rank = state.engine, trainer.global_rank
-    last = engine.last_record
-    if args.report is not None:
-        args.report.mkdir(parents=True, exist_ok=True)
-        report = {
-            "rank": rank,
-            "world_size": trainer.world_size,
-            "steps": engine.steps,
-            "cf_sent": last.cf_sent if last is not None else None,
-            "wire_bytes": engine.total_wire_bytes,
-            "dense_wire_bytes": engine.total_dense_wire_bytes,
-            "accuracy": accuracy,
-            "digest": digest(model),
-        }
-        (args.report / f"rank{rank}.json").write_text(json.dumps(report))
-    if rank == 0:
-        print(f"test accuracy {accuracy:.4f}")
-        if last is not None:
-            print(f"gravac steps {engine.steps}, CF sent at the last step {last.cf_sent:g}")
-        wire, dense = engine.total_wire_bytes, engine.total_dense_wire_bytes
-        print(f"wire bytes {wire:,} (dense fp32 {dense:,}, {dense / max(wire, 1):.1f}x)")
+    report_run(
+        state.engine,
+        model,
+        rank=trainer.global_rank,
+        world_size=trainer.world_size,
+        accuracy=accuracy,
+        report_dir=args.report,
+    )
     trainer.strategy.barrier()  # tear down together (see examples/train_digits.py)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import shutil
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -43,3 +46,19 @@ def train_step(model: nn.Module, opt: torch.optim.Optimizer, rank: int, step: in
     loss.backward()
     opt.step()
     return float(loss.detach())
+
+
+def torchrun_command(script: Path, *args: str, nproc: int = 2) -> list[str]:
+    """The command that runs ``script`` with ``args`` on ``nproc`` processes on loopback."""
+    from gravac.launch import free_port
+
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    assert torchrun is not None, "torchrun is installed with torch"
+    return [
+        torchrun,
+        f"--nproc_per_node={nproc}",
+        "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}",
+        str(script),
+        *args,
+    ]

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from gravac.launch import free_port
+from tests.helpers import torchrun_command
 
 pytestmark = pytest.mark.slow
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_digits.py"
@@ -19,16 +17,7 @@ EXIT_RUNS = 5
 
 def _torchrun(*args: str) -> subprocess.CompletedProcess[str]:
     """The example on 2 processes, with ``args``; never raises on a failed run."""
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
-    assert torchrun is not None, "torchrun is installed with torch"
-    command = [
-        torchrun,
-        "--nproc_per_node=2",
-        "--master_addr=127.0.0.1",
-        f"--master_port={free_port()}",
-        str(EXAMPLE),
-        *args,
-    ]
+    command = torchrun_command(EXAMPLE, *args)
     return subprocess.run(command, capture_output=True, text=True, timeout=300)
 
 

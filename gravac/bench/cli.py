@@ -11,11 +11,12 @@ import argparse
 import contextlib
 import json
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
 from gravac import compressors
+from gravac.argtypes import argtype
 from gravac.bench import compressors as compressor_bench
 from gravac.bench import kernels as kernel_bench
 from gravac.bench import multilevel as multilevel_bench
@@ -23,20 +24,6 @@ from gravac.bench.common import DEFAULT_REPEATS, DEFAULT_SEED, DEFAULT_SIZE, par
 from gravac.compressors import check_cf
 
 __all__ = ["add_parser"]
-
-T = TypeVar("T")
-
-
-def _argtype(parse: Callable[[str], T]) -> Callable[[str], T]:
-    """Turn a parser's ValueError into argparse's error (its message is printed verbatim)."""
-
-    def convert(text: str) -> T:
-        try:
-            return parse(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    return convert
 
 
 def _positive_int(option: str) -> Callable[[str], int]:
@@ -49,7 +36,7 @@ def _positive_int(option: str) -> Callable[[str], int]:
             raise ValueError(f"{option} must be an integer >= 1, got {text!r}")
         return value
 
-    return _argtype(parse)
+    return argtype(parse)
 
 
 def _cf(option: str) -> Callable[[str], float]:
@@ -59,7 +46,7 @@ def _cf(option: str) -> Callable[[str], float]:
         except ValueError:
             raise ValueError(f"{option} must be a finite number >= 1, got {text!r}") from None
 
-    return _argtype(parse)
+    return argtype(parse)
 
 
 def _int(option: str) -> Callable[[str], int]:
@@ -69,7 +56,7 @@ def _int(option: str) -> Callable[[str], int]:
         except ValueError:
             raise ValueError(f"{option} must be an integer, got {text!r}") from None
 
-    return _argtype(parse)
+    return argtype(parse)
 
 
 def _compressor_list(text: str) -> list[str]:
@@ -99,7 +86,7 @@ def _device(text: str) -> torch.device:
 def _add_common(p: argparse.ArgumentParser, *, cf: bool) -> None:
     p.add_argument(
         "--size",
-        type=_argtype(parse_size),
+        type=argtype(parse_size),
         default=parse_size(DEFAULT_SIZE),
         help=f"elements per gradient, K/M/G suffixes binary (default {DEFAULT_SIZE})",
     )
@@ -118,7 +105,7 @@ def _add_common(p: argparse.ArgumentParser, *, cf: bool) -> None:
     )
     p.add_argument(
         "--compressors",
-        type=_argtype(_compressor_list),
+        type=argtype(_compressor_list),
         default=None,
         help="comma-separated compressor names (default: every registered one that applies)",
     )
@@ -130,7 +117,7 @@ def _add_common(p: argparse.ArgumentParser, *, cf: bool) -> None:
     )
     p.add_argument(
         "--device",
-        type=_argtype(_device),
+        type=argtype(_device),
         default=torch.device("cpu"),
         help="torch device to run on (default cpu; CUDA times are synchronised)",
     )

@@ -13,9 +13,10 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from gravac import compressors, policies
+from gravac.argtypes import argtype
 from gravac.compare import modes, workloads
 from gravac.compare.config import (
     DEFAULT_EVAL_EVERY,
@@ -36,20 +37,6 @@ from gravac.compare.runner import CompareError, run_compare
 from gravac.controller import ControllerConfig
 
 __all__ = ["add_parser"]
-
-T = TypeVar("T")
-
-
-def _argtype(parse: Callable[[str], T]) -> Callable[[str], T]:
-    """Turn a parser's ValueError into argparse's error (status 2, the message verbatim)."""
-
-    def convert(text: str) -> T:
-        try:
-            return parse(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    return convert
 
 
 def _mode_list(text: str) -> tuple[str, ...]:
@@ -112,7 +99,7 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument(
         "--modes",
-        type=_argtype(_mode_list),
+        type=argtype(_mode_list),
         default=None,
         help=f"comma-separated modes from {modes.names()} "
         f"(default {','.join(DEFAULT_MODES)}; --quick: {','.join(QUICK_MODES)})",
@@ -155,14 +142,14 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--compressor", default=d.compressor, choices=compressors.names())
     p.add_argument(
         "--compressor-options",
-        type=_argtype(_json_object("--compressor-options")),
+        type=argtype(_json_object("--compressor-options")),
         default={},
         help="JSON object of compressor options",
     )
     p.add_argument("--policy", default=d.policy, choices=policies.names())
     p.add_argument(
         "--policy-options",
-        type=_argtype(_json_object("--policy-options")),
+        type=argtype(_json_object("--policy-options")),
         default={},
         help="""JSON object of policy options, e.g. '{"cf": 100}' for --policy fixed""",
     )
@@ -188,13 +175,13 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument(
         "--bandwidth",
-        type=_argtype(_checked_string(parse_rate)),
+        type=argtype(_checked_string(parse_rate)),
         default=None,
         help="link rate as tc writes it (1gbit, 100mbit); needs root (default: loopback)",
     )
     p.add_argument(
         "--delay",
-        type=_argtype(_checked_string(parse_delay)),
+        type=argtype(_checked_string(parse_delay)),
         default=None,
         help="one-way link delay (1ms; netem), with --bandwidth",
     )

@@ -6,8 +6,6 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here downloads; make sure of it
 
-import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,8 +13,7 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from gravac.ddp import GravacHookState
-from gravac.launch import free_port
-from tests.helpers import batch, tiny_model
+from tests.helpers import batch, tiny_model, torchrun_command
 from tests.integrations._run import EXAMPLES, STEPS, assert_compressed, run_example
 
 transformers = pytest.importorskip("transformers")
@@ -26,18 +23,12 @@ pytestmark = pytest.mark.slow
 
 
 def test_the_example_compresses_under_torchrun(tmp_path: Path) -> None:
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
-    assert torchrun is not None, "torchrun is installed with torch"
-    command = [
-        torchrun,
-        "--nproc_per_node=2",
-        "--master_addr=127.0.0.1",
-        f"--master_port={free_port()}",
-        str(EXAMPLES / "hf_trainer.py"),
+    command = torchrun_command(
+        EXAMPLES / "hf_trainer.py",
         f"--max-steps={STEPS}",
         f"--output-dir={tmp_path / 'out'}",
         f"--report={tmp_path}",
-    ]
+    )
     assert_compressed(run_example(command, tmp_path))
 
 

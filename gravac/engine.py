@@ -431,9 +431,9 @@ class Engine:
 
     def _update_residual(self, f: _Flight, present: tuple[bool, ...]) -> None:
         """``e <- x - D(sent)``; what belongs to a tensor with a gradient on no rank stays in
-        the residual (it is applied to nothing); after a dense or exact send, ``e <- 0``."""
+        the residual (it is applied to nothing); after a dense send, ``e <- 0``."""
         absent = self._absent_mask(f, present)
-        if absent is None and (f.sent is None or self.compressor.exact):
+        if f.sent is None and absent is None:
             self.memory.reset(f.unit.key)
             return
         if absent is None and f.sent is not None:

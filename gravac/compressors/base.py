@@ -167,8 +167,6 @@ class Compressor(ABC):
     supports_multilevel: bool = False
     #: how :meth:`local_stats` are reduced across ranks
     stats_op: ClassVar[StatsOp] = "sum"
-    #: ``D(C(x)) == x`` exactly: the error-feedback residual is always zero (not kept)
-    exact: ClassVar[bool] = False
 
     def local_stats(self, x: Tensor, cf: float, rnd: Round) -> Tensor | None:
         """Values all ranks must agree on before compressing ``x`` (``None``: nothing)."""

@@ -62,7 +62,6 @@ class NoneCompressor(Compressor):
 
     name: ClassVar[str] = "none"
     collective: Collective = "allreduce"
-    exact: ClassVar[bool] = True
 
     def deliverable_cf(self, cf: float, world_size: int = 1) -> float:
         """Always 1: the values travel as they are."""
@@ -75,6 +74,10 @@ class NoneCompressor(Compressor):
 
     def decompress(self, payload: Payload, ctx: Context) -> Tensor:
         return cast(DensePayload, payload).values.to(ctx.dtype).view(ctx.shape)
+
+    def residual_(self, x: Tensor, payload: Payload, ctx: Context) -> Tensor:
+        """Everything was sent: zero (its storage is reused by the next step)."""
+        return x.zero_()
 
     def sent_terms(self, x: Tensor, payload: Payload, ctx: Context) -> Tensor:
         """What is sent is ``x``: both terms are ``||x||^2`` (one pass)."""

@@ -113,14 +113,15 @@ class GravacHookState:
         def result(f: Future[Outcome]) -> Tensor:
             outcome = f.value()
             if outcome.skipped:
-                return torch.full_like(buffer, math.nan)
+                return buffer.fill_(math.nan)
             grads = outcome.grads[first : first + len(units)]
             if not plan.spans:
                 return grads[0].to(buffer.dtype).view_as(buffer)
-            out = torch.empty_like(buffer)
+            # The bucket's own gradients were copied out at launch: its buffer takes the
+            # aggregate (as PyTorch's all-reduce hook returns its buffer reduced in place).
             for grad, spans in zip(grads, plan.spans, strict=True):
-                _scatter(out, spans, grad)
-            return out
+                _scatter(buffer, spans, grad)
+            return buffer
 
         return done.then(result)
 

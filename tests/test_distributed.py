@@ -219,3 +219,55 @@ def test_nonfinite_gradient_on_one_rank_skips_the_step_on_all() -> None:
         assert r["unchanged"] == [False, False, False, True, False, False]
         assert r["residuals"] == [False, False, False, True, False, False]
         assert r["steps"] == 5
+
+
+def collectives_per_step(rank: int, world_size: int, compressor: str) -> list[list[str]]:
+    """Every torch.distributed collective a step issues, in order, for the steps after the
+    first (which also compares the ranks' configuration digests)."""
+    calls: list[str] = []
+    originals = {name: getattr(torch.distributed, name) for name in SPIED}
+
+    def spy(name: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            calls.append(name)
+            return originals[name](*args, **kwargs)
+
+        return call
+
+    model = tiny_model(seed=rank)
+    opt = make(model, compressor)
+    steps = []
+    for step in range(4):
+        for name in SPIED:
+            setattr(torch.distributed, name, spy(name))
+        try:
+            train_step(model, opt, rank, step)
+        finally:
+            for name, fn in originals.items():
+                setattr(torch.distributed, name, fn)
+        steps.append(list(calls))
+        calls.clear()
+    return steps[1:]
+
+
+#: the collectives counted
+SPIED = ("all_reduce", "all_gather", "broadcast", "barrier")
+
+
+@pytest.mark.parametrize(
+    ("compressor", "expected"),
+    [
+        # one compressed bucket (values, indices), one dense bucket, the step's scalars
+        ("topk", ["all_gather", "all_gather", "all_reduce", "all_gather"]),
+        # the 16-bit scale (a max) is agreed before the cast, then the payload, the dense bucket
+        ("fp16", ["all_reduce", "all_reduce", "all_reduce", "all_gather"]),
+    ],
+)
+def test_a_step_issues_its_payloads_and_one_scalar_gather(
+    compressor: str, expected: list[str]
+) -> None:
+    """The step's scalars (non-finite flag, step time, gain terms) ride in one all-gather
+    beside the payloads: no other collective of the step's own (the old step made two scalar
+    all-gathers and a stats all-reduce before the payloads)."""
+    for steps in spawn_workers(collectives_per_step, 2, compressor, timeout=SPAWN_TIMEOUT):
+        assert steps == [expected] * 3

@@ -86,6 +86,14 @@ class Communicator:
             if w is not None:
                 w.wait()
 
+    @property
+    def device(self) -> torch.device:
+        """Where this group's small tensors (scalars, digests) live: the current CUDA device
+        under NCCL, the CPU otherwise."""
+        if self.backend == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
     def all_reduce_async(self, tensor: Tensor, op: StatsOp = "sum") -> Future[Tensor]:
         """Start reducing ``tensor`` in place; the future completes with it, reduced."""
         if self.world_size == 1:

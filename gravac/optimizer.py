@@ -541,7 +541,7 @@ class GravacOptimizer(torch.optim.Optimizer):
             "the bucketing and error-feedback settings": settings,
             "the parameters (order, shapes, dtypes, requires_grad)": layout_text(params),
         }
-        check_agreement(self.comm, parts, self._comm_device())
+        check_agreement(self.comm, parts, self.comm.device)
 
     def _flush_residuals(self, old: Layout) -> None:
         """Move the residuals of an outdated layout into the gradients, so none is lost.
@@ -564,11 +564,6 @@ class GravacOptimizer(torch.optim.Optimizer):
                 else:
                     p.grad = (p.grad.to_dense() if p.grad.is_sparse else p.grad) + piece
         self.memory.reset()
-
-    def _comm_device(self) -> torch.device:
-        if self.comm.backend == "nccl":
-            return torch.device("cuda", torch.cuda.current_device())
-        return torch.device("cpu")
 
     def close(self) -> None:
         """Flush and close the monitor, then wait for every rank (a collective: call it on every

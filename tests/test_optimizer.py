@@ -160,6 +160,23 @@ def test_a_gradient_changed_after_its_bucket_was_sent_raises() -> None:
     assert opt.steps == 1
 
 
+@pytest.mark.parametrize("policy", ["fixed", "exponential"])
+def test_an_empty_matrix_parameter_steps(policy: str) -> None:
+    """A 0 x 5 weight alone in a bucket: an empty compressed unit, defined as finite."""
+    empty, weight = nn.Parameter(torch.randn(0, 5)), nn.Parameter(torch.randn(4, 4))
+    sgd = torch.optim.SGD([empty, weight], lr=0.1)
+    opt = GravacOptimizer(
+        sgd, policy=policy, policy_options={"cf": 2} if policy == "fixed" else None, bucket_bytes=0
+    )
+    before = weight.detach().clone()
+    for _ in range(2):
+        opt.zero_grad()
+        (weight.square().sum() + empty.sum()).backward()
+        opt.step()
+    assert opt.steps == 2 and opt.skipped_steps == 0
+    assert not torch.equal(weight, before)
+
+
 def test_frozen_and_missing_gradients() -> None:
     """Frozen parameters, and parameters without a gradient, are left alone (grad None)."""
     model = tiny_model()

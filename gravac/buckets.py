@@ -13,13 +13,21 @@ are stored.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-__all__ = ["Bucket", "Layout", "build_layout", "check_real", "flatten_grads", "write_grads"]
+__all__ = [
+    "Bucket",
+    "Layout",
+    "build_layout",
+    "check_real",
+    "flatten_grads",
+    "split_flat",
+    "write_grads",
+]
 
 #: default bucket size: PyTorch DDP's 25 MiB
 DEFAULT_BUCKET_BYTES = 25 * 2**20
@@ -143,13 +151,19 @@ def flatten_grads(bucket: Bucket, out: Tensor | None = None) -> Tensor:
     return torch.cat(parts, out=out)
 
 
+def split_flat(flat: Tensor, params: Sequence[Tensor]) -> Iterator[tuple[Tensor, Tensor]]:
+    """Each of ``params`` with its piece of ``flat`` (in order, shaped as the parameter): the
+    inverse of packing their gradients into one flat tensor."""
+    offset = 0
+    for p in params:
+        yield p, flat[offset : offset + p.numel()].view(p.shape)
+        offset += p.numel()
+
+
 def write_grads(bucket: Bucket, flat: Tensor) -> None:
     """Write the aggregated flat gradient back into ``p.grad`` (dense), in order."""
-    offset = 0
-    for p in bucket.params:
-        n = p.numel()
-        piece = flat[offset : offset + n].view(p.shape).to(p.dtype)
-        offset += n
+    for p, part in split_flat(flat, bucket.params):
+        piece = part.to(p.dtype)
         if p.grad is None or p.grad.is_sparse:
             p.grad = piece.clone()
         else:

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.futures import Future
 
+from gravac.buckets import split_flat
 from gravac.engine import Engine, Outcome, Step, Unit
 from gravac.options import build_engine
 
@@ -188,10 +189,8 @@ class GravacHookState:
         holds each parameter) and forget the unit."""
         e = self.engine.memory.residual(key)
         if e is not None:
-            offset = 0
-            for p in params:
-                piece = e[offset : offset + p.numel()]
-                offset += p.numel()
+            for p, part in split_flat(e, params):
+                piece = part.reshape(-1)
                 kept = self._orphans.get(id(p))
                 self._orphans[id(p)] = piece.clone() if kept is None else kept + piece
         self.engine.memory.reset(key)
@@ -219,11 +218,9 @@ class GravacHookState:
         pieces: dict[int, Tensor] = {k: v.clone() for k, v in self._loaded.items()}
         for key, params in self._units.items():
             e = self.engine.memory.residual(key)
-            offset = 0
-            for p in params:
-                if e is not None:
-                    pieces[self._position[id(p)]] = e[offset : offset + p.numel()].clone()
-                offset += p.numel()
+            if e is not None:
+                for p, part in split_flat(e, params):
+                    pieces[self._position[id(p)]] = part.reshape(-1).clone()
         for p_id, piece in self._orphans.items():
             pieces[self._position[p_id]] = piece.clone()
         return {**self.engine.state_dict(with_memory=False), "residuals": pieces}

@@ -105,11 +105,12 @@ class ResidualMemory(Memory):
             self._spare[key] = old
 
     def reset(self, key: int | None = None) -> None:
-        self._spare.clear()
         if key is None:
             self.residuals.clear()
+            self._spare.clear()
         else:
             self.residuals.pop(key, None)
+            self._spare.pop(key, None)
 
     def residual(self, key: int) -> Tensor | None:
         return self.residuals.get(key)

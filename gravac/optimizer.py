@@ -35,6 +35,7 @@ from gravac.buckets import (
     build_layout,
     check_real,
     flatten_grads,
+    split_flat,
     write_grads,
 )
 from gravac.comm import Communicator
@@ -553,10 +554,8 @@ class GravacOptimizer(torch.optim.Optimizer):
             e = self.memory.residual(b.key)
             if e is None:
                 continue
-            offset = 0
-            for p in b.params:
-                piece = e[offset : offset + p.numel()].view(p.shape).to(p.dtype)
-                offset += p.numel()
+            for p, part in split_flat(e, b.params):
+                piece = part.to(p.dtype)
                 if not p.requires_grad:
                     continue
                 if p.grad is None:

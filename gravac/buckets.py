@@ -69,7 +69,12 @@ class Layout:
     @property
     def params(self) -> list[Tensor]:
         """Every parameter that takes part, compressed ones first."""
-        return [p for b in (*self.compressed, *self.dense) for p in b.params]
+        return [p for b in self.buckets for p in b.params]
+
+    @property
+    def buckets(self) -> tuple[Bucket, ...]:
+        """Every bucket in launch order: the compressed ones, then the dense ones."""
+        return (*self.compressed, *self.dense)
 
 
 def _signature(params: Sequence[Tensor]) -> tuple[tuple[int, bool], ...]:

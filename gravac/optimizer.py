@@ -68,7 +68,7 @@ def _units(layout: Layout) -> list[Unit]:
     index :attr:`Layout.params`."""
     units, slot = [], 0
     n_compressed = len(layout.compressed)
-    for i, b in enumerate((*layout.compressed, *layout.dense)):
+    for i, b in enumerate(layout.buckets):
         slots = tuple(range(slot, slot + len(b.params)))
         slot += len(b.params)
         units.append(Unit(b.key, b.shapes, compressed=i < n_compressed, slots=slots))
@@ -452,8 +452,7 @@ class GravacOptimizer(torch.optim.Optimizer):
                     else:
                         p.grad.fill_(math.nan)
             return _SKIPPED
-        buckets = (*layout.compressed, *layout.dense)
-        for b, flat in zip(buckets, outcome.grads, strict=True):
+        for b, flat in zip(layout.buckets, outcome.grads, strict=True):
             write_grads(b, flat)
         # A parameter without a gradient on every rank keeps grad None (torch.optim leaves it
         # alone); one that has a gradient on some rank counts as zeros on the others (as DDP).
@@ -492,7 +491,7 @@ class GravacOptimizer(torch.optim.Optimizer):
     def _launch_next(self, step: Step) -> None:
         layout = self._layout
         assert layout is not None
-        bucket = (*layout.compressed, *layout.dense)[self._next]
+        bucket = layout.buckets[self._next]
         flat = flatten_grads(bucket, out=self._flats[self._next])
         self.engine.launch(step, self._units[self._next], flat)
         self._stamps += [(p, _stamp(p)) for p in bucket.params]
@@ -523,8 +522,7 @@ class GravacOptimizer(torch.optim.Optimizer):
         # each unit's flat gradient buffer, reused every step (the engine keeps no reference
         # to it past the step)
         self._flats = [
-            torch.empty(b.numel, dtype=b.dtype, device=b.params[0].device)
-            for b in (*new.compressed, *new.dense)
+            torch.empty(b.numel, dtype=b.dtype, device=b.params[0].device) for b in new.buckets
         ]
         self._unit_of = {id(p): i for i, u in enumerate(self._units) for p in _params(new, u)}
         return new

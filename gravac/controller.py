@@ -217,6 +217,16 @@ class Controller:
         """The deliverable CF nearest ``cf``, as a table key."""
         return cf_key(self._snap(cf))
 
+    def resnap(self) -> None:
+        """Snap every CF held again, after the deliverable CFs changed (the compressor was
+        bound to a new layout): ``theta_min``, ``theta_ideal`` and the table keys (where two
+        keys meet, the larger CF's entry is kept)."""
+        self.theta_min = self.snap(self.theta_min)
+        if self.theta_ideal is not None:
+            self.theta_ideal = self.snap(self.theta_ideal)
+        self.gain = {self.snap(cf): v for cf, v in sorted(self.gain.items())}
+        self.tsys = {self.snap(cf): v for cf, v in sorted(self.tsys.items())}
+
     @property
     def theta_c(self) -> float:
         """The candidate CF: ``min(theta_min * s, theta_max)`` (theta_ideal once settled)."""

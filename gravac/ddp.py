@@ -71,6 +71,10 @@ class GravacHookState:
         **options: the compression and controller options of :class:`gravac.GravacOptimizer`
             (``compressor``, ``policy``, ``theta_min``, ... ``batch_size``, ``nonfinite``,
             ``monitor``, ``clock``), validated the same way.
+
+    The hook sees the model's parameters only as DDP hands its buckets over, so compressors
+    whose deliverable CFs depend on the shapes (PowerSGD) plan over them from the second step
+    on; the first step compresses at the CF asked for, and its record reports the CF achieved.
     """
 
     def __init__(self, process_group: dist.ProcessGroup | None = None, **options: Any) -> None:
@@ -89,12 +93,16 @@ class GravacHookState:
         self._orphans: dict[int, Tensor] = {}
         # residual pieces of a loaded checkpoint, by position, until their parameter appears
         self._loaded: dict[int, Tensor] = {}
+        # the shape of each compressed parameter, by position, and those the engine is bound to
+        self._shapes: dict[int, torch.Size] = {}
+        self._bound: tuple[torch.Size, ...] = ()
 
     # ------------------------------------------------------------------ the hook
     def hook(self, bucket: dist.GradBucket) -> Future[Tensor]:
         """Launch ``bucket`` and return a future of its aggregate (see :func:`gravac_hook`)."""
         if self._step is None:
             self.engine.join_group()
+            self._bind()
             self._step = self.engine.begin()
             self._done = Future()
         step, done = self._step, self._done
@@ -162,6 +170,9 @@ class GravacHookState:
             if piece is not None:
                 self._orphans[id(p)] = piece.reshape(-1).to(buffer.dtype)
         compressed = [p.dim() > 1 for p in params]
+        for p, c in zip(params, compressed, strict=True):
+            if c:
+                self._shapes[self._position[id(p)]] = p.shape
         comp = tuple(p for p, c in zip(params, compressed, strict=True) if c)
         dense = tuple(p for p, c in zip(params, compressed, strict=True) if not c)
         unit_c = Unit(self._key_for(comp), tuple(p.shape for p in comp), True) if comp else None
@@ -172,6 +183,14 @@ class GravacHookState:
         plan = _BucketPlan(unit_c, unit_d, spans, comp)
         self._plans[ids] = plan
         return plan
+
+    def _bind(self) -> None:
+        """Bind the engine to the compressed shapes seen so far (all of them from the second
+        step on: DDP hands every bucket over in each step), when they changed."""
+        shapes = tuple(self._shapes[k] for k in sorted(self._shapes))
+        if shapes != self._bound:
+            self.engine.bind_shapes(shapes)
+            self._bound = shapes
 
     def _key_for(self, params: tuple[Tensor, ...]) -> int:
         """A new key for a unit of ``params``; units that share a parameter with it (DDP's
@@ -223,7 +242,8 @@ class GravacHookState:
                     pieces[self._position[id(p)]] = part.reshape(-1).clone()
         for p_id, piece in self._orphans.items():
             pieces[self._position[p_id]] = piece.clone()
-        return {**self.engine.state_dict(with_memory=False), "residuals": pieces}
+        shapes = {k: list(v) for k, v in self._shapes.items()}
+        return {**self.engine.state_dict(with_memory=False), "residuals": pieces, "shapes": shapes}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned, before this run's first step (DGC's
@@ -233,6 +253,9 @@ class GravacHookState:
             ValueError: the state was saved with another compressor.
         """
         self.engine.check_state(state)
+        # the saved CFs are those the saved shapes deliver: bind them first
+        self._shapes = {int(k): torch.Size(v) for k, v in state["shapes"].items()}
+        self._bind()
         self.engine.load_state_dict(state, with_memory=False)
         self.engine.memory.reset()
         self._loaded = {int(k): torch.as_tensor(v).clone() for k, v in state["residuals"].items()}

@@ -236,6 +236,13 @@ class Engine:
             self.controller = self._make_controller(self.controller.config, self.controller.policy)
         self._open_monitor()
 
+    def bind_shapes(self, shapes: Sequence[torch.Size]) -> None:
+        """The shapes of every compressed tensor, in unit order (the front ends call it when
+        the layout is known or changes): the compressor plans its deliverable CFs over them
+        and the controller snaps what it holds to those."""
+        self.compressor.bind_shapes(shapes)
+        self.controller.resnap()
+
     def _make_controller(self, config: ControllerConfig, policy: ScalingPolicy) -> Controller:
         """A controller that plans only CFs this compressor delivers at this world size."""
         world, c = self.comm.world_size, self.compressor

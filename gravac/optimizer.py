@@ -335,6 +335,7 @@ class GravacOptimizer(torch.optim.Optimizer):
             )
         g = state_dict["gravac"]
         self._check_checkpoint(g)
+        self._bind(self._fresh_layout())  # the saved CFs are those these shapes deliver
         before = copy.deepcopy(self.state_dict())
         try:
             self._load(state_dict)
@@ -356,11 +357,18 @@ class GravacOptimizer(torch.optim.Optimizer):
         self.optimizer.load_state_dict(state_dict["optimizer"])
         self.engine.load_state_dict(state_dict["gravac"])
 
+    def _fresh_layout(self) -> Layout:
+        """The bucket layout of the parameters as they are now."""
+        params = [p for grp in self.param_groups for p in grp["params"]]
+        return build_layout(params, bucket_bytes=self.bucket_bytes, dense_bytes=self.dense_bytes)
+
     def _layout_shapes(self) -> list[list[list[int]]]:
         """The compressed buckets' tensor shapes, as saved in a checkpoint."""
-        params = [p for grp in self.param_groups for p in grp["params"]]
-        layout = build_layout(params, bucket_bytes=self.bucket_bytes, dense_bytes=self.dense_bytes)
-        return [[list(shape) for shape in b.shapes] for b in layout.compressed]
+        return [[list(shape) for shape in b.shapes] for b in self._fresh_layout().compressed]
+
+    def _bind(self, layout: Layout) -> None:
+        """Let the engine plan its CFs over the shapes of ``layout``'s compressed tensors."""
+        self.engine.bind_shapes([shape for b in layout.compressed for shape in b.shapes])
 
     # ------------------------------------------------------------------ step
     @torch.no_grad()
@@ -514,10 +522,11 @@ class GravacOptimizer(torch.optim.Optimizer):
         if self._layout is not None and self._layout.signature == sig:
             return self._layout
         self._check_agreement(params)
-        new = build_layout(params, bucket_bytes=self.bucket_bytes, dense_bytes=self.dense_bytes)
+        new = self._fresh_layout()
         if self._layout is not None:
             self._flush_residuals(self._layout)
         self._layout = new
+        self._bind(new)
         self._units = _units(new)
         # each unit's flat gradient buffer, reused every step (the engine keeps no reference
         # to it past the step)

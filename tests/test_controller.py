@@ -177,3 +177,23 @@ def test_candidate_gain_is_required_when_a_candidate_is_planned() -> None:
 def test_record_throughput_rejects_nonpositive() -> None:
     with pytest.raises(ValueError, match="samples_per_second"):
         make().record_throughput(10.0, 0.0)
+
+
+def test_resnap_moves_every_cf_held_onto_the_new_deliverable_ones() -> None:
+    """After the compressor is bound to a layout, theta_min, the tables and the plans use only
+    the CFs it now delivers (here: multiples of 3)."""
+    step: list[float] = []  # empty: every CF is deliverable
+
+    def snap(cf: float) -> float:
+        return cf if not step else max(step[0], step[0] * round(cf / step[0]))
+
+    c = make()
+    c = Controller(c.config, c.policy, world_size=2, snap=snap)
+    for _ in range(4):
+        run_step(c, 0.9, 0.9, {10.0: 50.0})
+    assert set(c.gain) == set(c.tsys) == {10.0, 20.0}
+    step.append(3.0)
+    c.resnap()
+    assert c.theta_min == 9.0 and set(c.gain) == set(c.tsys) == {9.0, 21.0}
+    plan = c.plan()
+    assert plan.theta_min == 9.0 and plan.candidate is not None and plan.candidate % 3 == 0

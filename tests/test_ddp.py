@@ -13,6 +13,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from gravac import GravacOptimizer
+from gravac.controller import cf_key
 from gravac.ddp import GravacHookState, gravac_hook
 from gravac.launch import spawn_workers
 from tests.helpers import batch, counter_clock, tiny_model
@@ -70,6 +71,12 @@ def hook_and_optimizer(rank: int, world_size: int, compressor: str) -> dict[str,
         "decisions_a": decisions[0],
         "decisions_b": decisions[1],
         "wire": (opt_a.total_wire_bytes, state.engine.total_wire_bytes),
+        # every CF the hook's controller holds is one its compressor delivers (PowerSGD's
+        # depend on the model's shapes, bound from the second step on)
+        "deliverable_b": all(
+            cf_key(state.engine.compressor.deliverable_cf(cf, world_size)) == cf
+            for cf in [state.engine.controller.theta_min, *state.engine.controller.gain]
+        ),
     }
 
 
@@ -89,6 +96,7 @@ def test_the_hook_trains_exactly_as_the_optimizer_with_topk() -> None:
 def test_the_hook_keeps_ranks_identical(compressor: str) -> None:
     results = spawn_workers(hook_and_optimizer, 2, compressor, timeout=SPAWN_TIMEOUT)
     assert results[0]["decisions_b"] == results[1]["decisions_b"]
+    assert results[0]["deliverable_b"]
     for pa, pb in zip(results[0]["params_b"], results[1]["params_b"], strict=True):
         assert torch.equal(pa, pb)
         assert bool(torch.isfinite(pa).all())
@@ -168,14 +176,14 @@ def test_error_feedback_survives_ddps_bucket_rebuild() -> None:
     assert len(r["keys"]) > len(r["units"])  # the first buckets were retired by the rebuild
 
 
-def resume(rank: int, world_size: int) -> dict[str, Any]:
+def resume(rank: int, world_size: int, compressor: str) -> dict[str, Any]:
     """10 steps straight against 4 + pickle the state (as a checkpoint) + 6 in a fresh DDP."""
     ref = tiny_model(seed=0)
-    net, _ = hooked(ref, "topk")
+    net, _ = hooked(ref, compressor)
     opt = sgd(ref)
     fit(net, opt, rank, range(STEPS))
     model = tiny_model(seed=0)
-    net, state = hooked(model, "topk")
+    net, state = hooked(model, compressor)
     opt = sgd(model)
     fit(net, opt, rank, range(4))
     buf = io.BytesIO()
@@ -195,8 +203,10 @@ def resume(rank: int, world_size: int) -> dict[str, Any]:
     return {"same": same, "steps": restored.engine.steps}
 
 
-def test_a_pickled_state_resumes_bit_exactly() -> None:
-    for r in spawn_workers(resume, 2, timeout=SPAWN_TIMEOUT):
+@pytest.mark.parametrize("compressor", ["topk", "powersgd"])
+def test_a_pickled_state_resumes_bit_exactly(compressor: str) -> None:
+    """powersgd: its ranks depend on the model's shapes, which the state carries."""
+    for r in spawn_workers(resume, 2, compressor, timeout=SPAWN_TIMEOUT):
         assert r["same"] and r["steps"] == STEPS
 
 

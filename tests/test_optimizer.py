@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from gravac import GravacOptimizer, TensorBoardMonitor
+from gravac.controller import cf_key
 from gravac.memory import ResidualMemory
 from tests.helpers import batch, counter_clock, tiny_model, train_step
 
@@ -67,7 +68,7 @@ def _run(opt_state: dict | None, steps: range) -> tuple[nn.Module, GravacOptimiz
     return model, opt
 
 
-@pytest.mark.parametrize("compressor", ["topk", "randomk", "fp16"])
+@pytest.mark.parametrize("compressor", ["topk", "randomk", "fp16", "powersgd"])
 def test_checkpoint_resume_is_bit_exact(compressor: str) -> None:
     if compressor not in __import__("gravac").compressors.names():
         pytest.skip(f"{compressor} not registered")
@@ -304,7 +305,10 @@ def test_every_compressor_under_every_policy(compressor: str, policy: str) -> No
         records.append(opt.last_record)
     assert all(math.isfinite(v) for v in losses)
     assert all(torch.isfinite(p).all() for p in model.parameters())
-    deliverable = opt.compressor.deliverable_cf
+
+    def deliverable(cf: float) -> float:
+        return cf_key(opt.compressor.deliverable_cf(cf))
+
     if policy == "fixed":
         assert all(r is not None and r.cf_sent == deliverable(20.0) for r in records)
     elif deliverable(1000.0) > deliverable(10.0):  # the compressor has CFs to search

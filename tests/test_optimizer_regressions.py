@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from gravac import GravacOptimizer, broadcast_parameters
+from gravac.controller import cf_key
 from gravac.launch import free_port, spawn_workers
 from tests.helpers import batch, counter_clock, tiny_model, train_step
 
@@ -581,3 +582,24 @@ def test_only_deliverable_cfs_are_planned_and_recorded(
         assert r is not None and r.cf_sent in allowed and r.cf_achieved in allowed
         assert r.cf_candidate is None or r.cf_candidate in allowed
     assert set(opt.controller.gain) <= allowed
+
+
+def test_powersgd_plans_only_cfs_its_layout_delivers() -> None:
+    """PowerSGD's integer ranks deliver only some CFs, which depend on the model's shapes: the
+    optimizer binds the layout, and every CF planned, recorded or tabled is one of those."""
+    model = tiny_model()
+    opt = make(model, compressor="powersgd", theta_min=4, epsilon=0.0)
+    records = []
+    for step in range(12):
+        train_step(model, opt, 0, step)
+        records.append(opt.last_record)
+    c = opt.compressor
+
+    def deliverable(cf: float) -> bool:
+        return cf_key(c.deliverable_cf(cf)) == cf
+
+    assert opt.controller.theta_min != 4.0  # this layout cannot deliver CF 4 exactly
+    for r in records:
+        assert r is not None and deliverable(r.cf_sent) and deliverable(r.theta_min)
+        assert r.cf_candidate is None or deliverable(r.cf_candidate)
+    assert opt.controller.gain and all(deliverable(cf) for cf in opt.controller.gain)

@@ -196,6 +196,12 @@ class Compressor(ABC):
         """
         return check_cf(cf)
 
+    def bind_shapes(self, shapes: Sequence[torch.Size]) -> None:
+        """The shapes of every tensor this compressor will compress (the engine calls it when
+        the layout is known or changes), for compressors whose deliverable CFs depend on them
+        (PowerSGD's integer ranks). The default ignores them."""
+        return None
+
     @abstractmethod
     def compress(self, x: Tensor, cf: float, rnd: Round) -> tuple[Payload, Context]:
         """Compress ``x`` at CF ``cf``; returns the payload that travels and the local context."""

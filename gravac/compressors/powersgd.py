@@ -21,6 +21,11 @@ sum of the ranks' approximations, and each is an orthogonal projection of ``M`` 
 ``span Q``, of its columns onto ``span P^``). Two consecutive steps make one power iteration; with
 warm start (the reuse of the basis) the bases track the gradient's leading singular subspaces.
 
+Integer ranks deliver only some CFs, and which ones depends on every matrix's shape: once the
+engine binds the layout (:meth:`PowerSGDCompressor.bind_shapes`), :class:`RankTable` snaps a
+requested CF to the nearest one the layout delivers, and compressing at it uses the ranks that
+deliver it exactly.
+
 Tensors with fewer than two dimensions, fewer than ``min_numel`` elements, or whose rate
 ``m n / (r (m + n))`` at the chosen rank is below ``min_compression_rate`` travel dense, exactly.
 The achieved CF is the bucket's element count over the elements this step's payload holds (one
@@ -50,10 +55,12 @@ factor per matrix plus the dense values).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -77,6 +84,7 @@ __all__ = [
     "PowerSGDCompressor",
     "PowerSGDContext",
     "PowerSGDPayload",
+    "RankTable",
     "TensorPlan",
     "compression_rate",
     "fit_basis",
@@ -113,6 +121,66 @@ def rank_for_cf(m: int, n: int, cf: float) -> int:
 def compression_rate(m: int, n: int, rank: int) -> float:
     """Rate of sending both rank-``rank`` factors of an ``m x n`` matrix: ``mn / (r (m + n))``."""
     return m * n / (rank * (m + n))
+
+
+class RankTable:
+    """The CFs a layout of tensors can be sent at, and the rank-rule CF that delivers each.
+
+    The rank rule rounds each matrix alone, so the CF a whole layout achieves at the ranks
+    chosen for ``cf`` is not ``cf``, and asking for that achieved CF can choose other ranks.
+    The rule's ranks are constant between consecutive breakpoints ``mn / (r (m + n))``; each such
+    piece delivers one CF, ``sum(numel) / sum(sent)`` with ``r (m + n)`` sent for a matrix and
+    ``numel`` for a dense tensor. A requested CF maps to the piece whose delivered CF is nearest
+    (in ratio), and that piece's ranks are the rule's at a CF inside it (its ``knob``), so that
+    asking for a delivered CF delivers it.
+
+    Args:
+        shapes: every compressed tensor's shape.
+        ranks: the compressor's rule, ``rank_for(shape, cf)`` vectorised over an array of CFs
+            (0 for dense), as an array of ranks.
+    """
+
+    def __init__(
+        self, shapes: Sequence[torch.Size], ranks: Callable[[torch.Size, np.ndarray], np.ndarray]
+    ) -> None:
+        counts = Counter(torch.Size(shape) for shape in shapes)
+        breaks = {1.0}  # CFs below 1 are never asked for
+        for shape in counts:
+            if len(shape) >= 2 and shape.numel():
+                m, n = _matrix_view(shape)
+                cuts = m * n / (np.arange(1, min(m, n) + 1, dtype=np.float64) * (m + n))
+                breaks.update(cuts[cuts > 1.0].tolist())
+        edges = np.array(sorted(breaks))
+        # one CF strictly inside each piece: midpoints, and one past the last breakpoint
+        knobs = np.append((edges[:-1] + edges[1:]) / 2, edges[-1] * 2)
+        total = sum(shape.numel() * k for shape, k in counts.items())
+        sent = np.zeros_like(knobs)
+        for shape, k in counts.items():
+            rank = ranks(shape, knobs)
+            sent += k * np.where(rank == 0, shape.numel(), rank * sum(_matrix_view(shape)))
+        delivered = np.where(sent > 0, total / np.maximum(sent, 1), knobs)
+        # pieces whose ranks changed only among dense choices deliver the same CF: keep one
+        _, first = np.unique(delivered, return_index=True)
+        order = np.sort(first)
+        self.delivered = delivered[order]  # increasing: ranks fall as the CF rises
+        self.knobs = knobs[order]
+
+    def _piece(self, cf: float) -> int:
+        i = int(np.searchsorted(self.delivered, cf))
+        if i == 0:
+            return 0
+        if i == len(self.delivered):
+            return i - 1
+        lo, hi = self.delivered[i - 1], self.delivered[i]
+        return i - 1 if cf / lo <= hi / cf else i
+
+    def snap(self, cf: float) -> float:
+        """The delivered CF nearest ``cf`` (by ratio)."""
+        return float(self.delivered[self._piece(cf)])
+
+    def knob(self, cf: float) -> float:
+        """The CF whose rule ranks deliver :meth:`snap` ``(cf)``."""
+        return float(self.knobs[self._piece(cf)])
 
 
 def orthonormalize(a: Tensor) -> Tensor:
@@ -268,17 +336,43 @@ class PowerSGDCompressor(Compressor):
         self.min_numel = _check_int("min_numel", min_numel, 0)
         # Per bucket key: the shared bases, identical on every rank (updated by combine()).
         self._state: dict[int, _KeyState] = {}
+        # The deliverable CFs of the bound layout (bind_shapes), and that layout.
+        self._table: RankTable | None = None
+        self._table_shapes: tuple[torch.Size, ...] = ()
 
     # --- planning -------------------------------------------------------------------------
 
     def rank_for(self, shape: torch.Size, cf: float) -> int:
         """Rank a tensor of ``shape`` is sent at for CF ``cf``; 0 means dense."""
+        return int(self._ranks(shape, np.array([check_cf(cf)]))[0])
+
+    def _ranks(self, shape: torch.Size, cfs: np.ndarray) -> np.ndarray:
+        """:meth:`rank_for` over an array of CFs (the same floating-point operations as
+        :func:`rank_for_cf`, so both agree exactly)."""
         numel = math.prod(shape)
         if len(shape) < 2 or numel == 0 or numel < self.min_numel:
-            return 0
+            return np.zeros(cfs.shape, dtype=np.int64)
         m, n = _matrix_view(shape)
-        r = rank_for_cf(m, n, cf)
-        return r if compression_rate(m, n, r) >= self.min_compression_rate else 0
+        r = np.clip(np.floor(m * n / (cfs * (m + n))), 1, min(m, n)).astype(np.int64)
+        return np.where(m * n / (r * (m + n)) >= self.min_compression_rate, r, 0)
+
+    def bind_shapes(self, shapes: Sequence[torch.Size]) -> None:
+        """Plan ranks over the whole layout (:class:`RankTable`): from now on
+        :meth:`deliverable_cf` snaps to the CFs these shapes can be sent at, and compressing at
+        such a CF uses the ranks that deliver it."""
+        shapes = tuple(torch.Size(s) for s in shapes)
+        if self._table is None or self._table_shapes != shapes:
+            self._table, self._table_shapes = RankTable(shapes, self._ranks), shapes
+
+    def deliverable_cf(self, cf: float, world_size: int = 1) -> float:
+        """The rank-rule CF (DESIGN.md section 1) nearest ``cf`` that the bound layout
+        (:meth:`bind_shapes`) can be sent at; ``cf`` itself before one is bound."""
+        cf = check_cf(cf)
+        return cf if self._table is None else self._table.snap(cf)
+
+    def _knob(self, cf: float) -> float:
+        """The CF the rank rule is applied at for a requested ``cf``."""
+        return cf if self._table is None else self._table.knob(cf)
 
     @staticmethod
     def _layout(x: Tensor, rnd: Round) -> tuple[torch.Size, ...]:
@@ -328,7 +422,7 @@ class PowerSGDCompressor(Compressor):
     # --- the Compressor interface -----------------------------------------------------------
 
     def compress(self, x: Tensor, cf: float, rnd: Round) -> tuple[PowerSGDPayload, PowerSGDContext]:
-        cf = check_cf(cf)
+        cf = self._knob(check_cf(cf))
         flat = x.detach().reshape(-1)
         layout = self._layout(x, rnd)
         dtype = _compute_dtype(x.dtype)

@@ -7,6 +7,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import Tensor
 
 from gravac import compressors
@@ -180,9 +182,9 @@ def test_ranks_agree_and_aggregate_is_the_mean_of_reconstructions(workers: int) 
         sent = [c.decompress(p, ctx) for c, (p, ctx) in zip(ranks, compressed, strict=True)]
         torch.testing.assert_close(outs[0] / workers, torch.stack(sent).mean(0), rtol=0, atol=1e-5)
     states = [c.state_dict()["keys"][4] for c in [*ranks, shared]]
-    for st in states[1:]:
-        assert st["sides"] == states[0]["sides"]
-        for i, b in st["bases"].items():
+    for state in states[1:]:
+        assert state["sides"] == states[0]["sides"]
+        for i, b in state["bases"].items():
             assert torch.equal(b, states[0]["bases"][i])
 
 
@@ -397,3 +399,61 @@ def test_defaults_and_repr() -> None:
     assert repr(c) == (
         "PowerSGDCompressor(seed=0, warm_start=True, min_compression_rate=2.0, min_numel=256)"
     )
+
+
+# -- deliverable CFs over a bound layout ------------------------------------------------------
+
+#: A layout of mixed matrices, a conv kernel, a small matrix that cannot reach high CFs and a
+#: dense vector, so that the rule's per-matrix rounding moves the layout's CF.
+MIXED = tuple(
+    torch.Size(s)
+    for s in [(64, 1, 3, 3), (128, 64, 3, 3), (640, 2048), (10, 640), (300, 301), (77,)]
+)
+
+
+def _rank_rule_cf(shapes: tuple[torch.Size, ...], ctx: PowerSGDContext) -> float:
+    """DESIGN.md's CF of the ranks a compression used: numel over r (m + n) or numel sent."""
+    sent = sum(p.numel if p.rank == 0 else p.rank * (p.rows + p.cols) for p in ctx.plans)
+    return sum(math.prod(s) for s in shapes) / sent
+
+
+def test_unbound_it_plans_the_cf_asked_for() -> None:
+    assert _psgd().deliverable_cf(37.5) == 37.5
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    dims=st.lists(st.tuples(st.integers(1, 200), st.integers(1, 200)), min_size=1, max_size=5),
+    cf=st.floats(1.0, 3000.0),
+)
+def test_a_bound_layout_delivers_the_cf_it_snaps_to(dims: list[tuple[int, int]], cf: float) -> None:
+    shapes = tuple(torch.Size(d) for d in dims)
+    c = _psgd()
+    c.bind_shapes(shapes)
+    snapped = c.deliverable_cf(cf)
+    assert c.deliverable_cf(snapped) == snapped  # snapping twice changes nothing
+    x = torch.randn(sum(math.prod(s) for s in shapes))
+    _, ctx = c.compress(x, snapped, Round(layout=shapes))
+    assert math.isclose(_rank_rule_cf(shapes, ctx), snapped, rel_tol=1e-12)
+
+
+@pytest.fixture(scope="module")
+def reachable() -> list[float]:
+    """Every CF the plain rule's ranks deliver over MIXED at a fine grid of requests."""
+    plain, x = _psgd(), torch.zeros(sum(math.prod(s) for s in MIXED))
+    knobs = torch.logspace(0, 4, 3000, dtype=torch.float64).tolist()
+    return [_rank_rule_cf(MIXED, plain.compress(x, k, Round(layout=MIXED))[1]) for k in knobs]
+
+
+@pytest.mark.parametrize("cf", [1.3, 2.0, 3.0, 10.0, 20.0, 50.0, 100.0, 400.0, 5000.0])
+def test_it_snaps_to_the_nearest_cf_the_layout_delivers(cf: float, reachable: list[float]) -> None:
+    c = _psgd()
+    c.bind_shapes(MIXED)
+    snapped = c.deliverable_cf(cf)
+    assert any(math.isclose(snapped, r, rel_tol=1e-12) for r in reachable)
+    assert abs(math.log(snapped / cf)) <= min(abs(math.log(r / cf)) for r in reachable) + 1e-12
+
+
+def test_the_rule_alone_would_not_deliver_the_cf_it_asks_for(reachable: list[float]) -> None:
+    """Why the layout is bound: the ranks the rule picks for CF 10 deliver another CF."""
+    assert not any(math.isclose(10.0, r, rel_tol=1e-6) for r in reachable)

@@ -53,6 +53,7 @@ from gravac.compressors.base import Context, Payload, Round, check_cf
 from gravac.compressors.registry import register
 from gravac.compressors.sparse import SparseCompressor, SparsePayload
 from gravac.kernels import check_backend_name, threshold_indices, topk_indices
+from gravac.kernels.sparse import topk_among
 from gravac.memory import Memory
 from gravac.seeding import generator
 
@@ -371,9 +372,7 @@ class DGCCompressor(SparseCompressor):
                 if n >= k:
                     if n > self.upper * k:
                         self.resamples += 1
-                    if n == k:
-                        return chosen
-                    return chosen[topk_indices(values[chosen], k, backend=self.backend)]
+                    return topk_among(values, chosen, k, backend=self.backend)
                 thr *= self.lower
         # Non-finite input (sent first by the exact top-k) or too few above the lowest threshold.
         self.fallbacks += 1

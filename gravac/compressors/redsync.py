@@ -25,6 +25,7 @@ values if none) and :attr:`RedSyncCompressor.fallbacks` is incremented.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -34,6 +35,7 @@ from gravac.compressors.base import Round
 from gravac.compressors.registry import register
 from gravac.compressors.sparse import SparseCompressor
 from gravac.kernels import check_backend_name, threshold_indices, topk_indices
+from gravac.kernels.sparse import magnitude_scan, topk_among
 
 __all__ = ["RedSyncCompressor", "redsync_threshold"]
 
@@ -68,42 +70,88 @@ class RedSyncCompressor(SparseCompressor):
         self.fallbacks = 0
         self.searches = 0
 
-    def _top_of(self, values: Tensor, chosen: Tensor, k: int) -> Tensor:
-        if chosen.numel() == k:
-            return chosen
-        return chosen[topk_indices(values[chosen], k, backend=self.backend)]
-
     def select(self, values: Tensor, k: int, rnd: Round) -> Tensor:
-        mag = values.abs()
-        acc = torch.float64 if values.dtype == torch.float64 else torch.float32
-        mean = float(mag.mean(dtype=acc))
-        peak = float(mag.max())
-        best: Tensor | None = None  # the smallest selection of at least k entries seen
-        if math.isfinite(mean) and math.isfinite(peak):  # else: NaN/Inf, sent by exact top-k
+        pool = _Pool.of(values, _ACCEPT_FACTOR * k, self.backend)
+        best: float | None = None  # the threshold of the smallest selection of >= k seen
+        best_nnz = 0
+        if math.isfinite(pool.mean) and math.isfinite(pool.peak):  # else: exact top-k
             lo, hi = 0.0, 1.0
             # All magnitudes equal: thr(r) is the same for every r, one pass decides.
-            r, iters = (0.0, 1) if peak <= mean else (0.5, _MAX_SEARCH_ITERS)
+            r, iters = (0.0, 1) if pool.peak <= pool.mean else (0.5, _MAX_SEARCH_ITERS)
+            at_peak: int | None = None
             for _ in range(iters):
                 self.searches += 1
-                thr = redsync_threshold(mean, peak, r)
-                chosen = threshold_indices(values, thr, backend=self.backend)
-                nnz = chosen.numel()
-                if k <= nnz < _ACCEPT_FACTOR * k:
-                    return self._top_of(values, chosen, k)
-                if nnz < k:
+                thr = redsync_threshold(pool.mean, pool.peak, r)
+                nnz = pool.count(thr)
+                if nnz is not None and k <= nnz < _ACCEPT_FACTOR * k:
+                    return pool.top(thr, k)
+                if nnz is not None and nnz < k:
                     hi = r
                 else:
                     lo = r
-                    if best is None or nnz < best.numel():
-                        best = chosen
+                    if nnz is not None and (best is None or nnz < best_nnz):
+                        best, best_nnz = thr, nnz
+                    if at_peak is None:
+                        at_peak = pool.at_peak()
                     # Everything selected ties at the maximum: no threshold selects fewer.
-                    if float(mag[chosen].min()) >= peak:
+                    if nnz is not None and nnz == at_peak:
                         break
                 r = (lo + hi) / 2
         self.fallbacks += 1
-        if best is not None:
-            return self._top_of(values, best, k)
-        return topk_indices(values, k, backend=self.backend)
+        return pool.top(best, k)
 
     def __repr__(self) -> str:
         return f"RedSyncCompressor(backend={self.backend!r})"
+
+
+@dataclass(frozen=True)
+class _Pool:
+    """Where the search counts: the survivors of one :func:`magnitude_scan` (a superset of
+    the ``2k`` largest, with ``mean |x|`` and ``max |x|`` from the same pass) on the CPU, or
+    every element otherwise. Thresholds below the scan's ``floor`` select at least the whole
+    pool, ``>= 2k`` elements, so they need no count: the binary search visits the same ``r``
+    and ends with the same selection as with counts over everything.
+    """
+
+    values: Tensor
+    mag: Tensor  # magnitudes of the pool's elements
+    indices: Tensor | None  # their positions in ``values`` (None: every element)
+    floor: float
+    mean: float
+    peak: float
+    backend: str | None
+
+    @staticmethod
+    def of(values: Tensor, count: int, backend: str | None) -> _Pool:
+        scan = magnitude_scan(values, count)
+        if scan is not None:
+            mag = scan.magnitudes
+            return _Pool(values, mag, scan.indices, scan.threshold, scan.mean, scan.peak, backend)
+        mag = values.abs()
+        acc = torch.float64 if values.dtype == torch.float64 else torch.float32
+        mean, peak = float(mag.mean(dtype=acc)), float(mag.max())
+        return _Pool(values, mag, None, -math.inf, mean, peak, backend)
+
+    def count(self, thr: float) -> int | None:
+        """``#{i: |x_i| >= thr}``, or ``None`` when it is at least the pool (thr below floor)."""
+        if thr < self.floor:
+            return None
+        return int(torch.count_nonzero(self.mag >= thr))
+
+    def at_peak(self) -> int:
+        """``#{i: |x_i| >= max |x|}`` (the pool holds every such element)."""
+        return int(torch.count_nonzero(self.mag >= self.peak))
+
+    def top(self, thr: float | None, k: int) -> Tensor:
+        """int64 positions in ``values`` of the ``k`` largest magnitudes among the elements
+        with ``|x| >= thr``; ``thr=None``: among the pool (a superset of the 2k largest), or
+        among every element. The exact top-k of the input (ties aside) either way."""
+        if self.indices is None:
+            if thr is None:
+                return topk_indices(self.values, k, backend=self.backend)
+            chosen = threshold_indices(self.values, thr, backend=self.backend)
+            return topk_among(self.values, chosen, k, backend=self.backend)
+        sel = torch.nonzero(self.mag >= thr).reshape(-1) if thr is not None else None
+        mag = self.mag if sel is None else self.mag.index_select(0, sel)
+        among = topk_indices(mag, k, backend=self.backend)
+        return self.indices.index_select(0, among if sel is None else sel.index_select(0, among))

@@ -71,7 +71,7 @@ class SparseCompressor(Compressor):
         flat = x.detach().reshape(-1)
         k = k_for_cf(flat.numel(), cf)
         idx = self._choose(flat, k, rnd)
-        return self._payload(flat[idx], idx, flat.numel(), x.shape, x.dtype)
+        return self._payload(flat.index_select(0, idx), idx, flat.numel(), x.shape, x.dtype)
 
     def recompress(
         self, payload: Payload, ctx: Context, cf: float, rnd: Round
@@ -79,7 +79,8 @@ class SparseCompressor(Compressor):
         p = cast(SparsePayload, payload)
         k = min(k_for_cf(ctx.numel, check_cf(cf)), p.values.numel())
         sub = self._choose(p.values, k, rnd)
-        return self._payload(p.values[sub], p.indices[sub], ctx.numel, ctx.shape, ctx.dtype)
+        values, indices = p.values.index_select(0, sub), p.indices.index_select(0, sub)
+        return self._payload(values, indices, ctx.numel, ctx.shape, ctx.dtype)
 
     def decompress(self, payload: Payload, ctx: Context) -> Tensor:
         p = cast(SparsePayload, payload)

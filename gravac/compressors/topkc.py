@@ -38,7 +38,6 @@ from dataclasses import dataclass
 from typing import ClassVar, cast
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from gravac.compressors.base import (
@@ -101,24 +100,40 @@ def chunk_sq_norms(flat: Tensor, chunk_size: int) -> Tensor:
     """Squared L2 norm of each chunk of ``chunk_size`` consecutive elements of 1-D ``flat``.
 
     Returns ``ceil(d / chunk_size)`` values (float32, or float64 for float64 input); the last
-    chunk may be short (it is zero-padded, which does not change its norm).
+    chunk may be short. Computed as the square of ``torch.linalg.vector_norm`` over the rows of
+    a view (one pass, no squared copy of the gradient, a tenth of the time of
+    ``square().sum()``); every rank ranks the same all-reduced sums, so the last-bit rounding
+    of the square root does not matter.
     """
-    n_chunks = math.ceil(flat.numel() / chunk_size)
-    v = flat.to(_stats_dtype(flat.dtype))
-    pad = n_chunks * chunk_size - flat.numel()
-    if pad:
-        v = F.pad(v, (0, pad))
-    return v.view(n_chunks, chunk_size).square().sum(dim=1)
+    dtype = _stats_dtype(flat.dtype)
+    full = flat.numel() // chunk_size * chunk_size
+    rows = flat[:full].view(-1, chunk_size)
+    norms = torch.linalg.vector_norm(rows, dim=1, dtype=dtype)
+    if full < flat.numel():
+        tail = torch.linalg.vector_norm(flat[full:], dtype=dtype).reshape(1)
+        norms = torch.cat([norms, tail])
+    return norms.square_()
 
 
-def rank_chunks(norms: Tensor) -> Tensor:
-    """Chunk ids by ``norms`` descending, ties broken by id ascending (int64).
+def rank_chunks(norms: Tensor, count: int | None = None) -> Tensor:
+    """Chunk ids by ``norms`` descending, ties broken by id ascending (int64); only the first
+    ``count`` if given.
 
     NaN ranks with +Inf, above every finite norm. A stable sort preserves the id order of equal
-    keys, so the ranking is a pure function of ``norms``: identical on every rank.
+    keys, so the ranking is a pure function of ``norms``: identical on every rank. The first
+    ``count`` are found without sorting every chunk: the chunks whose key is at least the
+    ``count``-th largest (ties included), in id order, sorted stably, are exactly the full
+    ranking's first ones.
     """
     keys = torch.nan_to_num(norms, nan=math.inf)
-    return torch.sort(keys, descending=True, stable=True).indices
+    if count is None or count >= keys.numel():
+        return torch.sort(keys, descending=True, stable=True).indices
+    if count == 0:
+        return torch.empty(0, dtype=torch.int64, device=keys.device)
+    t = torch.topk(keys, count, sorted=False).values.min()
+    candidates = torch.nonzero(keys >= t).reshape(-1)
+    order = torch.sort(keys.index_select(0, candidates), descending=True, stable=True).indices
+    return candidates.index_select(0, order[:count])
 
 
 def _chunk_lengths(chunk_ids: Tensor, numel: int, chunk_size: int) -> Tensor:
@@ -188,11 +203,12 @@ class TopKCCompressor(Compressor):
     def compress(self, x: Tensor, cf: float, rnd: Round) -> tuple[TopKCPayload, TopKCContext]:
         flat = x.detach().reshape(-1)
         k = k_for_cf(flat.numel(), cf)
-        order = rank_chunks(self._norms(flat, rnd))
+        # k elements span at most ceil(k / c) + 1 chunks (the short last chunk may be one)
+        order = rank_chunks(self._norms(flat, rnd), -(-k // self.chunk_size) + 1)
         ids = _cover(order, k, flat.numel(), self.chunk_size)
         pos = kept_positions(ids, k, flat.numel(), self.chunk_size)
         ctx = self._context(x.shape, x.dtype, flat.numel(), ids, k)
-        return TopKCPayload(values=flat[pos]), ctx
+        return TopKCPayload(values=flat.index_select(0, pos)), ctx
 
     def _context(
         self, shape: torch.Size, dtype: torch.dtype, numel: int, ids: Tensor, k: int
@@ -213,7 +229,7 @@ class TopKCCompressor(Compressor):
         p, c = cast(TopKCPayload, payload), cast(TopKCContext, ctx)
         out = torch.zeros(c.numel, dtype=c.dtype, device=p.values.device)
         pos = kept_positions(c.chunk_ids.to(out.device), c.kept, c.numel, c.chunk_size)
-        out[pos] = p.values.to(c.dtype)
+        out.index_copy_(0, pos, p.values.to(c.dtype))
         return out.view(c.shape)
 
     def __repr__(self) -> str:

@@ -7,7 +7,9 @@ Torch implementations, vectorised, on any device, and CuPy kernels for CUDA tens
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -15,9 +17,13 @@ from gravac.kernels import cupy_sparse
 from gravac.kernels.backend import resolve_backend
 
 __all__ = [
+    "MagnitudeScan",
     "index_dtype",
+    "magnitude_scan",
     "scatter_add",
     "threshold_indices",
+    "threshold_indices_reference",
+    "topk_among",
     "topk_indices",
     "topk_indices_reference",
 ]
@@ -25,20 +31,24 @@ __all__ = [
 #: Flat indices fit int32 (half the wire bytes of int64) below this many elements.
 _INT32_LIMIT = 2**31 - 1
 #: The threshold path pays off when at most this fraction of the elements is kept (above it,
-#: the survivors are most of the input and ``torch.topk`` over them costs as much as over all).
+#: the survivors are most of the input and a selection among them costs as much as over all).
 _THRESHOLD_MAX_FRACTION = 1 / 8
 #: Below this many elements ``torch.topk`` is fast enough and the threshold path's fixed
-#: costs (a sample, a host sync, a loop over chunks) do not pay.
+#: costs (a sample, a loop over chunks) do not pay.
 _THRESHOLD_MIN_NUMEL = 2**16
 #: The sample's stride: a prime, so that the sample does not run down one column of a matrix
-#: whose rows have a power-of-two length.
-_SAMPLE_STRIDE = 61
-#: Survivors aimed for, as a multiple of k: the sample count above the true k-th magnitude
-#: has a relative spread of about 1/sqrt(s k / n) (2% for 16M elements at CF 100, s = n / 61),
-#: so 1.25 leaves over ten spreads of margin; fewer survivors than k fall back to torch.topk.
-_SURVIVOR_MARGIN = 1.25
+#: whose rows have a power-of-two length; 1 in 257 costs about 1/20 of a pass over the input.
+_SAMPLE_STRIDE = 257
+#: Standard deviations of margin in the sampled threshold. The number of sampled elements above
+#: the true k-th magnitude is binomial with mean ``m = s k / n`` (s sampled) and spread about
+#: ``sqrt(m)``; taking the threshold at the ``m + Z sqrt(m)``-th largest sample leaves fewer than
+#: k survivors (and the slow fallback) with probability below 1e-9 at Z = 6, for about
+#: ``k (1 + Z / sqrt(m))`` survivors (1.24 k for 16M elements at CF 100).
+_SURVIVOR_SIGMAS = 6.0
 #: Elements per chunk of the threshold pass: the magnitude and mask work buffers stay in cache.
 _CHUNK = 2**18
+#: dtypes the NumPy threshold pass reads in place (bfloat16 has no NumPy dtype).
+_NUMPY_DTYPES = (torch.float16, torch.float32, torch.float64)
 
 
 def index_dtype(numel: int) -> torch.dtype:
@@ -59,13 +69,31 @@ def topk_indices(x: Tensor, k: int, *, backend: str | None = None) -> Tensor:
         if k == 0 or k == n:
             return torch.arange(k, device=x.device)
         return cupy_sparse.topk_indices(x, k)
-    if k == 0:
-        return torch.empty(0, dtype=torch.int64, device=x.device)
-    if k <= n * _THRESHOLD_MAX_FRACTION and n >= _THRESHOLD_MIN_NUMEL and x.is_floating_point():
-        chosen = _topk_by_threshold(x, k)
-        if chosen is not None:
-            return chosen
-    return topk_indices_reference(x, k)
+    chosen = _topk_by_threshold(x, k)
+    if chosen is None:
+        chosen = _topk_by_partition(x, k)
+    return topk_indices_reference(x, k) if chosen is None else chosen
+
+
+def topk_among(x: Tensor, candidates: Tensor, k: int, *, backend: str | None = None) -> Tensor:
+    """Positions in 1-D ``x`` of the ``k`` largest magnitudes among ``x[candidates]`` (int64
+    positions, at least ``k``): the exact top-k of ``x`` when the candidates hold every element
+    at or above some threshold that at least ``k`` reach."""
+    if candidates.numel() == k:
+        return candidates
+    among = topk_indices(x.index_select(0, candidates), k, backend=backend)
+    return candidates.index_select(0, among)
+
+
+def _topk_by_partition(x: Tensor, k: int) -> Tensor | None:
+    """Exact top-k of a CPU tensor by NumPy's introselect (``argpartition``), five times
+    ``torch.topk`` on one thread when k is a large part of the input; NaN and +-Inf partition
+    above every finite magnitude, as the reference ranks them. ``None`` if NumPy cannot read
+    ``x`` in place."""
+    xn = _numpy_view(x)
+    if xn is None or k == 0:
+        return None
+    return torch.from_numpy(np.argpartition(np.abs(xn), xn.size - k)[xn.size - k :])
 
 
 def topk_indices_reference(x: Tensor, k: int) -> Tensor:
@@ -79,44 +107,133 @@ def topk_indices_reference(x: Tensor, k: int) -> Tensor:
 
 
 def _topk_by_threshold(x: Tensor, k: int) -> Tensor | None:
-    """Exact top-k through a sampled threshold: the elements at or above a threshold ``t``
-    taken from a strided sample (about :data:`_SURVIVOR_MARGIN` k of them), then
-    ``torch.topk`` among those few. Exact whenever at least k survive (the k largest are
-    all >= t); ``None`` (use the reference) when fewer do, or when ``x`` is not finite (NaN
-    must rank first, and comparisons never select it).
+    """Exact top-k through a sampled threshold on the CPU: the survivors of
+    :func:`magnitude_scan` (a superset of the k largest), then an exact partial sort among
+    those few; ``None`` (use the reference) when the scan is not possible.
 
-    Cost on one CPU thread at 16M float32 elements, CF 100: about 1/7 of ``torch.topk``'s:
-    one pass for finiteness, one chunked pass of abs, compare and compaction.
+    The partial sort ranks NaN and +-Inf above every finite magnitude (the scan keeps NaN), so
+    they are selected first, as by the reference. Cost on one CPU thread at 16M float32
+    elements, CF 100: about three copies of the input.
     """
-    if not bool(torch.isfinite(x.sum(dtype=torch.float32))):
+    scan = magnitude_scan(x, k, stats=False)
+    if scan is None:
         return None
+    survivors = scan.indices.numpy()
+    top = np.argpartition(scan.magnitudes.numpy(), survivors.size - k)
+    return torch.from_numpy(survivors[top[survivors.size - k :]])
+
+
+@dataclass(frozen=True)
+class MagnitudeScan:
+    """What :func:`magnitude_scan` found in one pass over ``|x|``.
+
+    Attributes:
+        indices: int64 positions, ascending, of every element whose magnitude is not below
+            ``threshold`` (NaN included): at least the ``count`` asked for.
+        magnitudes: ``|x|`` at ``indices`` (``x``'s dtype).
+        threshold: the sampled threshold.
+        mean, peak: ``mean |x|`` and ``max |x|`` (NaN if not asked for; non-finite values
+            propagate).
+    """
+
+    indices: Tensor
+    magnitudes: Tensor
+    threshold: float
+    mean: float
+    peak: float
+
+
+def magnitude_scan(x: Tensor, count: int, *, stats: bool = True) -> MagnitudeScan | None:
+    """Every element of 1-D CPU ``x`` at or above a threshold sampled so that at least ``count``
+    of them (a superset of the ``count`` largest magnitudes) pass, in one chunked pass that also
+    sums and maxes ``|x|`` when ``stats``.
+
+    The threshold ``t`` is the ``m + Z sqrt(m)``-th largest of a strided sample of ``|x|``, with
+    ``m = s count / n`` the expected number of sampled elements among the ``count`` largest
+    (:data:`_SURVIVOR_SIGMAS`): about ``count (1 + Z / sqrt(m))`` elements pass. Comparing
+    ``not |x| < t`` keeps NaN among them. The pass runs in NumPy on a zero-copy view: its
+    comparison and compaction (``flatnonzero``) are three times torch's on one CPU thread,
+    where torch writes boolean masks slowly and compacts them elementwise.
+
+    Returns ``None`` when fewer than ``count`` pass (a sample far from typical), when the
+    sample gives no finite positive threshold (mostly zeros, or non-finite), when ``count`` is
+    not below :data:`_THRESHOLD_MAX_FRACTION` of the elements or ``x`` is small (the caller's
+    exact path is as fast), or when ``x`` is not a contiguous CPU tensor NumPy can read.
+    """
     n = x.numel()
-    sample = x[::_SAMPLE_STRIDE].abs().float()
-    want = math.ceil(_SURVIVOR_MARGIN * sample.numel() * k / n)
-    if want >= sample.numel():
+    xn = _numpy_view(x)
+    if xn is None or n < _THRESHOLD_MIN_NUMEL or not 0 < count <= n * _THRESHOLD_MAX_FRACTION:
         return None
-    t = float(torch.topk(sample, want, sorted=False).values.min())
-    if t <= 0.0:  # mostly zeros: no threshold separates the k largest
+    sample = np.abs(xn[::_SAMPLE_STRIDE])
+    expected = sample.size * count / n
+    want = math.ceil(expected + _SURVIVOR_SIGMAS * math.sqrt(expected))
+    if want >= sample.size:
         return None
-    mag = torch.empty(min(n, _CHUNK), dtype=x.dtype, device=x.device)
-    mask = torch.empty(mag.numel(), dtype=torch.bool, device=x.device)
-    parts = []
-    for start in range(0, n, _CHUNK):
-        chunk = x[start : start + _CHUNK]
-        m = chunk.numel()
-        torch.ge(torch.abs(chunk, out=mag[:m]), t, out=mask[:m])
-        parts.append(mask[:m].nonzero().reshape(-1).add_(start))
-    survivors = torch.cat(parts)
-    if survivors.numel() < k:
+    t = sample[np.argpartition(sample, sample.size - want)[sample.size - want]]
+    if not (np.isfinite(t) and t > 0):  # mostly zeros, or non-finite: no threshold separates
         return None
-    top = torch.topk(x[survivors].abs().float(), k, sorted=False).indices
-    return survivors[top]
+    survivors, mags, total, peak = _select_chunks(xn, float(t), keep_nan=True, stats=stats)
+    if survivors.size < count:
+        return None
+    indices, magnitudes = torch.from_numpy(survivors), torch.from_numpy(mags)
+    return MagnitudeScan(indices, magnitudes, float(t), total / n, peak)
+
+
+def _numpy_view(x: Tensor) -> np.ndarray | None:
+    """A zero-copy NumPy view of 1-D ``x``, if it is a contiguous CPU tensor of a NumPy dtype."""
+    if x.device.type != "cpu" or x.dtype not in _NUMPY_DTYPES or not x.is_contiguous():
+        return None
+    return x.detach().reshape(-1).numpy()
+
+
+def _select_chunks(
+    xn: np.ndarray, t: float, *, keep_nan: bool, stats: bool
+) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """Positions (int64, ascending) and magnitudes of the elements with ``|x| >= t``, or with
+    ``not |x| < t`` (NaN included) if ``keep_nan``; with ``sum |x|`` and ``max |x|`` if
+    ``stats`` (NaN if not).
+
+    One pass in chunks of :data:`_CHUNK`, so that the magnitudes and the mask stay in cache
+    (the selected magnitudes are taken from there, not gathered from memory afterwards);
+    NumPy's comparison and compaction (``flatnonzero``) are three times torch's on one CPU
+    thread, where torch writes boolean masks slowly and compacts them elementwise.
+    """
+    mag = np.empty(min(xn.size, _CHUNK), dtype=xn.dtype)
+    mask = np.empty(mag.size, dtype=np.bool_)
+    ones = np.ones(mag.size if stats else 0, dtype=xn.dtype)  # sum |x| as a BLAS dot product
+    parts, taken = [np.empty(0, dtype=np.int64)], [np.empty(0, dtype=xn.dtype)]
+    sums, peaks = [], []
+    for start in range(0, xn.size, _CHUNK):
+        m = min(_CHUNK, xn.size - start)
+        np.abs(xn[start : start + m], out=mag[:m])
+        if stats:
+            sums.append(float(mag[:m].dot(ones[:m])))
+            peaks.append(mag[:m].max())
+        if keep_nan:
+            np.logical_not(np.less(mag[:m], t, out=mask[:m]), out=mask[:m])
+        else:
+            np.greater_equal(mag[:m], t, out=mask[:m])
+        local = np.flatnonzero(mask[:m]).astype(np.int64, copy=False)
+        taken.append(mag[:m].take(local))
+        parts.append(np.add(local, start, out=local))
+    total, peak = (sum(sums), float(np.max(peaks))) if stats and peaks else (math.nan, math.nan)
+    return np.concatenate(parts), np.concatenate(taken), total, peak
 
 
 def threshold_indices(x: Tensor, threshold: float, *, backend: str | None = None) -> Tensor:
-    """Flat int64 indices of the entries of 1-D ``x`` with ``|x| >= threshold``, ascending."""
+    """Flat int64 indices of the entries of 1-D ``x`` with ``|x| >= threshold``, ascending
+    (one chunked NumPy pass on the CPU, see :func:`_select_chunks`)."""
     if resolve_backend(x, backend, op="threshold", cupy=cupy_sparse.supports(x)) == "cupy":
         return cupy_sparse.threshold_indices(x, threshold)
+    xn = _numpy_view(x)
+    if xn is None:
+        return threshold_indices_reference(x, threshold)
+    positions = _select_chunks(xn, threshold, keep_nan=False, stats=False)[0]
+    return torch.from_numpy(positions)
+
+
+def threshold_indices_reference(x: Tensor, threshold: float) -> Tensor:
+    """:func:`threshold_indices` by ``torch.nonzero`` over every magnitude: the reference."""
     return torch.nonzero(x.abs() >= threshold).reshape(-1)
 
 

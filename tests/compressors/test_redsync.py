@@ -21,17 +21,24 @@ def _redsync() -> RedSyncCompressor:
 
 
 class _Spy:
-    """Records the (threshold, nnz) of every threshold pass."""
+    """Records the (threshold, nnz) of every count the search makes; ``inf`` for a threshold
+    below the CPU scan's floor, which selects at least the whole pool (>= 2k)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.calls: list[tuple[float, int]] = []
-        self._real = redsync_module.threshold_indices
-        monkeypatch.setattr(redsync_module, "threshold_indices", self)
+        self.calls: list[tuple[float, float]] = []
+        real = redsync_module._Pool.count
 
-    def __call__(self, x: torch.Tensor, thr: float, *, backend: str | None = None) -> torch.Tensor:
-        out = self._real(x, thr, backend=backend)
-        self.calls.append((thr, out.numel()))
-        return out
+        def count(pool: redsync_module._Pool, thr: float) -> int | None:
+            n = real(pool, thr)
+            self.calls.append((thr, math.inf if n is None else n))
+            return n
+
+        monkeypatch.setattr(redsync_module._Pool, "count", count)
+
+
+def _full_pass_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the search count over every element (as on CUDA) instead of the CPU scan's pool."""
+    monkeypatch.setattr(redsync_module, "magnitude_scan", lambda *a, **kw: None)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -61,9 +68,12 @@ def test_selection_equals_exact_topk(kind: str, cf: float) -> None:
         assert torch.equal(x.abs()[idx].sort().values, x.abs()[ref].sort().values)
 
 
-def test_binary_search_lands_in_the_window(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("pool", ["scan", "full"])
+def test_binary_search_lands_in_the_window(monkeypatch: pytest.MonkeyPatch, pool: str) -> None:
     """The search starts at r = 1/2, halves the interval towards the side that has too many or
     too few entries, never leaves [mean, max], and stops at the first k <= nnz < 2k."""
+    if pool == "full":
+        _full_pass_only(monkeypatch)
     spy = _Spy(monkeypatch)
     x = torch.randn(200_000, generator=torch.Generator().manual_seed(1))
     mag = x.abs()
@@ -133,3 +143,28 @@ def test_bad_backend_and_flags() -> None:
         compressors.create("redsync", backend="opencl")
     c = _redsync()
     assert c.collective == "allgather" and c.supports_multilevel
+
+
+@pytest.mark.parametrize("cf", [30.0, 100.0, 1000.0])
+def test_the_cpu_scan_searches_as_counting_everything(
+    monkeypatch: pytest.MonkeyPatch, cf: float
+) -> None:
+    """Counting only the scan's pool (a superset of the 2k largest) visits the same thresholds
+    and selects the same entries as counting every element."""
+    x = gradient_like("lognormal", 300_000, torch.Generator().manual_seed(3))
+    k = k_for_cf(x.numel(), cf)
+    assert redsync_module.magnitude_scan(x, 2 * k) is not None  # this input takes the scan
+    runs = []
+    for full in (False, True):
+        with monkeypatch.context() as m:
+            if full:
+                _full_pass_only(m)
+            spy = _Spy(m)
+            c = _redsync()
+            idx = c.select(x, k, Round())
+            runs.append((spy.calls, idx.sort().values, c.fallbacks))
+    (scan_calls, scan_idx, scan_fb), (full_calls, full_idx, full_fb) = runs
+    assert [t for t, _ in scan_calls] == pytest.approx([t for t, _ in full_calls], rel=1e-5)
+    for (_, a), (_, b) in zip(scan_calls, full_calls, strict=True):
+        assert a == b or (a == math.inf and b >= 2 * k)
+    assert torch.equal(scan_idx, full_idx) and scan_fb == full_fb

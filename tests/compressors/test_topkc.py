@@ -9,7 +9,12 @@ import torch
 
 from gravac import compressors
 from gravac.compressors import Round, k_for_cf, wire_bytes
-from gravac.compressors.topkc import DEFAULT_CHUNK_SIZE, TopKCContext, chunk_sq_norms
+from gravac.compressors.topkc import (
+    DEFAULT_CHUNK_SIZE,
+    TopKCContext,
+    chunk_sq_norms,
+    rank_chunks,
+)
 from gravac.memory import ResidualMemory
 from gravac.simulation import reduce_stats, simulate
 
@@ -194,3 +199,28 @@ def test_defaults_and_repr() -> None:
     c = compressors.create("topkc")
     assert c.collective == "allreduce" and c.supports_multilevel and c.stats_op == "sum"
     assert repr(c) == f"TopKCCompressor(chunk_size={DEFAULT_CHUNK_SIZE})"
+
+
+@pytest.mark.parametrize("n_chunks", [1, 7, 1000])
+def test_the_leading_chunks_are_the_full_rankings_prefix(n_chunks: int) -> None:
+    gen = torch.Generator().manual_seed(n_chunks)
+    norms = torch.randint(0, 5, (n_chunks,), generator=gen).float()  # many ties
+    norms[torch.randint(0, n_chunks, (2,), generator=gen)] = torch.tensor([math.nan, math.inf])
+    full = rank_chunks(norms)
+    assert torch.equal(
+        full,
+        torch.sort(torch.nan_to_num(norms, nan=math.inf), descending=True, stable=True).indices,
+    )
+    for count in sorted({0, 1, 2, n_chunks // 3, n_chunks - 1, n_chunks, n_chunks + 5}):
+        assert torch.equal(rank_chunks(norms, count), full[:count])
+
+
+@pytest.mark.parametrize("numel", [1, 255, 256, 1000, 4097])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64], ids=str)
+def test_chunk_norms_equal_the_sum_of_squares(numel: int, dtype: torch.dtype) -> None:
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(numel)).to(dtype)
+    got = chunk_sq_norms(x, 256)
+    pad = -numel % 256
+    want = torch.nn.functional.pad(x.double(), (0, pad)).view(-1, 256).square().sum(1)
+    assert got.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=0)

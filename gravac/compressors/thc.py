@@ -33,24 +33,39 @@ decompressed once, after aggregation, so nothing is decompressed and re-compress
   gets ``D(C(x))`` of this rank's own payload, outside the compressor). Ranks with similar
   gradients clamp alike, so that bias does not average out over ranks: the NMSE of the N-rank
   average falls as 1/N down to about ``clamp_error(p)`` (0.0073 at p = 1/32).
-* Transports (``transport``): ``"allreduce"`` sends the levels ``T[z]`` in 0..g in integer lanes
-  wide enough that the sum over ``world_size`` ranks never overflows (``g * N`` fits: uint8,
-  else int32, else int64; int16 is not used because gloo's all_reduce rejects it, checked on
-  torch 2.13, and NCCL has no 16-bit integer type), plus a one-element ``count`` lane that sums to
-  the number of contributions, so a summed payload decompresses without being told ``N``.
-  ``"allgather"`` sends the ``b``-bit indices packed into bytes (``32 / b`` times fewer bytes
-  than float32); :meth:`THCCompressor.combine` unpacks, looks up and sums the levels, then
-  decompresses once.
+* Transports (``transport``): ``"allreduce"`` sends the levels ``T[z]`` in 0..g packed into
+  lanes of ``w = ceil(log2(N g + 1))`` bits (:func:`lane_bits`), ``floor(64 / w)`` lanes to an
+  int64 word (:func:`pack_lanes`): gloo and NCCL sum int64 words exactly (two's complement
+  wraparound is exact modulo 2^64, and no lane's sum reaches ``2^w``, so no carry crosses a
+  lane), plus a one-word ``count`` that sums to the number of contributions, so a summed payload
+  decompresses without being told ``N``. ``"allgather"`` sends the ``b``-bit indices packed into
+  bytes (``32 / b`` times fewer bytes than float32); :meth:`THCCompressor.combine` unpacks,
+  looks up and sums the levels, then decompresses once.
 
 CF -> bits: ``b`` in {1, 2, 4, 8} is CF {32, 16, 8, 4} on the all-gather; a requested CF picks
 the ``b`` with the largest CF not above it (CF below 4 gives ``b = 8``). On the all-reduce the
-lanes set the wire CF, so a requested CF picks the most precise ``b`` whose lanes deliver the
-largest wire CF not above it (:meth:`THCCompressor.config`). ``achieved_cf`` (and
-:meth:`THCCompressor.deliverable_cf`) counts the bits that travel: ``32 / b`` for the all-gather,
-``32 / 8 = 4`` for the all-reduce in uint8 lanes (1 in int32 lanes) whatever ``b`` is.
-``wire_bytes`` is what the payload holds: the padded length (up to twice ``d`` for the full
-rotation) times the lane width, 1 byte (all-reduce with ``g * N <= 255``: 8 ranks at b = 4),
-4 bytes (int32 lanes) or ``b / 8`` (all-gather), plus the count lane.
+lanes set the wire CF, ``32 floor(64 / w) / 64`` (``achieved_cf``,
+:meth:`THCCompressor.deliverable_cf`; ``wire_bytes`` is 8 bytes a word plus the count word), so
+a requested CF picks the most precise ``b`` whose lanes deliver the largest wire CF not above it
+(:meth:`THCCompressor.config`). Wire CF with the default granularities:
+
+====  =====  =============  =============  ==============
+ b     g      N = 2          N = 8          N = 64
+====  =====  =============  =============  ==============
+ 1     1      16   (w = 2)   8    (w = 4)   4.5  (w = 7)
+ 2     3      10.5 (w = 3)   6    (w = 5)   4    (w = 8)
+ 4     30     5    (w = 6)   4    (w = 8)   2.5  (w = 11)
+ 8     510    3    (w = 10)  2.5  (w = 12)  2    (w = 15)
+====  =====  =============  =============  ==============
+
+CPU speed. On CPU tensors quantised in float32 the torch backend runs :func:`_encode_cpu`: the
+rotation by Kronecker GEMMs (:func:`~gravac.kernels.hadamard.fwht_rows`, equal to the reference
+butterflies to float rounding) and the rounding by the in-place chunked
+:func:`~gravac.kernels.quantize.round_levels` (bit-identical to the reference), in buffers the
+compressor keeps for the last padded length. ``gravac bench compressors --size 16M --cf 100
+--threads 1 --compressors thc``: ``ratio_to_copy`` 0.0022 before, 0.025 after (full rotation,
+b = 1 at 4 workers). The default rotation stays ``"full"``: 16M elements take 5 GEMM passes
+(24 stages) against 2 for blocks of 2^10; switching the default is left to a measured decision.
 
 Defaults per bit width, ``(g, p)``, chosen by the table DP's predicted NMSE of one worker on
 normal coordinates (:func:`gravac.compressors.thc_table.expected_nmse`; rounding plus clamping):
@@ -109,12 +124,15 @@ from gravac.compressors.base import (
 from gravac.compressors.registry import register
 from gravac.compressors.thc_table import VALID_BITS, clamp_threshold, optimal_table
 from gravac.kernels import check_backend_name, cupy_thc, resolve_backend
-from gravac.kernels.hadamard import fwht, next_power_of_two
+from gravac.kernels.hadamard import fwht, fwht_rows, next_power_of_two
 from gravac.kernels.quantize import (
+    CellTables,
+    RoundingWork,
     hash_signs,
     hash_uniform,
     lookup,
     pack_bits,
+    round_levels,
     stochastic_quantize,
     table_cells,
     table_intervals,
@@ -126,7 +144,7 @@ __all__ = [
     "DEFAULT_GRANULARITY",
     "DEFAULT_P",
     "DEFAULT_PARTIAL_STAGES",
-    "LANE_DTYPES",
+    "LANE_WORD_BITS",
     "THCCompressor",
     "THCContext",
     "THCLevelsPayload",
@@ -134,10 +152,13 @@ __all__ = [
     "bits_for_cf",
     "block_norms",
     "block_scale",
-    "lane_dtype",
+    "lane_bits",
+    "lanes_per_word",
+    "pack_lanes",
     "thc_decode",
     "thc_encode",
     "thc_payload",
+    "unpack_lanes",
 ]
 
 #: Granularity g per bit width (module docstring table): levels are integers in 0..g.
@@ -148,11 +169,15 @@ DEFAULT_P: dict[int, float] = {1: 1 / 2, 2: 1 / 5, 4: 1 / 32, 8: 1 / 16384}
 DEFAULT_PARTIAL_STAGES = 10
 #: Largest partial block, 2^30 elements (beyond that, use the full rotation).
 _MAX_PARTIAL_STAGES = 30
-#: Integer lanes for the all-reduce transport, narrowest first: the dtypes that both gloo (checked
-#: with a 2-process group on torch 2.13: uint8, int8, int32, int64 sum; int16, uint16 and uint32
-#: raise "Invalid scalar type") and NCCL (no 16-bit integers) all-reduce.
-LANE_DTYPES: tuple[torch.dtype, ...] = (torch.uint8, torch.int32, torch.int64)
-
+#: Bits of the all-reduce's integer word, int64: gloo and NCCL both sum int64 exactly (gloo has
+#: no unsigned 64-bit sum; int32 words would waste more bits to padding). Lanes may use all 64
+#: bits: the top lane's sum can reach the sign bit, and the collectives add two's complement
+#: words with wraparound, which is exact modulo 2^64, so every lane (its true sum < 2^width)
+#: comes back exactly.
+LANE_WORD_BITS = 64
+#: Elements quantised per pass of the CPU kernel (:func:`_encode_cpu`): 2^16 float32 (256 KiB)
+#: keep its five scratch buffers in L2 and L3 while it makes about 20 passes over them.
+_CPU_CHUNK = 1 << 16
 Rotation = Literal["full", "partial"]
 Transport = Literal["allreduce", "allgather"]
 _ROTATIONS: tuple[Rotation, ...] = ("full", "partial")
@@ -174,32 +199,84 @@ def bits_for_cf(cf: float) -> int:
     return max(VALID_BITS)
 
 
-def lane_dtype(granularity: int, world_size: int) -> torch.dtype:
-    """The narrowest of :data:`LANE_DTYPES` that holds ``granularity * world_size``.
+def lane_bits(granularity: int, world_size: int) -> int:
+    """Width ``w = ceil(log2(N g + 1))`` of a lane that holds the sum of ``N`` levels in 0..g.
 
-    The sum over ``world_size`` ranks of levels in ``0..granularity`` then never overflows.
+    Raises:
+        ValueError: no lane of at most :data:`LANE_WORD_BITS` bits holds ``N g``.
     """
     if granularity < 1 or world_size < 1:
         raise ValueError(
             f"granularity and world_size must be >= 1, got {granularity} and {world_size}"
         )
-    peak = granularity * world_size
-    for dtype in LANE_DTYPES:
-        if peak <= torch.iinfo(dtype).max:
-            return dtype
-    raise ValueError(f"granularity * world_size = {peak} does not fit any of {LANE_DTYPES}")
+    width = (granularity * world_size).bit_length()
+    if width > LANE_WORD_BITS:
+        raise ValueError(
+            f"the sum over world_size={world_size} ranks of levels up to granularity="
+            f"{granularity} needs {width} bits, more than a {LANE_WORD_BITS}-bit word; use a "
+            "smaller granularity (or bits) or the allgather transport"
+        )
+    return width
+
+
+def lanes_per_word(width: int) -> int:
+    """Lanes of ``width`` bits in one :data:`LANE_WORD_BITS`-bit word."""
+    return LANE_WORD_BITS // width
+
+
+def _word_count(numel: int, width: int) -> int:
+    return -(-numel // lanes_per_word(width))
+
+
+def pack_lanes(levels: Tensor, width: int) -> Tensor:
+    """Pack 1-D non-negative ``levels`` (each below ``2^width``) into int64 words.
+
+    Planar layout: with ``W = ceil(n / L)`` words of ``L`` lanes, element ``i`` sits in word
+    ``i mod W`` at bits ``[(i // W) w, (i // W + 1) w)``, so lane ``k`` of every word is the
+    contiguous run ``levels[k W : (k + 1) W]`` (zero-padded at the end). Summing the words of
+    several ranks sums every lane, without carries across lanes while each lane's sum stays
+    below ``2^width`` (:func:`lane_bits`).
+    """
+    n = levels.numel()
+    words = _word_count(n, width)
+    out = torch.zeros(words, dtype=torch.int64, device=levels.device)
+    flat = levels.reshape(-1)
+    for k in range(lanes_per_word(width)):
+        run = flat[k * words : (k + 1) * words]
+        if run.numel() == 0:
+            break
+        out[: run.numel()].bitwise_or_(torch.bitwise_left_shift(run.long(), k * width))
+    return out
+
+
+def unpack_lanes(words: Tensor, width: int, numel: int) -> Tensor:
+    """Inverse of :func:`pack_lanes` (also of summed words): the first ``numel`` lanes, int64."""
+    if words.numel() != _word_count(numel, width):
+        raise ValueError(
+            f"{numel} lanes of {width} bits pack into {_word_count(numel, width)} words, "
+            f"got {words.numel()}"
+        )
+    out = torch.empty(numel, dtype=torch.int64, device=words.device)
+    count, mask = words.numel(), (1 << width) - 1
+    for k in range(lanes_per_word(width)):
+        run = out[k * count : (k + 1) * count]
+        if run.numel() == 0:
+            break
+        torch.bitwise_right_shift(words[: run.numel()], k * width, out=run).bitwise_and_(mask)
+    return out
 
 
 @dataclass(frozen=True)
 class THCLevelsPayload(Payload):
-    """All-reduce transport: table levels in integer lanes, and the number of contributions.
+    """All-reduce transport: table levels packed in lanes of int64 words, and the contributions.
 
     Attributes:
-        levels: ``T[z]`` in ``0..g`` per padded element (summed: ``0..g * N``).
-        count: one element, 1 per rank (summed: ``N``); empty for an empty input.
+        words: :func:`pack_lanes` of ``T[z]`` in ``0..g`` per padded element, in lanes of
+            :func:`lane_bits` bits (summed: ``0..g * N`` per lane).
+        count: one int64 element, 1 per rank (summed: ``N``); empty for an empty input.
     """
 
-    levels: Tensor
+    words: Tensor
     count: Tensor
 
 
@@ -225,6 +302,7 @@ class THCContext(Context):
         block: rotation block length ``B`` (the padded length for the full rotation).
         padded: padded length, a multiple of ``block``.
         world_size: ranks the all-reduce lanes were sized for.
+        lane_bits: width of the all-reduce's lanes (0 for the all-gather).
     """
 
     bits: int
@@ -237,6 +315,7 @@ class THCContext(Context):
     block: int
     padded: int
     world_size: int
+    lane_bits: int
 
     @property
     def signs(self) -> Tensor:
@@ -363,6 +442,7 @@ def thc_payload(
     bits: int,
     lane: torch.dtype | None,
     backend: str | None = None,
+    work: _CPUWork | None = None,
 ) -> Tensor:
     """The tensor THC sends: ``T[z]`` in ``lane`` lanes, or (``lane=None``) ``z`` packed.
 
@@ -373,6 +453,12 @@ def thc_payload(
     flat = x.detach().reshape(-1)
     cd = _compute_dtype(flat.dtype)
     use = resolve_backend(flat, backend, op="thc", cupy=cupy_thc.supports(flat))
+    if use == "torch" and work is not None and _cpu_fast(flat):
+        out = _encode_cpu(
+            flat, norms, table, work, granularity=granularity, clamp=clamp, block=block,
+            padded=padded, sign_seed=sign_seed, round_seed=round_seed, indices=lane is None,
+        )  # fmt: skip
+        return out.to(lane) if lane is not None else pack_bits(out, bits, backend="torch")
     if use == "torch":
         signs = hash_signs(padded, sign_seed, dtype=cd, device=flat.device)
         idx = thc_encode(
@@ -400,6 +486,71 @@ def thc_payload(
     if lane is None and not fused_pack:
         return pack_bits(out, bits, backend="torch")
     return out
+
+
+def _cpu_fast(x: Tensor) -> bool:
+    """Whether :func:`_encode_cpu` serves ``x``: a CPU tensor quantised in float32."""
+    return x.device.type == "cpu" and _compute_dtype(x.dtype) == torch.float32
+
+
+class _CPUWork:
+    """Buffers of :func:`_encode_cpu` for one padded length, reused across calls (float32 CPU):
+    the padded input rotated in place (``rotated``), the transform's other buffer (``spare``),
+    the int32 output (``levels``) and the rounding kernel's chunk buffers (``rounding``)."""
+
+    def __init__(self, padded: int) -> None:
+        self.rotated = torch.empty(padded, dtype=torch.float32)
+        self.spare = torch.empty(padded, dtype=torch.float32)
+        self.levels = torch.empty(padded, dtype=torch.int32)
+        self.rounding = RoundingWork(min(padded, _CPU_CHUNK), torch.device("cpu"))
+
+
+@functools.lru_cache(maxsize=_TABLE_CACHE)
+def _cell_tables(table: tuple[int, ...], *, indices: bool) -> CellTables:
+    return CellTables.build(torch.tensor(table), torch.device("cpu"), indices=indices)
+
+
+def _encode_cpu(
+    x: Tensor,
+    norms: Tensor,
+    table: Tensor,
+    work: _CPUWork,
+    *,
+    granularity: int,
+    clamp: float,
+    block: int,
+    padded: int,
+    sign_seed: int,
+    round_seed: int,
+    indices: bool,
+) -> Tensor:
+    """:func:`thc_encode` on the CPU in float32, in ``work``'s buffers: ``T[z]`` (or ``z`` when
+    ``indices``) as int32 over the padded length (a view of ``work.levels``).
+
+    The same steps and arithmetic as the reference except the rotation, which is
+    :func:`~gravac.kernels.hadamard.fwht_rows` (equal to the butterflies to float rounding): the
+    diagonal, the scale-clamp-shift of :func:`_quantize` in place, then
+    :func:`~gravac.kernels.quantize.round_levels` chunk by chunk (bit-identical to
+    :func:`~gravac.kernels.quantize.stochastic_quantize` with :func:`hash_uniform`).
+    """
+    n = x.numel()
+    v = work.rotated
+    torch.mul(x, hash_signs(n, sign_seed), out=v[:n])
+    v[n:].zero_()
+    rows = v.view(-1, block)
+    fwht_rows(rows, out=rows, work=work.spare.view(-1, block))
+    rows.mul_(block_scale(norms, block)[:, None])
+    torch.nan_to_num_(v, nan=0.0).clamp_(-clamp, clamp)
+    v.add_(clamp).mul_(granularity / (2.0 * clamp)).clamp_(0.0, float(granularity))
+    cells = _cell_tables(tuple(int(t) for t in table.tolist()), indices=indices)
+    chunk = work.rounding.size
+    for start in range(0, padded, chunk):
+        end = min(start + chunk, padded)
+        round_levels(
+            v[start:end], cells, round_seed, offset=start, out=work.levels[start:end],
+            work=work.rounding,
+        )  # fmt: skip
+    return work.levels
 
 
 def thc_decode(level_sum: Tensor, count: Tensor | int, ctx: THCContext) -> Tensor:
@@ -507,6 +658,8 @@ class THCCompressor(Compressor):
         self.seed = seed
         self.symmetric_table = symmetric_table
         self.backend = check_backend_name(backend)
+        # Buffers of the CPU kernel, by padded length (see _cpu_work).
+        self._work: dict[int, _CPUWork] = {}
 
     # -- configuration -------------------------------------------------------------------------
 
@@ -533,13 +686,14 @@ class THCCompressor(Compressor):
 
     def _wire_cf(self, bits: int, world_size: int) -> float:
         if self.transport == "allreduce":
-            lane = lane_dtype(self._granularity(bits), world_size)
-            return REFERENCE_BITS / (_BYTE_BITS * lane.itemsize)
+            width = lane_bits(self._granularity(bits), world_size)
+            return REFERENCE_BITS * lanes_per_word(width) / LANE_WORD_BITS
         return REFERENCE_BITS / bits
 
     def deliverable_cf(self, cf: float, world_size: int = 1) -> float:
-        """Wire CF: ``32 / b`` packed (all-gather); ``32 / lane bits`` for the all-reduce, whose
-        integer lanes carry 8 (uint8) or 32 bits an element whatever ``b`` is."""
+        """Wire CF: ``32 / b`` packed (all-gather); for the all-reduce ``32 L / 64`` with
+        ``L = floor(64 / w)`` lanes of :func:`lane_bits` ``w`` to an int64 word (the bits an
+        element really takes, the word's unused bits included)."""
         b, _, _ = self.config(check_cf(cf), world_size)
         return self._wire_cf(b, world_size)
 
@@ -580,24 +734,29 @@ class THCCompressor(Compressor):
             norms = torch.zeros(0, dtype=cd, device=device)
             ctx = THCContext(
                 x.shape, x.dtype, 0, 1.0, b, g, t, table, norms, sign_seed, device, 1, 0,
-                rnd.world_size,
+                rnd.world_size, 0,
             )  # fmt: skip
             return self._empty_payload(g, rnd.world_size, device), ctx
         norms = self._agreed_norms(x, block, padded, rnd)
-        lane = lane_dtype(g, rnd.world_size) if self.transport == "allreduce" else None
+        width = lane_bits(g, rnd.world_size) if self.transport == "allreduce" else 0
+        lane = torch.int32 if width else None
         round_seed = derive_seed(self.seed, rnd.step, rnd.key, _ROUNDING_STREAM)
         sent = thc_payload(
             flat, norms, table, granularity=g, clamp=t, block=block, padded=padded,
             sign_seed=sign_seed, round_seed=round_seed, bits=b, lane=lane, backend=self.backend,
+            work=self._cpu_work(flat, padded),
         )  # fmt: skip
         achieved = self.deliverable_cf(cf, rnd.world_size)
         ctx = THCContext(
             x.shape, x.dtype, n, achieved, b, g, t, table, norms, sign_seed, device, block,
-            padded, rnd.world_size,
+            padded, rnd.world_size, width,
         )  # fmt: skip
         payload: Payload
         if lane is not None:
-            payload = THCLevelsPayload(levels=sent, count=torch.ones(1, dtype=lane, device=device))
+            words = pack_lanes(sent, width)
+            payload = THCLevelsPayload(
+                words=words, count=torch.ones(1, dtype=torch.int64, device=device)
+            )
         else:
             payload = THCPackedPayload(indices=sent)
         return payload, ctx
@@ -608,7 +767,8 @@ class THCCompressor(Compressor):
         if c.numel == 0:
             return torch.zeros(c.shape, dtype=c.dtype, device=c.device)
         if isinstance(payload, THCLevelsPayload):
-            return thc_decode(payload.levels, payload.count, c)
+            sums = unpack_lanes(payload.words, c.lane_bits, c.padded)
+            return thc_decode(sums, payload.count, c)
         if isinstance(payload, THCPackedPayload):
             levels = unpack_lookup_sum(
                 [payload.indices], c.bits, c.padded, c.table, backend=self.backend
@@ -636,6 +796,18 @@ class THCCompressor(Compressor):
 
     # -- helpers -------------------------------------------------------------------------------
 
+    def _cpu_work(self, x: Tensor, padded: int) -> _CPUWork | None:
+        """The reused buffers of the CPU kernel for ``padded`` (None off the CPU kernel)."""
+        if not _cpu_fast(x):
+            return None
+        work = self._work.get(padded)
+        if work is None:
+            # One length at a time: a model's buckets differ, but keeping every length's buffers
+            # would hold three padded copies of the model.
+            self._work = {padded: _CPUWork(padded)}
+            work = self._work[padded]
+        return work
+
     def _agreed_norms(self, x: Tensor, block: int, padded: int, rnd: Round) -> Tensor:
         n_blocks = padded // block
         # Never None here: local_stats() is None only for an empty x, handled by compress().
@@ -649,9 +821,9 @@ class THCCompressor(Compressor):
 
     def _empty_payload(self, granularity: int, world_size: int, device: torch.device) -> Payload:
         if self.transport == "allreduce":
-            lane = lane_dtype(granularity, world_size)
-            empty = torch.zeros(0, dtype=lane, device=device)
-            return THCLevelsPayload(levels=empty, count=empty.clone())
+            lane_bits(granularity, world_size)  # raises when no lane holds the sum
+            empty = torch.zeros(0, dtype=torch.int64, device=device)
+            return THCLevelsPayload(words=empty, count=empty.clone())
         return THCPackedPayload(indices=torch.zeros(0, dtype=torch.uint8, device=device))
 
     def __repr__(self) -> str:

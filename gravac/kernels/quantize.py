@@ -25,6 +25,7 @@ CuPy kernel of its own; the other functions have none, so ``backend="cupy"`` rai
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -34,11 +35,14 @@ from gravac.kernels.backend import resolve_backend
 
 __all__ = [
     "PACK_BITS",
+    "CellTables",
+    "RoundingWork",
     "hash_signs",
     "hash_uniform",
     "lookup",
     "pack_bits",
     "packed_numel",
+    "round_levels",
     "stochastic_quantize",
     "table_cells",
     "table_intervals",
@@ -61,6 +65,10 @@ _MUL2 = 0x846CA68B - (1 << 32)
 _POSITION_MUL = 0x61C88647
 #: Uniforms take the top 24 bits of the hash: exactly representable in float32.
 _UNIFORM_BITS = 24
+#: Shift of the uniform hash's xorshift step (lowbias32's first).
+_XORSHIFT = 16
+#: Shift that spreads an int32's sign bit over the word (-1 when negative, else 0).
+_SIGN_SHIFT = 31
 #: Rademacher signs drawn from one 32-bit hash.
 _SIGNS_PER_HASH = 32
 
@@ -266,13 +274,25 @@ def _hash32(bits: Tensor, seed: int) -> Tensor:
     return _mix32(_mix32(z).bitwise_xor_(s_hi))
 
 
+def _uniform_key(offset: int, seed: int) -> int:
+    """``(offset * K + s) mod 2^32`` with ``s`` the 64-bit ``seed`` folded to 32 bits."""
+    folded = (int(seed) ^ (int(seed) >> 32)) & _MASK32
+    return ((offset & _MASK32) * _POSITION_MUL + folded) & _MASK32
+
+
 def hash_uniform(x: Tensor, seed: int, *, backend: str | None = None) -> Tensor:
     """Uniforms in ``[0, 1)`` (float32, ``x``'s shape) hashed from each element of ``x``.
 
-    ``u[i] = top24(mix(mix(bits(x[i]) + i * K + s_lo) ^ s_hi)) / 2^24`` with ``mix`` the
-    lowbias32 finaliser and ``(s_lo, s_hi)`` the halves of ``seed``: a counter-based generator
-    keyed by the data. Equal inputs (and seed) give equal uniforms; a change in any bit of an
-    element, in its position or in the seed gives an unrelated uniform.
+    One multiply-xorshift-multiply round over 32-bit words (all arithmetic mod 2^32)::
+
+        z = bits(x[i]) ^ (i * K + s);  z = z * M1;  z = z ^ (z >> 16);  z = z * M2
+        u[i] = (z >> 8) / 2^24
+
+    with ``s = seed_lo ^ seed_hi`` and ``M1, M2`` lowbias32's multipliers: a counter-based
+    generator keyed by the data. Equal inputs (and seed) give equal uniforms; a change in any bit
+    of an element, in its position or in the seed gives an unrelated uniform. This is the naive
+    reference (int64 lanes, fresh temporaries) of the in-place :func:`round_levels`, which draws
+    the same uniforms, and of the CUDA kernel (``cuda/common.cuh``, ``round_hash``).
 
     Args:
         x: a floating-point tensor (float64 bit patterns are folded to 32 bits).
@@ -282,6 +302,111 @@ def hash_uniform(x: Tensor, seed: int, *, backend: str | None = None) -> Tensor:
     resolve_backend(x, backend, op="hash_uniform")
     if not x.is_floating_point():
         raise ValueError(f"hash_uniform needs a floating-point tensor, got {x.dtype}")
-    z = _hash32(_bits32(x.reshape(-1)), seed)
+    bits = _bits32(x.reshape(-1))
+    pos = torch.arange(bits.numel(), dtype=torch.int64, device=bits.device)
+    key = pos.mul_(_POSITION_MUL).add_(_uniform_key(0, seed)).bitwise_and_(_MASK32)
+    z = (bits ^ key).mul_(_MUL1).bitwise_and_(_MASK32)
+    z ^= z >> _XORSHIFT
+    z = z.mul_(_MUL2).bitwise_and_(_MASK32)
     u = (z >> (32 - _UNIFORM_BITS)).to(torch.float32).mul_(2.0**-_UNIFORM_BITS)
     return u.view(x.shape)
+
+
+@dataclass(frozen=True)
+class CellTables:
+    """What :func:`round_levels` gathers per unit cell ``c = floor(u)`` of a table over 0..g.
+
+    Attributes:
+        lower: ``T[L(c)]`` (float32), the level below the cell (cell ``g`` repeats cell
+            ``g - 1``, as :func:`stochastic_quantize` clamps it).
+        inv_width: ``2^24 / (T[L(c) + 1] - T[L(c)])`` (float32): the round-up probability times
+            ``2^24``, exactly (a power-of-two scale of :func:`table_intervals`' reciprocal).
+        level: ``T[L(c) + up]`` (or the index ``L(c) + up``) at ``2 c + up`` (int32): what is
+            sent.
+    """
+
+    lower: Tensor
+    inv_width: Tensor
+    level: Tensor
+
+    @classmethod
+    def build(cls, table: Tensor, device: torch.device, *, indices: bool = False) -> CellTables:
+        """The tables of a sorted integer ``table`` whose first level is 0, on ``device``;
+        ``indices``: :attr:`level` holds the table index ``L(c) + up`` instead of the level."""
+        levels, cell_index = table_cells(table)
+        if int(levels[0]) != 0:
+            raise ValueError(f"round_levels needs a table starting at 0, got {int(levels[0])}")
+        lower = torch.cat([cell_index, cell_index[-1:]])
+        values, inv_width = table_intervals(table, torch.float32)
+        sent = torch.arange(levels.numel()) if indices else levels
+        level = torch.stack([sent[lower], sent[lower + 1]], dim=1).reshape(-1)
+        return cls(
+            lower=values[lower].to(device),
+            inv_width=inv_width[lower].mul_(2.0**_UNIFORM_BITS).to(device),
+            level=level.to(device=device, dtype=torch.int32),
+        )
+
+
+class RoundingWork:
+    """Reusable buffers of :func:`round_levels` for chunks of up to ``size`` elements.
+
+    ``positions`` holds ``i * K mod 2^32`` for ``i < size`` (int32): the position half of the
+    hash key, built once; the rest are scratch (float32 ``a``, ``b``; int32 ``z``, ``y``, ``j``).
+    """
+
+    def __init__(self, size: int, device: torch.device) -> None:
+        pos = torch.arange(size, dtype=torch.int64, device=device).mul_(_POSITION_MUL)
+        self.size = size
+        self.positions = _as_int32(pos.bitwise_and_(_MASK32))
+        self.a = torch.empty(size, dtype=torch.float32, device=device)
+        self.b = torch.empty_like(self.a)
+        self.z = torch.empty(size, dtype=torch.int32, device=device)
+        self.y = torch.empty_like(self.z)
+        self.j = torch.empty_like(self.z)
+
+
+def _as_int32(values: Tensor) -> Tensor:
+    """int64 values in ``[0, 2^32)`` as the int32 with the same low 32 bits."""
+    return torch.where(values >= 2**31, values - 2**32, values).to(torch.int32)
+
+
+def _signed32(value: int) -> int:
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+def round_levels(
+    u: Tensor, cells: CellTables, seed: int, *, offset: int, out: Tensor, work: RoundingWork
+) -> Tensor:
+    """``out[i] = T[SQ_T(u[i])]`` with :func:`hash_uniform`'s uniforms at positions ``offset + i``.
+
+    The fast CPU form of ``lookup(stochastic_quantize(u, T, hash_uniform(u, seed)), T)`` over a
+    chunk of a longer vector, bit for bit: the same cell, the same round-up probability
+    ``(u - T[L]) / (T[L+1] - T[L])`` and the same uniforms, with int32 arithmetic that wraps mod
+    2^32, in place in ``work``'s buffers (no temporaries). ``uniform < p`` is read from the sign
+    bit of ``z - p 2^24`` (``z`` the hash's top 24 bits): the difference of two distinct floats is
+    never 0, so its sign is the comparison's.
+
+    Args:
+        u: float32 values in ``[0, g]`` (no NaN), 1-D, at most ``work.size`` of them.
+        cells: :meth:`CellTables.build` of the table.
+        seed: as :func:`hash_uniform`.
+        offset: position of ``u[0]`` in the vector the positions count.
+        out: int32, ``u``'s length: receives the levels.
+        work: scratch buffers.
+    """
+    n = u.numel()
+    a, b, z, y, j = (t[:n] for t in (work.a, work.b, work.z, work.y, work.j))
+    j.copy_(u)  # the cell floor(u), u >= 0
+    torch.index_select(cells.lower, 0, j, out=a)
+    torch.sub(u, a, out=a)
+    torch.index_select(cells.inv_width, 0, j, out=b)
+    a.mul_(b)  # p * 2^24
+    torch.add(work.positions[:n], _signed32(_uniform_key(offset, seed)), out=z)
+    z.bitwise_xor_(u.view(torch.int32)).mul_(_signed32(_MUL1))
+    torch.bitwise_right_shift(z, _XORSHIFT, out=y)
+    z.bitwise_xor_(y.bitwise_and_((1 << (32 - _XORSHIFT)) - 1)).mul_(_MUL2)
+    z.bitwise_right_shift_(32 - _UNIFORM_BITS).bitwise_and_((1 << _UNIFORM_BITS) - 1)
+    b.copy_(z).sub_(a)  # negative exactly when uniform < p
+    torch.bitwise_right_shift(b.view(torch.int32), _SIGN_SHIFT, out=y)  # -1: round up, else 0
+    j.mul_(2).sub_(y)
+    return torch.index_select(cells.level, 0, j, out=out)

@@ -13,12 +13,15 @@ from gravac.compressors import Round, sum_payloads, wire_bytes
 from gravac.compressors.thc import (
     DEFAULT_GRANULARITY,
     DEFAULT_P,
-    LANE_DTYPES,
+    LANE_WORD_BITS,
     THCContext,
     THCLevelsPayload,
     THCPackedPayload,
     bits_for_cf,
-    lane_dtype,
+    lane_bits,
+    lanes_per_word,
+    pack_lanes,
+    unpack_lanes,
 )
 from gravac.compressors.thc_table import (
     brute_force_table,
@@ -162,46 +165,89 @@ def test_wire_bytes_of_both_transports() -> None:
     assert isinstance(ag, THCPackedPayload) and ag.indices.dtype == torch.uint8
     assert wire_bytes(ag) == 8192 // 2
     norm = x.norm().reshape(1)
-    ar, _ = compressors.create("thc").compress(x, CF_B4, Round(world_size=8, agreed=norm))
-    assert isinstance(ar, THCLevelsPayload) and ar.levels.dtype == torch.uint8  # 30 * 8 <= 255
-    assert wire_bytes(ar) == 8192 + 1
-    ar9, _ = compressors.create("thc", bits=4).compress(x, CF_B4, Round(world_size=9, agreed=norm))
-    assert ar9.levels.dtype == torch.int32  # type: ignore[attr-defined]  # 30 * 9 > 255
-    assert wire_bytes(ar9) == 4 * (8192 + 1)
-    # With b chosen from the CF, 9 ranks keep uint8 lanes (the wire CF) with b = 2 (g = 3).
+    c4 = compressors.create("thc", bits=4)
+    ar, ctx = c4.compress(x, CF_B4, Round(world_size=8, agreed=norm))
+    assert isinstance(ar, THCLevelsPayload) and ar.words.dtype == torch.int64
+    # 30 * 8 = 240 needs 8 bits: 8 lanes a word, 1024 words, plus the count word.
+    assert wire_bytes(ar) == 8 * (8192 // 8 + 1)
+    assert ctx.achieved_cf == c4.deliverable_cf(CF_B4, 8) == 4.0
+    ar9, ctx9 = c4.compress(x, CF_B4, Round(world_size=9, agreed=norm))
+    # 30 * 9 = 270 needs 9 bits: 7 lanes a word (1 bit unused), ceil(8192 / 7) words.
+    assert wire_bytes(ar9) == 8 * (-(-8192 // 7) + 1)
+    assert ctx9.achieved_cf == 32 * 7 / 64
+    # With b chosen from the CF: the most precise b whose wire CF is the largest not above 8.
     auto = compressors.create("thc")
-    ar9, ctx = auto.compress(x, CF_B4, Round(world_size=9, agreed=norm))
-    assert ar9.levels.dtype == torch.uint8 and ctx.bits == 2  # type: ignore[attr-defined]
-    assert ctx.achieved_cf == auto.deliverable_cf(CF_B4, 9) == 4.0
+    _, ctx = auto.compress(x, CF_B4, Round(world_size=9, agreed=norm))
+    assert ctx.bits == 1 and ctx.achieved_cf == auto.deliverable_cf(CF_B4, 9) == 32 * 16 / 64
 
 
-def test_lane_dtype_choice() -> None:
-    assert [lane_dtype(30, n) for n in (1, 8, 9, 71_582_788, 71_582_789)] == [
-        torch.uint8,
-        torch.uint8,
-        torch.int32,
-        torch.int32,
-        torch.int64,
-    ]
-    no_int16 = (torch.uint8, torch.int32, torch.int64)  # gloo's all_reduce rejects int16
-    assert no_int16 == LANE_DTYPES
+#: The module docstring's table: wire CF of the all-reduce at N = 2, 8, 64 ranks per b.
+WIRE_CF = {
+    1: {2: 16.0, 8: 8.0, 64: 4.5},
+    2: {2: 10.5, 8: 6.0, 64: 4.0},
+    4: {2: 5.0, 8: 4.0, 64: 2.5},
+    8: {2: 3.0, 8: 2.5, 64: 2.0},
+}
+
+
+@pytest.mark.parametrize("bits", sorted(WIRE_CF))
+def test_wire_cf_table_of_the_docstring(bits: int) -> None:
+    c = compressors.create("thc", bits=bits)
+    for n, cf in WIRE_CF[bits].items():
+        assert c.deliverable_cf(4.0, n) == cf
+        width = lane_bits(DEFAULT_GRANULARITY[bits], n)
+        assert 2 ** (width - 1) <= DEFAULT_GRANULARITY[bits] * n < 2**width
+
+
+def test_lane_bits_and_the_error_when_none_fits() -> None:
+    assert [lane_bits(30, n) for n in (1, 2, 8, 9, 17)] == [5, 6, 8, 9, 9]
+    assert lanes_per_word(8) == 8 and lanes_per_word(9) == 7 and LANE_WORD_BITS == 64
+    assert lane_bits(1, 2**64 - 1) == 64
+    with pytest.raises(ValueError, match=r"world_size=4.*granularity=4611686018427387904"):
+        lane_bits(2**62, 4)
+
+
+@pytest.mark.parametrize("width", [1, 3, 7, 8, 11, 32, 64])
+@pytest.mark.parametrize("numel", [0, 1, 5, 63, 1000, 4097])
+def test_pack_lanes_round_trip(width: int, numel: int) -> None:
+    gen = torch.Generator().manual_seed(width * 7919 + numel)
+    top = min(2**width, 2**62)
+    levels = torch.randint(0, top, (numel,), generator=gen)
+    if width == LANE_WORD_BITS and numel:
+        levels[0] = -1  # all 64 bits set: the two's complement pattern of 2^64 - 1
+    words = pack_lanes(levels, width)
+    assert words.dtype == torch.int64 and words.numel() == -(-numel // lanes_per_word(width))
+    assert torch.equal(unpack_lanes(words, width, numel), levels)
 
 
 @pytest.mark.parametrize("g", [1, 3, 30, 510])
-def test_no_lane_overflow_up_to_1024_workers(g: int) -> None:
-    """Every worker at the clamp (all levels g): the lane sum is exact for 2..1024 workers."""
-    for n in range(2, 1025):
-        assert g * n <= torch.iinfo(lane_dtype(g, n)).max
-    for n in (2, 3, 8, 9, 85, 86, 255, 256, 1000, 1024):
-        lane = lane_dtype(g, n)
-        one = THCLevelsPayload(
-            levels=torch.full((16,), g, dtype=lane), count=torch.ones(1, dtype=lane)
-        )
-        total = sum_payloads([one] * n)
-        assert isinstance(total, THCLevelsPayload)
-        assert total.levels.dtype == lane
-        assert torch.equal(total.levels.long(), torch.full((16,), g * n))
-        assert int(total.count) == n
+@pytest.mark.parametrize("numel", [0, 1, 17, 1001])
+def test_summed_words_unpack_to_the_lane_sums(g: int, numel: int) -> None:
+    """N ranks' words summed (wrapping past the sign bit) unpack to the elementwise sum, up to
+    the largest N a 64-bit lane holds and at the clamp (every level g)."""
+    gen = torch.Generator().manual_seed(g + numel)
+    for n in (1, 2, 3, 8, 9, 64, 257):
+        width = lane_bits(g, n)
+        ranks = [torch.randint(0, g + 1, (numel,), generator=gen) for _ in range(n)]
+        ranks[0] = torch.full((numel,), g)
+        total = pack_lanes(ranks[0], width)
+        for r in ranks[1:]:
+            total += pack_lanes(r, width)
+        assert torch.equal(unpack_lanes(total, width, numel), torch.stack(ranks).sum(0))
+
+
+def test_no_lane_overflow_at_the_clamp_for_many_workers() -> None:
+    """Every worker at the clamp (all levels g) through sum_payloads: exact for 2..1024."""
+    for g in (1, 30, 510):
+        for n in (2, 9, 255, 256, 1024):
+            c = compressors.create("thc", bits=4 if g == 30 else (1 if g == 1 else 8))
+            width = lane_bits(g, n)
+            words = pack_lanes(torch.full((16,), g), width)
+            one = THCLevelsPayload(words=words, count=torch.ones(1, dtype=torch.int64))
+            total = sum_payloads([one] * n)
+            assert isinstance(total, THCLevelsPayload) and int(total.count) == n
+            assert torch.equal(unpack_lanes(total.words, width, 16), torch.full((16,), g * n))
+            assert c.deliverable_cf(1.0, n) == 32 * lanes_per_word(width) / 64
 
 
 def test_clamped_inputs_sum_exactly_at_256_workers() -> None:
@@ -341,9 +387,13 @@ def test_unbiased_over_steps_when_nothing_is_clamped() -> None:
 def test_transports_give_the_same_estimate(rotation: str) -> None:
     gen = torch.Generator().manual_seed(15)
     grads = [torch.randn(3000, generator=gen) for _ in range(5)]
-    ar = simulate(compressors.create("thc", rotation=rotation), grads, CF_B4, step=4)
+    # bits fixed: with 5 ranks the all-reduce would pick b = 2 (its lanes' best wire CF <= 8).
+    ar = simulate(compressors.create("thc", bits=4, rotation=rotation), grads, CF_B4, step=4)
     ag = simulate(
-        compressors.create("thc", rotation=rotation, transport="allgather"), grads, CF_B4, step=4
+        compressors.create("thc", bits=4, rotation=rotation, transport="allgather"),
+        grads,
+        CF_B4,
+        step=4,
     )
     torch.testing.assert_close(ar.mean, ag.mean, rtol=1e-6, atol=1e-6)
     for s_ar, s_ag in zip(ar.sent, ag.sent, strict=True):
@@ -372,11 +422,11 @@ def test_shared_diagonal_and_data_keyed_rounding() -> None:
     pb, cb = b.compress(x, CF_B4, Round(step=2, key=1))
     assert isinstance(ca, THCContext) and isinstance(cb, THCContext)
     assert torch.equal(ca.signs, cb.signs)  # every rank draws the same diagonal
-    assert torch.equal(pa.levels, pb.levels)  # type: ignore[attr-defined]  # same data
+    assert torch.equal(pa.words, pb.words)  # type: ignore[attr-defined]  # same data
     for other in (Round(step=3, key=1), Round(step=2, key=2)):
         po, co = a.compress(x, CF_B4, other)
         assert not torch.equal(co.signs, ca.signs)  # type: ignore[attr-defined]
-        assert not torch.equal(po.levels, pa.levels)  # type: ignore[attr-defined]
+        assert not torch.equal(po.words, pa.words)  # type: ignore[attr-defined]
     _, cc = compressors.create("thc", seed=6).compress(x, CF_B4, Round(step=2, key=1))
     assert not torch.equal(cc.signs, ca.signs)  # type: ignore[attr-defined]
     # Workers whose inputs differ round independently: as often apart as two independent
@@ -384,7 +434,11 @@ def test_shared_diagonal_and_data_keyed_rounding() -> None:
     # (Inputs a few ulps apart can give bit-identical rotated values, which round alike.)
     near = x + 1e-4 * torch.randn(2048, generator=torch.Generator().manual_seed(170))
     pn, _ = a.compress(near, CF_B4, Round(step=2, key=1, agreed=ca.norms))
-    differ = float((pn.levels != pa.levels).float().mean())  # type: ignore[attr-defined]
+    levels = [
+        unpack_lanes(p.words, ca.lane_bits, ca.padded)  # type: ignore[attr-defined]
+        for p in (pn, pa)
+    ]
+    differ = float((levels[0] != levels[1]).float().mean())
     assert 0.25 < differ < 0.45
 
 
@@ -501,6 +555,6 @@ def test_explicit_bits_granularity_and_p_are_used() -> None:
     assert c.config(1000.0) == (2, 12, 1 / 8)  # type: ignore[attr-defined]
     assert c.table(1000.0) == optimal_table(2, 12, 1 / 8)  # type: ignore[attr-defined]
     payload, ctx = c.compress(torch.randn(64), 1000.0, Round())
-    assert ctx.achieved_cf == 4.0  # 2-bit indices, but all-reduced in uint8 lanes
-    levels = payload.levels  # type: ignore[attr-defined]
+    assert ctx.achieved_cf == 8.0  # one rank: levels 0..12 in 4-bit lanes, 16 to a word
+    levels = unpack_lanes(payload.words, ctx.lane_bits, ctx.padded)  # type: ignore[attr-defined]
     assert set(levels.tolist()) <= set(optimal_table(2, 12, 1 / 8))

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from gravac.kernels.hadamard import fwht, is_power_of_two, next_power_of_two
+from gravac.kernels.hadamard import fwht, fwht_rows, is_power_of_two, next_power_of_two
 
 # float64 round-off of log2(n) butterfly stages on unit-scale data stays far below this.
 F64_TOL = 1e-12
@@ -121,3 +121,19 @@ def test_power_of_two_helpers() -> None:
         True,
         False,
     ]
+
+
+@pytest.mark.parametrize("width", [1, 2, 32, 64, 1024, 2**13, 2**16])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_fwht_rows_equals_the_butterflies(width: int, in_place: bool) -> None:
+    """The Kronecker-GEMM transform equals the reference butterflies to float rounding."""
+    x = torch.randn(3, width, generator=torch.Generator().manual_seed(width))
+    work = torch.empty_like(x)
+    out = x.clone() if in_place else torch.empty_like(x)
+    got = fwht_rows(out if in_place else x, out=out, work=work)
+    assert got.data_ptr() == out.data_ptr()
+    torch.testing.assert_close(got, fwht(x), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="power-of-two width"):
+        fwht_rows(torch.zeros(2, 3), out=torch.zeros(2, 3), work=torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="work must match"):
+        fwht_rows(x, out=out, work=torch.empty(1))

@@ -8,11 +8,14 @@ import pytest
 import torch
 
 from gravac.kernels.quantize import (
+    CellTables,
+    RoundingWork,
     hash_signs,
     hash_uniform,
     lookup,
     pack_bits,
     packed_numel,
+    round_levels,
     stochastic_quantize,
     unpack_bits,
     unpack_lookup_sum,
@@ -170,3 +173,42 @@ def test_unpack_lookup_sum_adds_the_looked_up_levels() -> None:
         unpack_lookup_sum([], 4, 33, TABLE)
     with pytest.raises(ValueError, match="pack into 17 uint8 bytes"):
         unpack_lookup_sum([packed[0][:-1]], 4, 33, TABLE)
+
+
+@pytest.mark.parametrize("indices", [False, True])
+@pytest.mark.parametrize("chunk", [1, 7, 4096])
+def test_round_levels_equals_the_reference_bit_for_bit(chunk: int, indices: bool) -> None:
+    """The in-place CPU kernel over chunks == lookup(stochastic_quantize(u, T, hash_uniform))."""
+    gen = torch.Generator().manual_seed(chunk)
+    u = torch.rand(10_001, generator=gen) * 30
+    u[:6] = torch.tensor([0.0, 30.0, 29.999998, 14.0, 3.0, 0.5])
+    ref = stochastic_quantize(u, TABLE, hash_uniform(u, 2**40 + 3))
+    expected = ref if indices else lookup(ref, TABLE)
+    cells = CellTables.build(TABLE, u.device, indices=indices)
+    work = RoundingWork(chunk, u.device)
+    out = torch.empty(u.numel(), dtype=torch.int32)
+    for start in range(0, u.numel(), chunk):
+        end = min(start + chunk, u.numel())
+        round_levels(u[start:end], cells, 2**40 + 3, offset=start, out=out[start:end], work=work)
+    assert torch.equal(out.long(), expected)
+
+
+def test_round_levels_is_unbiased() -> None:
+    q = torch.empty(len(VALUES) * DRAWS, dtype=torch.int32)
+    u = torch.tensor(VALUES).repeat(DRAWS)
+    round_levels(
+        u,
+        CellTables.build(TABLE, u.device),
+        9,
+        offset=0,
+        out=q,
+        work=RoundingWork(u.numel(), u.device),
+    )
+    torch.testing.assert_close(
+        q.double().view(DRAWS, -1).mean(0),
+        torch.tensor(VALUES, dtype=torch.float64),
+        rtol=0,
+        atol=MEAN_TOL,
+    )
+    with pytest.raises(ValueError, match="starting at 0"):
+        CellTables.build(TABLE + 1, u.device)

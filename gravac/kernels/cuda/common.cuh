@@ -56,10 +56,19 @@ __device__ __forceinline__ u32 mix32(u32 z) {
 // 2^32 / golden ratio, negated mod 2^32: spreads consecutive positions (quantize._POSITION_MUL).
 #define POSITION_MUL 0x61C88647u
 
-// The hash of gravac.kernels.quantize.hash_uniform, before its top 24 bits are taken.
+// The hash of gravac.kernels.quantize.hash_signs' words (quantize._hash32).
 __device__ __forceinline__ u32 position_hash(u32 bits, u64 pos, u32 seed_lo, u32 seed_hi) {
   u32 z = bits + (u32)pos * POSITION_MUL + seed_lo;
   return mix32(mix32(z) ^ seed_hi);
+}
+
+// The hash of gravac.kernels.quantize.hash_uniform (one multiply-xorshift-multiply round),
+// before its top 24 bits are taken.
+__device__ __forceinline__ u32 round_hash(u32 bits, u64 pos, u32 seed_lo, u32 seed_hi) {
+  u32 z = bits ^ ((u32)pos * POSITION_MUL + (seed_lo ^ seed_hi));
+  z *= 0x7FEB352Du;
+  z ^= z >> 16;
+  return z * 0x846CA68Bu;
 }
 
 __device__ __forceinline__ u32 bits32(float v) { return __float_as_uint(v); }

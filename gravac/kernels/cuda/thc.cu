@@ -37,7 +37,7 @@ __device__ __forceinline__ int thc_round(C r, C sc, i64 pos, C clamp, C kfac, C 
   y = y < -clamp ? -clamp : (y > clamp ? clamp : y);
   C u = (y + clamp) * kfac;
   u = u < (C)0 ? (C)0 : (u > granularity ? granularity : u);
-  float uni = (float)(position_hash(bits32(u), (u64)pos, round_lo, round_hi) >> 8) *
+  float uni = (float)(round_hash(bits32(u), (u64)pos, round_lo, round_hi) >> 8) *
               (1.0f / 16777216.0f);
   // gravac.kernels.quantize.stochastic_quantize
   C lo = (C)lo_level, hi = (C)hi_level;

@@ -215,6 +215,10 @@ class Engine:
         self.last_cf: float | None = None  # CF sent at the previous step (None: not searching)
         self.last_close: float | None = None  # the clock at the previous step's close()
         self._alone = 0  # steps this process took, or skipped, as a single worker
+        # per unit key, the flat buffer work() lends when the memory keeps none (reused)
+        self._buffers: dict[int, Tensor] = {}
+        # the buffers lent for the current step, by unit key: launch() uses them in place
+        self._lent: dict[int, Tensor] = {}
 
     # ------------------------------------------------------------------ the group
     def join_group(self) -> None:
@@ -267,13 +271,30 @@ class Engine:
         snapshot = copy.deepcopy(self.compressor.state_dict())
         return Step(self.steps, plan, self.controller.decide(plan), snapshot)
 
+    def work(self, unit: Unit, dtype: torch.dtype, device: torch.device) -> Tensor:
+        """A flat buffer of ``unit``'s size for its gradient, to pass to :meth:`launch`, which
+        then compensates and sends it in place instead of copying it. The error-feedback
+        memory's spare residual storage for a compressed unit (so that a step holds two
+        gradient-sized buffers per unit: the residual and this one), else a buffer reused
+        across steps."""
+        buf = self.memory.work(unit.key, unit.numel, dtype, device) if unit.compressed else None
+        if buf is None:
+            buf = self._buffers.get(unit.key)
+            if buf is None or buf.numel() != unit.numel or buf.dtype != dtype:
+                buf = torch.empty(unit.numel, dtype=dtype, device=device)
+                self._buffers[unit.key] = buf
+        self._lent[unit.key] = buf
+        return buf
+
     def launch(self, step: Step, unit: Unit, flat: Tensor) -> Future[Tensor]:
-        """Compensate, compress and start aggregating one unit's flat gradient ``flat`` (not
-        modified); the future completes with the sum over ranks of what was sent."""
+        """Compensate, compress and start aggregating one unit's flat gradient ``flat``; the
+        future completes with the sum over ranks of what was sent. ``flat`` is not modified,
+        unless it is the buffer :meth:`work` lent for the unit."""
         t0 = self.clock()
+        lent = self._lent.pop(unit.key, None) is flat
         if not unit.compressed:
             step.ends.append(_ends(flat))
-            x = flat.clone()
+            x = flat if lent else flat.clone()
             flight = _Flight(unit, x, None, self.comm.all_reduce_async(x), _nbytes(x))
         else:
             flight = self._launch_compressed(step, unit, flat)

@@ -186,7 +186,6 @@ class GravacOptimizer(torch.optim.Optimizer):
         self.overlap = overlap
         self._layout: Layout | None = None
         self._units: list[Unit] = []  # the layout's units, in launch order
-        self._flats: list[Tensor] = []  # per unit, its reused flat gradient buffer
         self._unit_of: dict[int, int] = {}  # parameter id -> index of its unit
         self._ready: list[set[int]] = []  # per unit: ids of parameters whose gradient is ready
         self._step: Step | None = None  # the step whose units are being launched
@@ -500,8 +499,9 @@ class GravacOptimizer(torch.optim.Optimizer):
         layout = self._layout
         assert layout is not None
         bucket = layout.buckets[self._next]
-        flat = flatten_grads(bucket, out=self._flats[self._next])
-        self.engine.launch(step, self._units[self._next], flat)
+        unit = self._units[self._next]
+        buf = self.engine.work(unit, bucket.dtype, bucket.params[0].device)
+        self.engine.launch(step, unit, flatten_grads(bucket, out=buf))
         self._stamps += [(p, _stamp(p)) for p in bucket.params]
         self._next += 1
 
@@ -528,11 +528,6 @@ class GravacOptimizer(torch.optim.Optimizer):
         self._layout = new
         self._bind(new)
         self._units = _units(new)
-        # each unit's flat gradient buffer, reused every step (the engine keeps no reference
-        # to it past the step)
-        self._flats = [
-            torch.empty(b.numel, dtype=b.dtype, device=b.params[0].device) for b in new.buckets
-        ]
         self._unit_of = {id(p): i for i, u in enumerate(self._units) for p in _params(new, u)}
         return new
 

@@ -8,6 +8,8 @@ One module a job:
   compressor (``gravac bench compressors``);
 * :mod:`gravac.bench.multilevel`: multi-level compression against compressing twice
   (``gravac bench multilevel``);
+* :mod:`gravac.bench.memory`: the extra peak memory of a training step per compressor
+  (``gravac bench memory``);
 * :mod:`gravac.bench.cli`: their command line, :func:`add_parser`.
 
 This package re-exports the public names of those modules.
@@ -42,6 +44,7 @@ from gravac.bench.compressors import (
     bench_compressors,
     format_compressor_table,
 )
+from gravac.bench.memory import MemoryResult, bench_memory, format_memory_table
 from gravac.bench.multilevel import (
     DEFAULT_CF1,
     DEFAULT_CF2,
@@ -69,12 +72,15 @@ __all__ = [
     "NOISE_RATIO",
     "SIZE_SUFFIXES",
     "CompressorResult",
+    "MemoryResult",
     "MultilevelResult",
     "add_parser",
     "bench_compressor",
     "bench_compressors",
+    "bench_memory",
     "bench_multilevel",
     "format_compressor_table",
+    "format_memory_table",
     "format_multilevel_table",
     "model_layout",
     "multilevel_names",

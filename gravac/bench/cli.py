@@ -1,4 +1,5 @@
-"""``gravac bench``'s command line: ``gravac bench compressors``, ``multilevel`` and ``kernels``.
+"""``gravac bench``'s command line: ``gravac bench compressors``, ``multilevel``, ``kernels``
+and ``memory``.
 
 :func:`add_parser` adds both to the ``gravac`` command line (:mod:`gravac.cli`); the handlers run
 the benchmarks of :mod:`gravac.bench.compressors` and :mod:`gravac.bench.multilevel` with torch's
@@ -19,6 +20,7 @@ from gravac import compressors
 from gravac.argtypes import argtype
 from gravac.bench import compressors as compressor_bench
 from gravac.bench import kernels as kernel_bench
+from gravac.bench import memory as memory_bench
 from gravac.bench import multilevel as multilevel_bench
 from gravac.bench.common import DEFAULT_REPEATS, DEFAULT_SEED, DEFAULT_SIZE, parse_size
 from gravac.compressors import check_cf
@@ -181,6 +183,17 @@ def _run_kernels(args: argparse.Namespace) -> int:
     return _run(args, kernel_bench.bench_kernels, kernel_bench.format_kernel_table)
 
 
+def _run_memory(args: argparse.Namespace) -> int:
+    results = memory_bench.bench_memory(
+        names=args.compressors, params=args.params, steps=args.steps, threads=args.threads
+    )
+    if args.json:
+        print(json.dumps([r.to_json() for r in results], indent=2, allow_nan=False))
+    else:
+        print(memory_bench.format_memory_table(results))
+    return 0
+
+
 def _common_options(args: argparse.Namespace) -> dict[str, Any]:
     """The benchmark arguments of the options :func:`_add_common` adds to both benchmarks."""
     return {"size": args.size, "repeats": args.repeats, "seed": args.seed, "device": args.device}
@@ -296,3 +309,42 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     _add_common(kern, cf=False)
     kern.set_defaults(func=_run_kernels, device=torch.device("cuda"))
+
+    mem = kinds.add_parser(
+        "memory",
+        help="extra peak memory of a training step, per compressor (Linux)",
+        description=(
+            "For each compressor, in a fresh process: a stack of Linear(2048, 2048) layers of "
+            "about --params float32 parameters trains with plain SGD, then with GravacOptimizer "
+            "around it (one worker, CF 10 with a search candidate from the first step); the "
+            "peak resident memory of backward() + step() above plain SGD's steady state, less "
+            "plain SGD's own peak, in MiB and in gradients (target <= 2)."
+        ),
+    )
+    mem.add_argument(
+        "--params",
+        type=argtype(lambda text: parse_size(text, option="--params")),
+        default=memory_bench.DEFAULT_PARAMS,
+        help="parameters of the model, K/M/G suffixes binary, rounded to whole 2048 x 2048 "
+        "layers (default 50M)",
+    )
+    mem.add_argument(
+        "--steps",
+        type=_positive_int("--steps"),
+        default=memory_bench.DEFAULT_STEPS,
+        help=f"steps of each optimizer (default {memory_bench.DEFAULT_STEPS})",
+    )
+    mem.add_argument(
+        "--compressors",
+        type=argtype(_compressor_list),
+        default=None,
+        help="comma-separated compressor names (default: every registered one)",
+    )
+    mem.add_argument(
+        "--threads",
+        type=_positive_int("--threads"),
+        default=None,
+        help="torch intra-op threads (default: torch's, all cores)",
+    )
+    mem.add_argument("--json", action="store_true", help="print a JSON list of rows, no table")
+    mem.set_defaults(func=_run_memory)

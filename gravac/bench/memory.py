@@ -1,0 +1,173 @@
+"""``gravac bench memory``: the extra peak memory of a training step, per compressor.
+
+For each compressor, in a fresh process (so that no allocator state of another compressor
+remains): a stack of ``Linear(width, width, bias=False)`` layers holding about ``--params``
+float32 parameters is trained for a few steps with plain SGD, then with :class:`GravacOptimizer`
+around the same SGD (single worker, no process group: the compression, error feedback and gain
+terms all run; the collectives are the identity). The peak resident set size (Linux ``VmHWM``,
+reset through ``/proc/self/clear_refs``) of the gravac steps, ``backward()`` and ``step()``
+together, above the resident size of plain SGD's steady state, is the compressor's extra peak
+memory; the report gives it in MiB and as a multiple of the gradient's bytes (issue 9's target:
+at most 2, the residual plus one work buffer). Plain SGD's own peak above its steady state (the
+activations and autograd's temporaries) is measured the same way and subtracted.
+
+Resident memory counts what the process touched: freed blocks that the allocator keeps mapped
+count while they stay resident, so the figure is an upper bound of the live bytes.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from gravac import compressors
+from gravac.bench.common import ELEMENT_BYTES, bench_each, format_table, json_row
+from gravac.optimizer import GravacOptimizer
+
+__all__ = [
+    "DEFAULT_PARAMS",
+    "DEFAULT_STEPS",
+    "MemoryResult",
+    "bench_memory",
+    "format_memory_table",
+    "memory_names",
+    "peak_rss_above",
+]
+
+#: Parameters of the benchmark model, as in issue 9's measurement (50M float32, 191 MiB).
+DEFAULT_PARAMS = 50 * 2**20
+#: Measured steps per optimizer, after as many untimed ones (buffers made, search started).
+DEFAULT_STEPS = 3
+#: Width of the square layers: 4M parameters each, so 50M is twelve layers.
+WIDTH = 2048
+#: Samples per step: activations of 8 x 2048 floats per layer are negligible next to weights.
+BATCH = 8
+#: The CF every compressor is asked for (GraVAC's theta_min, DESIGN.md section 5).
+CF = 10.0
+_KIB = 1024
+_MIB = 2**20
+_CLEAR_PEAK = "5"  # /proc/self/clear_refs: reset the peak resident set size (Linux >= 4.0)
+
+
+@dataclass(frozen=True)
+class MemoryResult:
+    """One row of ``gravac bench memory`` (bytes; ``ratio`` in gradients)."""
+
+    name: str
+    params: int
+    gradient_bytes: int
+    sgd_peak_bytes: int  # plain SGD's peak above its steady state
+    peak_bytes: int  # gravac's peak above plain SGD's steady state, less sgd_peak_bytes
+    ratio: float  # peak_bytes / gradient_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        return json_row(self)
+
+
+def _status_kib(field: str) -> int:
+    """A ``kB`` field of ``/proc/self/status`` (``VmRSS``, ``VmHWM``)."""
+    text = Path("/proc/self/status").read_text()
+    match = re.search(rf"^{field}:\s+(\d+) kB", text, re.MULTILINE)
+    if match is None:
+        raise RuntimeError(f"/proc/self/status has no {field} field")
+    return int(match.group(1))
+
+
+def peak_rss_above(work: Any, *args: Any) -> int:
+    """Bytes by which the resident set size peaked above its level before ``work(*args)``.
+
+    Raises:
+        RuntimeError: not on Linux (no ``/proc/self/clear_refs``).
+    """
+    clear = Path("/proc/self/clear_refs")
+    if not clear.exists():
+        raise RuntimeError("gravac bench memory needs Linux (/proc/self/clear_refs)")
+    before = _status_kib("VmRSS")
+    clear.write_text(_CLEAR_PEAK)
+    work(*args)
+    return max(0, _status_kib("VmHWM") - before) * _KIB
+
+
+def _model(params: int) -> nn.Module:
+    layers = max(1, round(params / (WIDTH * WIDTH)))
+    torch.manual_seed(0)
+    return nn.Sequential(*(nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(layers)))
+
+
+def _steps(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, steps: int) -> None:
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=False)
+        model(x).square().mean().backward()
+        opt.step()
+
+
+def _measure(name: str, params: int, steps: int, threads: int) -> MemoryResult:
+    """The row of ``name``, measured in this (fresh) process."""
+    torch.set_num_threads(threads)
+    model = _model(params)
+    x = torch.randn(BATCH, WIDTH)
+    sgd = torch.optim.SGD(model.parameters(), lr=1e-3)
+    _steps(model, sgd, x, steps)  # gradients allocated: the steady state of plain SGD
+    sgd_peak = peak_rss_above(_steps, model, sgd, x, steps)
+    opt = GravacOptimizer(
+        sgd, compressor=name, theta_min=CF, warmup_steps=0, window=1, dense_bytes=0
+    )
+    peak = peak_rss_above(_steps, model, opt, x, 2 * steps)  # first steps included: buffers
+    n = sum(p.numel() for p in model.parameters())
+    grad_bytes = n * ELEMENT_BYTES
+    extra = max(0, peak - sgd_peak)
+    return MemoryResult(name, n, grad_bytes, sgd_peak, extra, extra / grad_bytes)
+
+
+def memory_names() -> list[str]:
+    """Every registered compressor, in name order."""
+    return list(compressors.names())
+
+
+def bench_memory(
+    *,
+    names: Sequence[str] | None = None,
+    params: int = DEFAULT_PARAMS,
+    steps: int = DEFAULT_STEPS,
+    threads: int | None = None,
+) -> list[MemoryResult]:
+    """Measure each compressor (``None``: every registered one) in its own fresh process."""
+    ctx = multiprocessing.get_context("spawn")
+    t = threads if threads is not None else torch.get_num_threads()
+
+    def one(name: str) -> MemoryResult:
+        with ctx.Pool(1) as pool:
+            return pool.apply(_measure, (name, params, steps, t))
+
+    return bench_each(names or memory_names(), one, failure="measuring {name} failed")
+
+
+def format_memory_table(results: Sequence[MemoryResult]) -> str:
+    """The human-readable report of ``gravac bench memory``."""
+    if not results:
+        return "no compressor measured"
+    r0 = results[0]
+    layers = max(1, round(r0.params / (WIDTH * WIDTH)))
+    header = [
+        f"gravac bench memory: {r0.params:,} float32 parameters ({layers} x Linear({WIDTH}, "
+        f"{WIDTH})), gradient {r0.gradient_bytes / _MIB:.0f} MiB, CF {CF:g} with a candidate "
+        "from the first step, one worker",
+        "  extra = peak resident memory of backward() + step() above plain SGD's steady state,"
+        " less plain SGD's own peak; ratio = extra / gradient bytes (target <= 2)",
+        f"  plain SGD's own peak: {r0.sgd_peak_bytes / _MIB:.0f} MiB",
+    ]
+    headers = ["compressor", "extra MiB", "ratio"]
+    rows = [[r.name, f"{r.peak_bytes / _MIB:.0f}", _ratio(r.ratio)] for r in results]
+    return "\n".join([*header, "", format_table(headers, rows)])
+
+
+def _ratio(ratio: float) -> str:
+    return f"{ratio:.2f}" if math.isfinite(ratio) else "-"

@@ -565,7 +565,8 @@ def test_skips_warn_rate_limited_and_everything_is_logged(tmp_path: Any) -> None
     [
         ("none", {}, {1.0}),
         ("fp16", {}, {2.0}),
-        ("thc", {}, {4.0}),  # uint8 all-reduce lanes carry 8 bits whatever b is
+        # one worker: int64 words of lanes ceil(log2(g + 1)) bits wide, for b = 8, 4, 2, 1
+        ("thc", {}, {3.5, 6.0, 16.0, 32.0}),
         ("thc", {"transport": "allgather"}, {4.0, 8.0, 16.0, 32.0}),
     ],
 )

@@ -11,11 +11,17 @@ finite value ``M``. Gradients above fp16's 65504 are then sent, not clamped (a c
 gain while the residual grew without bound), and small ones keep their precision instead of
 underflowing; the scaling is exact, undone after aggregation. Each contribution is still clamped
 to ``M`` (a no-op unless the agreed maximum is wrong), so a finite gradient never becomes Inf.
+
+The cast, its inverse and the residual update run as one chunked pass each on the CPU
+(:mod:`gravac.kernels.cast`, bit-identical to the whole-tensor references), into payload and
+output buffers reused once the caller holds none of them (:class:`gravac.kernels.buffers.
+BufferPool`): a fresh 32 MiB payload costs more in page faults than the cast itself.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, cast
 
@@ -34,6 +40,8 @@ from gravac.compressors.base import (
 from gravac.compressors.registry import register
 from gravac.gain import inner, squared_norm
 from gravac.kernels import check_backend_name, scaled_cast
+from gravac.kernels.buffers import BufferPool
+from gravac.kernels.cast import scaled_widen, sub_scaled_
 
 __all__ = ["BF16Compressor", "DensePayload", "FP16Compressor", "NoneCompressor"]
 
@@ -100,6 +108,8 @@ class _HalfCompressor(Compressor):
 
     def __init__(self, *, backend: str | None = None) -> None:
         self.backend = check_backend_name(backend)
+        # payloads and decompressed tensors, reused once the caller has dropped them
+        self._buffers = BufferPool()
 
     def deliverable_cf(self, cf: float, world_size: int = 1) -> float:
         """Always 2 (16 of 32 bits), whatever is asked."""
@@ -131,8 +141,9 @@ class _HalfCompressor(Compressor):
     def compress(self, x: Tensor, cf: float, rnd: Round) -> tuple[DensePayload, ScaledContext]:
         flat = x.detach().reshape(-1)
         k = self.exponent(flat, rnd)
+        out = self._buffers.empty(flat.numel(), self.wire_dtype, flat.device, ("payload", rnd.key))
         values = scaled_cast(
-            flat, self.wire_dtype, divisor=rnd.world_size, exponent=k, backend=self.backend
+            flat, self.wire_dtype, divisor=rnd.world_size, exponent=k, backend=self.backend, out=out
         )
         achieved = self.deliverable_cf(cf) if flat.numel() else 1.0
         ctx = ScaledContext(
@@ -141,15 +152,22 @@ class _HalfCompressor(Compressor):
         return DensePayload(values=values), ctx
 
     def decompress(self, payload: Payload, ctx: Context) -> Tensor:
-        values = cast(DensePayload, payload).values.to(ctx.dtype)
-        return values.mul_(cast(ScaledContext, ctx).scale).view(ctx.shape)
+        return self.combine([payload], ctx)
+
+    def combine(self, payloads: Sequence[Payload], ctx: Context) -> Tensor:
+        """``s (v_1 + ... + v_n)``: the 16-bit values summed in 16 bits (as the all-reduce sums
+        them), widened and scaled in one pass (:func:`gravac.kernels.cast.scaled_widen`)."""
+        if not payloads:
+            raise ValueError("combine() needs at least one payload, got none")
+        values = [cast(DensePayload, p).values.reshape(-1) for p in payloads]
+        out = self._buffers.empty(ctx.numel, ctx.dtype, values[0].device, "decompressed")
+        return scaled_widen(values, cast(ScaledContext, ctx).scale, out).view(ctx.shape)
 
     def residual_(self, x: Tensor, payload: Payload, ctx: Context) -> Tensor:
         """``x - s v`` in place, without the scaled copy (``s v`` is exact: ``s`` is a power of
         two times the world size, so this equals ``x - D(payload)``)."""
-        values = cast(DensePayload, payload).values.view(x.shape).to(x.dtype)
-        # torch's mixed-dtype in-place path is 4x slower than the cast plus this one
-        return x.sub_(values, alpha=cast(ScaledContext, ctx).scale)
+        values = cast(DensePayload, payload).values
+        return sub_scaled_(x, values, cast(ScaledContext, ctx).scale)
 
     def sent_terms(self, x: Tensor, payload: Payload, ctx: Context) -> Tensor:
         """From the 16-bit values ``v`` and the scale ``s`` of ``c = s v``: ``s <v, x>`` and

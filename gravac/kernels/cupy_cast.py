@@ -32,10 +32,14 @@ def supports(x: Tensor, dtype: torch.dtype) -> bool:
     return x.dtype in FLOAT_DTYPES and dtype in WIRE_DTYPES
 
 
-def scaled_cast(x: Tensor, dtype: torch.dtype, limit: float, scale: float) -> Tensor:
-    """``narrow(clamp(float(x), +-limit) * scale)`` of CUDA ``x``, flat, in ``dtype``."""
+def scaled_cast(
+    x: Tensor, dtype: torch.dtype, limit: float, scale: float, out: Tensor | None = None
+) -> Tensor:
+    """``narrow(clamp(float(x), +-limit) * scale)`` of CUDA ``x``, flat, in ``dtype`` (written
+    into ``out``, a contiguous flat tensor of that dtype, if given)."""
     x = x.reshape(-1).contiguous()
-    out = torch.empty(x.numel(), dtype=dtype, device=x.device)
+    if out is None:
+        out = torch.empty(x.numel(), dtype=dtype, device=x.device)
     if x.numel() == 0:
         return out
     name = f"scaled_cast<{C_TYPES[x.dtype]},{C_TYPES[dtype]}>"

@@ -60,3 +60,41 @@ def test_the_scale_is_agreed_across_ranks() -> None:
 def test_many_ranks_need_the_agreed_maximum() -> None:
     with pytest.raises(ValueError, match=r"needs rnd\.agreed"):
         compressors.create("fp16").compress(torch.ones(3), 1.0, Round(world_size=2))
+
+
+@pytest.mark.parametrize("name", ["fp16", "bf16"])
+def test_payloads_and_results_held_by_the_caller_are_never_overwritten(name: str) -> None:
+    """The compressor reuses its buffers across steps, but only those nobody holds any more."""
+    c = compressors.create(name)
+    gen = torch.Generator().manual_seed(3)
+    held = []
+    for step in range(4):
+        x = torch.randn(5000, generator=gen)
+        payload, ctx = c.compress(x, 1.0, Round(step=step))
+        out = c.decompress(payload, ctx)
+        held.append((payload.values.clone(), payload, out.clone(), out))  # type: ignore[attr-defined]
+        c.compress(torch.randn(5000, generator=gen), 1.0, Round(step=step))  # dropped at once
+    for values, payload, decompressed, out in held:
+        assert torch.equal(payload.values, values) and torch.equal(out, decompressed)
+
+
+@pytest.mark.parametrize(("name", "wire"), [("fp16", torch.float16), ("bf16", torch.bfloat16)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_combine_sums_in_sixteen_bits_then_scales(
+    name: str, wire: torch.dtype, dtype: torch.dtype
+) -> None:
+    """combine() is the reference: the payloads summed in order in the wire dtype (what the
+    all-reduce computes), widened to the input's dtype, times the context's scale; the
+    payloads are left as they were (bf16 values of a bf16 gradient included)."""
+    gen = torch.Generator().manual_seed(4)
+    grads = [torch.randn(3000, generator=gen).to(dtype) for _ in range(3)]
+    c = compressors.create(name)
+    rnd = Round(world_size=3, agreed=torch.stack([g.abs().max() for g in grads]).max().float())
+    sent = [c.compress(g, 1.0, rnd) for g in grads]
+    kept = [p.values.clone() for p, _ in sent]  # type: ignore[attr-defined]
+    out = c.combine([p for p, _ in sent], sent[0][1])
+    total = sum((p.values for p, _ in sent[1:]), sent[0][0].values)  # type: ignore[attr-defined]
+    expected = total.to(dtype) * torch.tensor(sent[0][1].scale, dtype=dtype)  # type: ignore[attr-defined]
+    assert out.dtype == dtype and torch.equal(out, expected)
+    assert all(torch.equal(p.values, k) for (p, _), k in zip(sent, kept, strict=True))  # type: ignore[attr-defined]
+    assert all(p.values.dtype == wire for p, _ in sent)  # type: ignore[attr-defined]

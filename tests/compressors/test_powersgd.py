@@ -457,3 +457,40 @@ def test_it_snaps_to_the_nearest_cf_the_layout_delivers(cf: float, reachable: li
 def test_the_rule_alone_would_not_deliver_the_cf_it_asks_for(reachable: list[float]) -> None:
     """Why the layout is bound: the ranks the rule picks for CF 10 deliver another CF."""
     assert not any(math.isclose(10.0, r, rel_tol=1e-6) for r in reachable)
+
+
+def test_factors_and_reconstruction_are_the_matrix_products() -> None:
+    """The factors written into the payload are ``M Q`` (left step: the same BLAS call, so bit
+    for bit) and ``M^T P^`` (right step, computed as ``(P^^T M)^T``: the same dot products of
+    ``k`` terms summed in another order, so within the standard bound ``gamma_k |M|^T |P^|``,
+    ``gamma_k = k u / (1 - k u)``, of the float64 product); the reconstruction is
+    ``P Q^T`` / ``P^ Q^T`` bit for bit; a held result survives later rounds."""
+    layout = (torch.Size([96, 160]), torch.Size([50]), torch.Size([160, 96]))
+    gen = torch.Generator().manual_seed(13)
+    c = _psgd()
+    held: list[tuple[Tensor, Tensor]] = []
+    for step in range(4):
+        x = torch.randn(sum(s.numel() for s in layout), generator=gen)
+        payload, ctx = c.compress(x, 8.0, Round(step=step, layout=layout))
+        assert isinstance(payload, PowerSGDPayload) and isinstance(ctx, PowerSGDContext)
+        out = c.combine([payload], ctx)
+        held.append((out, out.clone()))
+        for plan in ctx.plans:
+            if plan.basis is None:
+                continue
+            m = x[plan.start : plan.start + plan.numel].view(plan.rows, plan.cols)
+            size = plan.factor_rows * plan.rank
+            f = payload.factors[plan.offset : plan.offset + size].view(plan.factor_rows, -1)
+            b = plan.basis
+            if plan.side == LEFT:
+                assert torch.equal(f, m @ b)
+                approx = f @ b.t()
+            else:
+                k = plan.rows
+                gamma = k * 2.0**-24 / (1 - k * 2.0**-24)
+                bound = gamma * (m.double().abs().t() @ b.double().abs())
+                assert ((f.double() - m.double().t() @ b.double()).abs() <= bound).all()
+                approx = b @ f.t()
+            assert torch.equal(out[plan.start : plan.start + plan.numel].view_as(m), approx)
+    for out, kept in held:
+        assert torch.equal(out, kept)

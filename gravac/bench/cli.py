@@ -106,12 +106,6 @@ def _add_common(p: argparse.ArgumentParser, *, cf: bool) -> None:
         help=f"timed repeats; medians are reported (default {DEFAULT_REPEATS})",
     )
     p.add_argument(
-        "--compressors",
-        type=argtype(_compressor_list),
-        default=None,
-        help="comma-separated compressor names (default: every registered one that applies)",
-    )
-    p.add_argument(
         "--seed",
         type=_int("--seed"),
         default=DEFAULT_SEED,
@@ -122,6 +116,17 @@ def _add_common(p: argparse.ArgumentParser, *, cf: bool) -> None:
         type=argtype(_device),
         default=torch.device("cpu"),
         help="torch device to run on (default cpu; CUDA times are synchronised)",
+    )
+    _add_selection(p)
+
+
+def _add_selection(p: argparse.ArgumentParser) -> None:
+    """``--compressors``, ``--threads`` and ``--json``, which every benchmark takes."""
+    p.add_argument(
+        "--compressors",
+        type=argtype(_compressor_list),
+        default=None,
+        help="comma-separated compressor names (default: every registered one that applies)",
     )
     p.add_argument(
         "--threads",
@@ -334,17 +339,5 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=memory_bench.DEFAULT_STEPS,
         help=f"steps of each optimizer (default {memory_bench.DEFAULT_STEPS})",
     )
-    mem.add_argument(
-        "--compressors",
-        type=argtype(_compressor_list),
-        default=None,
-        help="comma-separated compressor names (default: every registered one)",
-    )
-    mem.add_argument(
-        "--threads",
-        type=_positive_int("--threads"),
-        default=None,
-        help="torch intra-op threads (default: torch's, all cores)",
-    )
-    mem.add_argument("--json", action="store_true", help="print a JSON list of rows, no table")
+    _add_selection(mem)
     mem.set_defaults(func=_run_memory)

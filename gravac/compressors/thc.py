@@ -58,14 +58,30 @@ a requested CF picks the most precise ``b`` whose lanes deliver the largest wire
  8     510    3    (w = 10)  2.5  (w = 12)  2    (w = 15)
 ====  =====  =============  =============  ==============
 
-CPU speed. On CPU tensors quantised in float32 the torch backend runs :func:`_encode_cpu`: the
-rotation by Kronecker GEMMs (:func:`~gravac.kernels.hadamard.fwht_rows`, equal to the reference
-butterflies to float rounding) and the rounding by the in-place chunked
-:func:`~gravac.kernels.quantize.round_levels` (bit-identical to the reference), in buffers the
-compressor keeps for the last padded length. ``gravac bench compressors --size 16M --cf 100
---threads 1 --compressors thc``: ``ratio_to_copy`` 0.0022 before, 0.025 after (full rotation,
-b = 1 at 4 workers). The default rotation stays ``"full"``: 16M elements take 5 GEMM passes
-(24 stages) against 2 for blocks of 2^10; switching the default is left to a measured decision.
+CPU speed. On CPU tensors quantised in float32, :meth:`THCCompressor.compress` runs
+:func:`_encode_cpu` and ``decompress``/``combine`` run :func:`_decode_cpu`: NumPy/torch passes
+over chunks of :data:`_CPU_CHUNK` elements held in buffers the compressor keeps for the last
+layout (sign-bit flips for the diagonal, the rotation by Kronecker GEMMs
+(:func:`~gravac.kernels.hadamard.fwht_rows`, per chunk when a block fits in one), the reference's
+scale-clamp-shift, the rounding by :func:`~gravac.kernels.quantize.round_levels`, without gathers
+for the two-level and unit tables, and the lanes packed or unpacked per chunk). Both equal the
+reference (:func:`thc_payload` with ``backend="torch"``, :func:`thc_decode`) up to the rotation's
+summation order: the payload bit for bit when the rotated values are exact, the decoded sum
+within ``2 log2(B) 2^-24`` of its norm (``tests/compressors/test_thc.py``). ``gravac bench
+compressors --size 16M --cf 100 --threads 1 --compressors thc`` (4 workers, b = 1), medians of
+repeated runs on a shared 2-core machine: ``ratio_to_copy`` 0.0022 (reference), 0.019-0.025
+(6db1082), 0.035 (this kernel, full rotation), 0.053-0.057 (partial); ``decompress_gbps`` 0.059
+(1.14 s) before, 0.34 (full), 0.49-0.62 (partial, 0.11 s). What bounds it: the two 32 x 32 GEMMs
+of a 2^10 block (about 40 ms at 16M, near one core's FMA peak) and about 25 elementwise passes
+over each chunk (sign flip, 6 reference scale/clamp steps, about 10 for the hash and the
+comparison, 2 for the lanes), each about 1.5 ms at 16M.
+
+Default rotation: ``"partial"`` (blocks of 2^10, per-block max-norms), decided by the same bench
+(16M elements, 4 workers, CF 100, so b = 1): NMSE 0.314 partial against 0.337 full, compress
+0.15 s against 0.23 s, decompress 0.11 s against 0.19 s (the full rotation of 2^24 takes five
+GEMM passes over memory instead of two in cache). At b = 4 on one worker the tests bound both
+below 0.026 (``tests/compressors/test_thc.py``); ``"full"`` remains
+available.
 
 Defaults per bit width, ``(g, p)``, chosen by the table DP's predicted NMSE of one worker on
 normal coordinates (:func:`gravac.compressors.thc_table.expected_nmse`; rounding plus clamping):
@@ -104,10 +120,11 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal, cast
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -128,10 +145,14 @@ from gravac.kernels.hadamard import fwht, fwht_rows, next_power_of_two
 from gravac.kernels.quantize import (
     CellTables,
     RoundingWork,
+    check_packed,
+    flip_signs,
+    hash_sign_words,
     hash_signs,
     hash_uniform,
     lookup,
     pack_bits,
+    packed_numel,
     round_levels,
     stochastic_quantize,
     table_cells,
@@ -175,9 +196,11 @@ _MAX_PARTIAL_STAGES = 30
 #: words with wraparound, which is exact modulo 2^64, so every lane (its true sum < 2^width)
 #: comes back exactly.
 LANE_WORD_BITS = 64
-#: Elements quantised per pass of the CPU kernel (:func:`_encode_cpu`): 2^16 float32 (256 KiB)
-#: keep its five scratch buffers in L2 and L3 while it makes about 20 passes over them.
-_CPU_CHUNK = 1 << 16
+#: Elements per pass of the CPU kernels (:func:`_encode_cpu`, :func:`_decode_cpu`): 2^17
+#: float32 (512 KiB) measured fastest at 16M (compress 0.14 s against 0.17 s at 2^16 and 0.15 s
+#: at 2^18): a chunk's buffers stay in L2/L3 through its ~25 passes, and per-pass overheads
+#: (about 10 us a call) are amortised.
+_CPU_CHUNK = 1 << 17
 Rotation = Literal["full", "partial"]
 Transport = Literal["allreduce", "allgather"]
 _ROTATIONS: tuple[Rotation, ...] = ("full", "partial")
@@ -228,6 +251,18 @@ def _word_count(numel: int, width: int) -> int:
     return -(-numel // lanes_per_word(width))
 
 
+def _lane_runs(start: int, end: int, words: int, width: int) -> Iterator[tuple[int, int, int]]:
+    """Elements ``[start, end)`` of :func:`pack_lanes`' planar layout over ``words`` words, split
+    by lane: ``(shift, first, stop)``, elements ``first..stop`` sitting at bit ``shift`` of words
+    ``first mod words ..``, consecutively."""
+    pos = start
+    while pos < end:
+        lane = pos // words
+        stop = min(end, (lane + 1) * words)
+        yield lane * width, pos, stop
+        pos = stop
+
+
 def pack_lanes(levels: Tensor, width: int) -> Tensor:
     """Pack 1-D non-negative ``levels`` (each below ``2^width``) into int64 words.
 
@@ -241,11 +276,10 @@ def pack_lanes(levels: Tensor, width: int) -> Tensor:
     words = _word_count(n, width)
     out = torch.zeros(words, dtype=torch.int64, device=levels.device)
     flat = levels.reshape(-1)
-    for k in range(lanes_per_word(width)):
-        run = flat[k * words : (k + 1) * words]
-        if run.numel() == 0:
-            break
-        out[: run.numel()].bitwise_or_(torch.bitwise_left_shift(run.long(), k * width))
+    for shift, first, stop in _lane_runs(0, n, words, width):
+        word = first % words
+        run = torch.bitwise_left_shift(flat[first:stop].long(), shift)
+        out[word : word + stop - first].bitwise_or_(run)
     return out
 
 
@@ -258,11 +292,11 @@ def unpack_lanes(words: Tensor, width: int, numel: int) -> Tensor:
         )
     out = torch.empty(numel, dtype=torch.int64, device=words.device)
     count, mask = words.numel(), (1 << width) - 1
-    for k in range(lanes_per_word(width)):
-        run = out[k * count : (k + 1) * count]
-        if run.numel() == 0:
-            break
-        torch.bitwise_right_shift(words[: run.numel()], k * width, out=run).bitwise_and_(mask)
+    for shift, first, stop in _lane_runs(0, numel, count, width):
+        word = first % count
+        run = out[first:stop]
+        torch.bitwise_right_shift(words[word : word + stop - first], shift, out=run)
+        run.bitwise_and_(mask)
     return out
 
 
@@ -303,6 +337,7 @@ class THCContext(Context):
         padded: padded length, a multiple of ``block``.
         world_size: ranks the all-reduce lanes were sized for.
         lane_bits: width of the all-reduce's lanes (0 for the all-gather).
+        round_seed: seed of the rounding hash (:func:`thc_payload` reproduces the payload).
     """
 
     bits: int
@@ -316,6 +351,7 @@ class THCContext(Context):
     padded: int
     world_size: int
     lane_bits: int
+    round_seed: int
 
     @property
     def signs(self) -> Tensor:
@@ -442,7 +478,6 @@ def thc_payload(
     bits: int,
     lane: torch.dtype | None,
     backend: str | None = None,
-    work: _CPUWork | None = None,
 ) -> Tensor:
     """The tensor THC sends: ``T[z]`` in ``lane`` lanes, or (``lane=None``) ``z`` packed.
 
@@ -453,12 +488,6 @@ def thc_payload(
     flat = x.detach().reshape(-1)
     cd = _compute_dtype(flat.dtype)
     use = resolve_backend(flat, backend, op="thc", cupy=cupy_thc.supports(flat))
-    if use == "torch" and work is not None and _cpu_fast(flat):
-        out = _encode_cpu(
-            flat, norms, table, work, granularity=granularity, clamp=clamp, block=block,
-            padded=padded, sign_seed=sign_seed, round_seed=round_seed, indices=lane is None,
-        )  # fmt: skip
-        return out.to(lane) if lane is not None else pack_bits(out, bits, backend="torch")
     if use == "torch":
         signs = hash_signs(padded, sign_seed, dtype=cd, device=flat.device)
         idx = thc_encode(
@@ -489,25 +518,58 @@ def thc_payload(
 
 
 def _cpu_fast(x: Tensor) -> bool:
-    """Whether :func:`_encode_cpu` serves ``x``: a CPU tensor quantised in float32."""
+    """Whether :func:`_encode_cpu` and :func:`_decode_cpu` serve ``x``: a CPU tensor quantised
+    in float32."""
     return x.device.type == "cpu" and _compute_dtype(x.dtype) == torch.float32
 
 
 class _CPUWork:
-    """Buffers of :func:`_encode_cpu` for one padded length, reused across calls (float32 CPU):
-    the padded input rotated in place (``rotated``), the transform's other buffer (``spare``),
-    the int32 output (``levels``) and the rounding kernel's chunk buffers (``rounding``)."""
+    """Buffers of :func:`_encode_cpu` and :func:`_decode_cpu` for one ``(padded, block)`` layout,
+    reused across calls (float32, CPU, NumPy arrays with torch views of the same memory).
 
-    def __init__(self, padded: int) -> None:
-        self.rotated = torch.empty(padded, dtype=torch.float32)
-        self.spare = torch.empty(padded, dtype=torch.float32)
-        self.levels = torch.empty(padded, dtype=torch.int32)
-        self.rounding = RoundingWork(min(padded, _CPU_CHUNK), torch.device("cpu"))
+    ``chunk`` elements are processed at a time (a multiple of the block when the block fits in
+    one, so that a chunk is rotated on its own: *fused*); ``values`` holds the chunk's values
+    (or, unfused, the whole padded vector, rotated at once), ``spare`` is the transform's other
+    buffer, ``levels`` the chunk's rounded levels, ``lanes`` the chunk's lanes in int64 words,
+    ``rounding`` the scratch of :func:`~gravac.kernels.quantize.round_levels`.
+    """
+
+    def __init__(self, padded: int, block: int) -> None:
+        self.chunk = min(padded, _CPU_CHUNK)
+        self.fused = block <= self.chunk
+        held = self.chunk if self.fused else padded
+        self.values = np.empty(held, dtype=np.float32)
+        self.spare = np.empty(held, dtype=np.float32)
+        self.levels = np.empty(self.chunk, dtype=np.int32)
+        self.lanes = np.empty(self.chunk, dtype=np.uint64)
+        self.rounding = RoundingWork(self.chunk)
 
 
 @functools.lru_cache(maxsize=_TABLE_CACHE)
 def _cell_tables(table: tuple[int, ...], *, indices: bool) -> CellTables:
-    return CellTables.build(torch.tensor(table), torch.device("cpu"), indices=indices)
+    return CellTables.build(torch.tensor(table), indices=indices)
+
+
+def _sign_words(padded: int, sign_seed: int) -> np.ndarray:
+    """:func:`~gravac.kernels.quantize.hash_sign_words` as little-endian uint32 (NumPy)."""
+    return hash_sign_words(padded, sign_seed).numpy().astype("<u4")
+
+
+def _chunks(padded: int, chunk: int) -> Iterator[tuple[int, int]]:
+    return ((start, min(start + chunk, padded)) for start in range(0, padded, chunk))
+
+
+def _load_signed(
+    xn: np.ndarray, words: np.ndarray, start: int, dst: np.ndarray, work: _CPUWork
+) -> None:
+    """``dst = (D x)[start : start + len(dst)]`` of ``x`` zero-padded (``len(dst)`` at most a
+    chunk)."""
+    held = max(min(dst.size, xn.size - start), 0)
+    if held:
+        flip_signs(
+            xn[start : start + held], words, offset=start, out=dst[:held], work=work.rounding
+        )
+    dst[held:] = 0.0
 
 
 def _encode_cpu(
@@ -522,35 +584,131 @@ def _encode_cpu(
     padded: int,
     sign_seed: int,
     round_seed: int,
-    indices: bool,
+    bits: int,
+    width: int,
 ) -> Tensor:
-    """:func:`thc_encode` on the CPU in float32, in ``work``'s buffers: ``T[z]`` (or ``z`` when
-    ``indices``) as int32 over the padded length (a view of ``work.levels``).
+    """:func:`thc_payload` on the CPU in float32, chunk by chunk in ``work``'s buffers: the int64
+    words of :func:`pack_lanes` (``width`` > 0) or the packed ``bits``-bit indices.
 
-    The same steps and arithmetic as the reference except the rotation, which is
-    :func:`~gravac.kernels.hadamard.fwht_rows` (equal to the butterflies to float rounding): the
-    diagonal, the scale-clamp-shift of :func:`_quantize` in place, then
-    :func:`~gravac.kernels.quantize.round_levels` chunk by chunk (bit-identical to
-    :func:`~gravac.kernels.quantize.stochastic_quantize` with :func:`hash_uniform`).
+    Per chunk, while it is in cache: the diagonal by sign-bit flips
+    (:func:`~gravac.kernels.quantize.flip_signs`), the rotation of its blocks
+    (:func:`~gravac.kernels.hadamard.fwht_rows`; the whole padded vector at once, before the
+    chunks, when a block is longer than a chunk), the scale-clamp-shift of :func:`_quantize`
+    with the same operations in the same order, the rounding
+    (:func:`~gravac.kernels.quantize.round_levels`, bit-identical to the reference) and the
+    packing of the chunk. Only the rotation sums in another order than the reference
+    butterflies, so the payload is the reference's bit for bit wherever the rotated values are
+    (e.g. small integers with ``log2 B`` even: every partial sum exact).
     """
-    n = x.numel()
-    v = work.rotated
-    torch.mul(x, hash_signs(n, sign_seed), out=v[:n])
-    v[n:].zero_()
-    rows = v.view(-1, block)
-    fwht_rows(rows, out=rows, work=work.spare.view(-1, block))
-    rows.mul_(block_scale(norms, block)[:, None])
-    torch.nan_to_num_(v, nan=0.0).clamp_(-clamp, clamp)
-    v.add_(clamp).mul_(granularity / (2.0 * clamp)).clamp_(0.0, float(granularity))
-    cells = _cell_tables(tuple(int(t) for t in table.tolist()), indices=indices)
-    chunk = work.rounding.size
-    for start in range(0, padded, chunk):
-        end = min(start + chunk, padded)
-        round_levels(
-            v[start:end], cells, round_seed, offset=start, out=work.levels[start:end],
+    xn = x.detach().reshape(-1).to(torch.float32).numpy()
+    words = _sign_words(padded, sign_seed)
+    scale = block_scale(norms, block)
+    alpha = granularity / (2.0 * clamp)
+    cells = _cell_tables(tuple(int(t) for t in table.tolist()), indices=width == 0)
+    if width:
+        out = np.zeros(_word_count(padded, width), dtype=np.uint64)
+    else:
+        out = np.zeros(packed_numel(padded, bits), dtype=np.uint8)
+    if not work.fused:
+        for start, end in _chunks(padded, work.chunk):
+            _load_signed(xn, words, start, work.values[start:end], work)
+        whole = torch.from_numpy(work.values).view(-1, block)
+        fwht_rows(whole, out=whole, work=torch.from_numpy(work.spare).view(-1, block))
+    for start, end in _chunks(padded, work.chunk):
+        if work.fused:
+            values = work.values[: end - start]
+            _load_signed(xn, words, start, values, work)
+            rows = torch.from_numpy(values).view(-1, block)
+            fwht_rows(
+                rows, out=rows, work=torch.from_numpy(work.spare[: values.size]).view_as(rows)
+            )
+            rows.mul_(scale[start // block : end // block, None])
+        else:
+            values = work.values[start:end]
+            torch.from_numpy(values).mul_(scale[start // block])
+        v = torch.from_numpy(values)
+        torch.nan_to_num_(v, nan=0.0).clamp_(-clamp, clamp)
+        v.add_(clamp).mul_(alpha).clamp_(0.0, float(granularity))
+        levels = round_levels(
+            values, cells, round_seed, offset=start, out=work.levels[: values.size],
             work=work.rounding,
         )  # fmt: skip
-    return work.levels
+        if width:
+            for shift, first, stop in _lane_runs(start, end, out.size, width):
+                word = first % out.size
+                run = work.lanes[: stop - first]
+                seg = levels[first - start : stop - start]
+                np.left_shift(seg, shift, out=run, dtype=np.uint64, casting="unsafe")
+                np.bitwise_or(out[word : word + run.size], run, out=out[word : word + run.size])
+        else:
+            packed = pack_bits(torch.from_numpy(levels), bits, backend="torch").numpy()
+            first = start // (_BYTE_BITS // bits)
+            out[first : first + packed.size] = packed
+    return torch.from_numpy(out.view(np.int64) if width else out)
+
+
+def _decode_cpu(
+    fill: Callable[[int, np.ndarray], None], offset: Tensor, ctx: THCContext, work: _CPUWork
+) -> Tensor:
+    """:func:`thc_decode` on the CPU in float32, chunk by chunk in ``work``'s buffers.
+
+    ``fill(start, dst)`` writes the level sums of elements ``[start, start + len(dst))`` into
+    ``dst`` (float32: exact, sums stay below 2^24); ``offset`` is ``count * g / 2`` (float32).
+    Per chunk: the same affine map as :func:`thc_decode`, in the same order, then the inverse
+    rotation (:func:`~gravac.kernels.hadamard.fwht_rows`, of the whole vector before the sign
+    pass when a block is longer than a chunk) and the diagonal by sign-bit flips, written
+    straight into the un-padded float32 result.
+    """
+    block, padded, n = ctx.block, ctx.padded, ctx.numel
+    words = _sign_words(padded, ctx.sign_seed)
+    step = 2.0 * ctx.clamp / ctx.granularity
+    scale = ctx.norms / math.sqrt(block)
+    result = np.empty(n, dtype=np.float32)
+
+    def affine(start: int, values: np.ndarray) -> None:
+        fill(start, values)
+        v = torch.from_numpy(values)
+        v.sub_(offset).mul_(step)
+        v.view(-1, min(block, values.size)).mul_(
+            scale[start // block : -(-(start + values.size) // block), None]
+        )
+
+    for start, end in _chunks(padded, work.chunk):
+        if work.fused:
+            values = work.values[: end - start]
+            affine(start, values)
+            rows = torch.from_numpy(values).view(-1, block)
+            fwht_rows(
+                rows, out=rows, work=torch.from_numpy(work.spare[: values.size]).view_as(rows)
+            )
+            _store_signed(values, words, start, result, work)
+        else:
+            affine(start, work.values[start:end])
+    if not work.fused:
+        whole = torch.from_numpy(work.values).view(-1, block)
+        fwht_rows(whole, out=whole, work=torch.from_numpy(work.spare).view(-1, block))
+        for start, end in _chunks(padded, work.chunk):
+            _store_signed(work.values[start:end], words, start, result, work)
+    return torch.from_numpy(result).to(ctx.dtype).view(ctx.shape)
+
+
+def _store_signed(
+    values: np.ndarray, words: np.ndarray, start: int, result: np.ndarray, work: _CPUWork
+) -> None:
+    """``result[start : ...] = (D v)`` for the chunk ``values`` at ``start``, cut at the
+    result's (un-padded) end."""
+    held = max(min(values.size, result.size - start), 0)
+    if held:
+        dst = result[start : start + held]
+        flip_signs(values[:held], words, offset=start, out=dst, work=work.rounding)
+
+
+def _level_offset(count: Tensor | int, ctx: THCContext) -> Tensor:
+    """``count * g / 2`` in the compute dtype: what ``count`` ranks' levels sum to at zero."""
+    cd = _compute_dtype(ctx.dtype)
+    if isinstance(count, Tensor):
+        return count.to(cd) * (ctx.granularity / 2.0)
+    return torch.tensor(count * ctx.granularity / 2.0, dtype=cd)
 
 
 def thc_decode(level_sum: Tensor, count: Tensor | int, ctx: THCContext) -> Tensor:
@@ -562,10 +720,7 @@ def thc_decode(level_sum: Tensor, count: Tensor | int, ctx: THCContext) -> Tenso
     cd = _compute_dtype(ctx.dtype)
     signs = ctx.signs
     g, t = ctx.granularity, ctx.clamp
-    offset = (
-        count.to(cd) * (g / 2.0) if isinstance(count, Tensor) else torch.tensor(count * g / 2.0)
-    )
-    y = level_sum.to(cd).sub_(offset.to(device=level_sum.device, dtype=cd))
+    y = level_sum.to(cd).sub_(_level_offset(count, ctx).to(level_sum.device))
     y.mul_(2.0 * t / g)
     r = y.view(-1, ctx.block).mul_((ctx.norms / math.sqrt(ctx.block))[:, None])
     v = fwht(r).reshape(-1).mul_(signs)
@@ -582,8 +737,9 @@ class THCCompressor(Compressor):
             :data:`DEFAULT_GRANULARITY` for the bit width in use. Larger ``g`` allows a finer
             table but needs wider all-reduce lanes (``g * world_size`` must fit).
         p: fraction of normal coordinates clamped, in (0, 1); ``None`` takes :data:`DEFAULT_P`.
-        rotation: ``"full"`` (one Hadamard rotation of the padded input) or ``"partial"`` (each
-            block of ``2^partial_stages`` rotated and scaled on its own).
+        rotation: ``"partial"`` (default: each block of ``2^partial_stages`` rotated and scaled
+            on its own; module docstring for the measurements) or ``"full"`` (one Hadamard
+            rotation of the padded input).
         partial_stages: ``log2`` of the partial rotation's block (``rotation="partial"`` only).
         transport: ``"allreduce"`` (levels in integer lanes, summed by the collective) or
             ``"allgather"`` (packed ``b``-bit indices, looked up and summed by :meth:`combine`).
@@ -607,7 +763,7 @@ class THCCompressor(Compressor):
         bits: int | None = None,
         granularity: int | None = None,
         p: float | None = None,
-        rotation: Rotation = "full",
+        rotation: Rotation = "partial",
         partial_stages: int = DEFAULT_PARTIAL_STAGES,
         transport: Transport = "allreduce",
         seed: int = 0,
@@ -659,7 +815,7 @@ class THCCompressor(Compressor):
         self.symmetric_table = symmetric_table
         self.backend = check_backend_name(backend)
         # Buffers of the CPU kernel, by padded length (see _cpu_work).
-        self._work: dict[int, _CPUWork] = {}
+        self._work: dict[tuple[int, int], _CPUWork] = {}
 
     # -- configuration -------------------------------------------------------------------------
 
@@ -730,32 +886,40 @@ class THCCompressor(Compressor):
         table = torch.tensor(optimal_table(b, g, p, symmetric=self.symmetric_table))
         t = clamp_threshold(p)
         sign_seed = derive_seed(self.seed, rnd.step, rnd.key, _DIAGONAL_STREAM)
+        round_seed = derive_seed(self.seed, rnd.step, rnd.key, _ROUNDING_STREAM)
         if n == 0:
             norms = torch.zeros(0, dtype=cd, device=device)
             ctx = THCContext(
                 x.shape, x.dtype, 0, 1.0, b, g, t, table, norms, sign_seed, device, 1, 0,
-                rnd.world_size, 0,
+                rnd.world_size, 0, round_seed,
             )  # fmt: skip
             return self._empty_payload(g, rnd.world_size, device), ctx
         norms = self._agreed_norms(x, block, padded, rnd)
         width = lane_bits(g, rnd.world_size) if self.transport == "allreduce" else 0
         lane = torch.int32 if width else None
-        round_seed = derive_seed(self.seed, rnd.step, rnd.key, _ROUNDING_STREAM)
-        sent = thc_payload(
-            flat, norms, table, granularity=g, clamp=t, block=block, padded=padded,
-            sign_seed=sign_seed, round_seed=round_seed, bits=b, lane=lane, backend=self.backend,
-            work=self._cpu_work(flat, padded),
-        )  # fmt: skip
+        work = self._cpu_work(flat, block, padded)
+        if work is not None:
+            sent = _encode_cpu(
+                flat, norms, table, work, granularity=g, clamp=t, block=block, padded=padded,
+                sign_seed=sign_seed, round_seed=round_seed, bits=b, width=width,
+            )  # fmt: skip
+        else:
+            sent = thc_payload(
+                flat, norms, table, granularity=g, clamp=t, block=block, padded=padded,
+                sign_seed=sign_seed, round_seed=round_seed, bits=b, lane=lane,
+                backend=self.backend,
+            )  # fmt: skip
+            if lane is not None:
+                sent = pack_lanes(sent, width)
         achieved = self.deliverable_cf(cf, rnd.world_size)
         ctx = THCContext(
             x.shape, x.dtype, n, achieved, b, g, t, table, norms, sign_seed, device, block,
-            padded, rnd.world_size, width,
+            padded, rnd.world_size, width, round_seed,
         )  # fmt: skip
         payload: Payload
         if lane is not None:
-            words = pack_lanes(sent, width)
             payload = THCLevelsPayload(
-                words=words, count=torch.ones(1, dtype=torch.int64, device=device)
+                words=sent, count=torch.ones(1, dtype=torch.int64, device=device)
             )
         else:
             payload = THCPackedPayload(indices=sent)
@@ -767,17 +931,16 @@ class THCCompressor(Compressor):
         if c.numel == 0:
             return torch.zeros(c.shape, dtype=c.dtype, device=c.device)
         if isinstance(payload, THCLevelsPayload):
-            sums = unpack_lanes(payload.words, c.lane_bits, c.padded)
-            return thc_decode(sums, payload.count, c)
+            return self._decode_lanes(payload.words, payload.count, c)
         if isinstance(payload, THCPackedPayload):
-            levels = unpack_lookup_sum(
-                [payload.indices], c.bits, c.padded, c.table, backend=self.backend
-            )
-            return thc_decode(levels, 1, c)
+            return self._decode_packed([payload.indices], c)
         raise TypeError(f"thc cannot decompress a {type(payload).__name__}")
 
-    def combine(self, payloads: Sequence[Payload], ctx: Context) -> Tensor:
-        """Sum of the ranks' estimates: levels summed (or looked up and summed), decoded once."""
+    def combine(
+        self, payloads: Sequence[Payload], ctx: Context, out: Tensor | None = None
+    ) -> Tensor:
+        """Sum of the ranks' estimates: levels summed (or looked up and summed), decoded once;
+        written into ``out`` when given (as :meth:`Compressor.combine`)."""
         if not payloads:
             raise ValueError("combine() needs at least one payload, got none")
         c = cast(THCContext, ctx)
@@ -787,25 +950,76 @@ class THCCompressor(Compressor):
                     f"{len(payloads)} payloads exceed the world_size {c.world_size} their lanes "
                     "were sized for: the integer sum could overflow"
                 )
-            return super().combine(payloads, ctx)
+            return super().combine(payloads, ctx, out)
         if c.numel == 0:
-            return torch.zeros(c.shape, dtype=c.dtype, device=c.device)
-        packed = [cast(THCPackedPayload, p).indices for p in payloads]
-        total = unpack_lookup_sum(packed, c.bits, c.padded, c.table, backend=self.backend)
-        return thc_decode(total, len(payloads), c)
+            total = torch.zeros(c.shape, dtype=c.dtype, device=c.device)
+        else:
+            total = self._decode_packed([cast(THCPackedPayload, p).indices for p in payloads], c)
+        return total if out is None else out.copy_(total.reshape(-1)).view(c.shape)
 
     # -- helpers -------------------------------------------------------------------------------
 
-    def _cpu_work(self, x: Tensor, padded: int) -> _CPUWork | None:
-        """The reused buffers of the CPU kernel for ``padded`` (None off the CPU kernel)."""
-        if not _cpu_fast(x):
-            return None
-        work = self._work.get(padded)
+    def _decode_lanes(self, words: Tensor, count: Tensor, c: THCContext) -> Tensor:
+        """Decode summed lanes: :func:`_decode_cpu` on the CPU kernel, else the reference."""
+        work = self._cpu_work(words, c.block, c.padded, dtype=c.dtype)
         if work is None:
-            # One length at a time: a model's buckets differ, but keeping every length's buffers
-            # would hold three padded copies of the model.
-            self._work = {padded: _CPUWork(padded)}
-            work = self._work[padded]
+            return thc_decode(unpack_lanes(words, c.lane_bits, c.padded), count, c)
+        if words.numel() != _word_count(c.padded, c.lane_bits):
+            raise ValueError(
+                f"{c.padded} lanes of {c.lane_bits} bits pack into "
+                f"{_word_count(c.padded, c.lane_bits)} words, got {words.numel()}"
+            )
+        summed = words.numpy().view(np.uint64)
+        mask = (1 << c.lane_bits) - 1
+
+        def fill(start: int, dst: np.ndarray) -> None:
+            for shift, first, stop in _lane_runs(start, start + dst.size, summed.size, c.lane_bits):
+                word = first % summed.size
+                run = work.lanes[: stop - first]
+                np.right_shift(summed[word : word + run.size], shift, out=run)
+                np.bitwise_and(run, mask, out=run)
+                np.copyto(dst[first - start : stop - start], run, casting="unsafe")
+
+        return _decode_cpu(fill, _level_offset(count, c), c, work)
+
+    def _decode_packed(self, packed: Sequence[Tensor], c: THCContext) -> Tensor:
+        """Look up, sum and decode packed indices: :func:`_decode_cpu` on the CPU kernel, else
+        :func:`~gravac.kernels.quantize.unpack_lookup_sum` and the reference."""
+        work = self._cpu_work(packed[0], c.block, c.padded, dtype=c.dtype)
+        if work is None:
+            total = unpack_lookup_sum(packed, c.bits, c.padded, c.table, backend=self.backend)
+            return thc_decode(total, len(packed), c)
+        check_packed(packed, c.bits, c.padded)
+        per_byte = _BYTE_BITS // c.bits
+        shifts = np.arange(0, _BYTE_BITS, c.bits, dtype=np.uint8)
+        levels = c.table.numpy().astype(np.float32)
+        arrays = [p.numpy() for p in packed]
+
+        def fill(start: int, dst: np.ndarray) -> None:
+            first = start // per_byte
+            for i, payload in enumerate(arrays):
+                seg = payload[first : first + -(-dst.size // per_byte)]
+                fields = ((seg[:, None] >> shifts) & ((1 << c.bits) - 1)).reshape(-1)[: dst.size]
+                if i == 0:
+                    np.take(levels, fields, out=dst)
+                else:
+                    dst += np.take(levels, fields)
+
+        return _decode_cpu(fill, _level_offset(torch.tensor([len(packed)]), c), c, work)
+
+    def _cpu_work(
+        self, x: Tensor, block: int, padded: int, *, dtype: torch.dtype | None = None
+    ) -> _CPUWork | None:
+        """The reused buffers of the CPU kernels for the layout ``(block, padded)``; None off
+        them (not on the CPU, or quantised in float64: ``dtype``, default ``x``'s)."""
+        if x.device.type != "cpu" or _compute_dtype(dtype or x.dtype) != torch.float32:
+            return None
+        work = self._work.get((block, padded))
+        if work is None:
+            # One layout at a time: a model's buckets differ, but keeping every length's buffers
+            # would hold several padded copies of the model.
+            self._work = {(block, padded): _CPUWork(padded, block)}
+            work = self._work[(block, padded)]
         return work
 
     def _agreed_norms(self, x: Tensor, block: int, padded: int, rnd: Round) -> Tensor:

@@ -26,7 +26,8 @@ rows of ``x.view(n / B, B)``: that is what THC's partial rotation in
 H_{f_m}`` with factors of at most :data:`MAX_FACTOR_LOG2` stages, each one dense GEMM along one
 axis of ``x.view(rows, f_1, ..., f_m)``, so ``log2(B) / 5`` passes over the data instead of
 ``log2 B`` butterfly stages. It sums the same terms in another order, so it equals :func:`fwht`
-to float rounding (not bit for bit); :func:`fwht` stays the reference the tests compare it with.
+to float rounding (bit for bit only when every partial sum is exact and ``log2 B`` even);
+:func:`fwht` stays the reference the tests compare it with.
 
 Vectorised torch on any device (reshape-based butterflies, one temporary of half the input per
 stage). The CuPy transform is fused into THC's compression (``cuda/thc.cu``); on its own it has
@@ -35,6 +36,7 @@ no CuPy kernel, so ``backend="cupy"`` raises here (see :mod:`gravac.kernels.back
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -48,6 +50,8 @@ __all__ = ["MAX_FACTOR_LOG2", "fwht", "fwht_rows", "is_power_of_two", "next_powe
 #: near the CPU's peak (16M float32 in 22 ms on one AVX2 core), while smaller factors waste it
 #: (``H_8``: 35 ms for 3 stages instead of 5) and larger ones cost more flops per stage.
 MAX_FACTOR_LOG2 = 5
+#: Factor matrices kept by :func:`fwht_rows` (factor sizes x two scales x dtypes x devices).
+_FACTOR_CACHE = 64
 
 
 def is_power_of_two(n: int) -> bool:
@@ -105,22 +109,25 @@ def fwht(x: Tensor, *, stages: int | None = None, backend: str | None = None) ->
     return out.view(*lead, n)
 
 
-def _hadamard(log_n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """The unnormalised Sylvester-Hadamard matrix ``H_{2^log_n}``: ``(-1)^popcount(i & j)``."""
+@functools.lru_cache(maxsize=_FACTOR_CACHE)
+def _hadamard(log_n: int, scale: float, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``scale * H_{2^log_n}`` (Sylvester): ``scale * (-1)^popcount(i & j)``, built once."""
     idx = torch.arange(1 << log_n, device=device)
     parity = torch.zeros((1 << log_n, 1 << log_n), dtype=torch.int64, device=device)
     both = idx[:, None] & idx[None, :]
     for bit in range(log_n):
         parity ^= (both >> bit) & 1
-    return (1 - 2 * parity).to(dtype)
+    return (1 - 2 * parity).to(dtype).mul_(scale)
 
 
 def fwht_rows(x: Tensor, *, out: Tensor, work: Tensor) -> Tensor:
     """``out = x H_B / sqrt(B)`` for the rows of 2-D ``x`` (``B`` its power-of-two width).
 
-    By Kronecker factors (module docstring): ``x`` is read once, each factor is one GEMM from one
-    of ``out`` and ``work`` (same shape and dtype as ``x``) into the other, and the normalisation
-    is one final pass. ``x`` may be ``out``; ``work`` must not alias either.
+    By Kronecker factors (module docstring): ``x`` is read once and each factor is one GEMM from
+    one of ``out`` and ``work`` (same shape and dtype as ``x``) into the other; the
+    normalisation ``B^(-1/2)`` is folded into the last factor's matrix (exact when ``log2 B``
+    is even: a power of two). The factor matrices are cached, so a call on a small chunk costs
+    only its GEMMs. ``x`` may be ``out``; ``work`` must not alias either.
 
     Raises:
         ValueError: ``x`` is not 2-D floating point of power-of-two width, or ``out``/``work``
@@ -139,23 +146,25 @@ def fwht_rows(x: Tensor, *, out: Tensor, work: Tensor) -> Tensor:
     factors = [MAX_FACTOR_LOG2] * (log_b // MAX_FACTOR_LOG2)
     if log_b % MAX_FACTOR_LOG2:
         factors.append(log_b % MAX_FACTOR_LOG2)
+    if not factors:
+        return out.copy_(x)
     # Ping-pong so that the last factor lands in out; x is read only by the first factor, so when
     # x is out and the first factor would write out, x moves to work first.
     targets = [out if (len(factors) - i) % 2 else work for i in range(len(factors))]
     src, inner = x, width
-    if not factors:
-        out.copy_(x)
-    elif targets[0].data_ptr() == x.data_ptr():
+    if targets[0].data_ptr() == x.data_ptr():
         # An odd number of factors: from work, out, work, ..., out.
         src = work.copy_(x)
         targets = [out if i % 2 == 0 else work for i in range(len(factors))]
-    for log_f, dst in zip(factors, targets, strict=True):
+    last = len(factors) - 1
+    for i, (log_f, dst) in enumerate(zip(factors, targets, strict=True)):
         f = 1 << log_f
         inner //= f
-        h = _hadamard(log_f, x.dtype, x.device)
+        scale = math.pow(2.0, -log_b / 2.0) if i == last else 1.0
+        h = _hadamard(log_f, scale, x.dtype, x.device)
         if inner == 1:
             torch.matmul(src.reshape(-1, f), h, out=dst.view(-1, f))
         else:
             torch.matmul(h, src.reshape(-1, f, inner), out=dst.view(-1, f, inner))
         src = dst
-    return out.mul_(math.pow(2.0, -log_b / 2.0))
+    return out

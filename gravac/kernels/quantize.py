@@ -17,6 +17,10 @@
   inputs, without a generator, a host sync or a per-rank seed (see :mod:`gravac.compressors.thc`
   for why the rounding noise is drawn this way).
 
+* :func:`round_levels` and :func:`flip_signs`: the CPU kernels of THC's chunked compression and
+  decompression (NumPy uint32 arithmetic on reused buffers), bit-identical to the references
+  above (``lookup(stochastic_quantize(u, T, hash_uniform(u, seed)))`` and ``x * hash_signs``).
+
 Vectorised torch on any device. On CUDA tensors THC's CuPy kernel (``cuda/thc.cu``) fuses
 quantisation, hashing, lookup and packing into its compression, and :func:`unpack_lookup_sum` has a
 CuPy kernel of its own; the other functions have none, so ``backend="cupy"`` raises for them.
@@ -26,7 +30,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -37,6 +43,10 @@ __all__ = [
     "PACK_BITS",
     "CellTables",
     "RoundingWork",
+    "TableSpacing",
+    "check_packed",
+    "flip_signs",
+    "hash_sign_words",
     "hash_signs",
     "hash_uniform",
     "lookup",
@@ -71,6 +81,8 @@ _XORSHIFT = 16
 _SIGN_SHIFT = 31
 #: Rademacher signs drawn from one 32-bit hash.
 _SIGNS_PER_HASH = 32
+#: Levels of a one-bit table, ``{0, g}``: :func:`round_levels` rounds it without a gather.
+_TWO_LEVELS = 2
 
 
 def _check_table(table: Tensor) -> None:
@@ -198,6 +210,22 @@ def unpack_bits(packed: Tensor, bits: int, numel: int, *, backend: str | None = 
     return fields.reshape(-1)[:numel].clone()
 
 
+def check_packed(packed: Sequence[Tensor], bits: int, numel: int) -> None:
+    """Check payloads of ``numel`` packed ``bits``-bit indices (:func:`pack_bits`).
+
+    Raises:
+        ValueError: no payloads, or a payload of the wrong dtype or size.
+    """
+    if not packed:
+        raise ValueError("unpack_lookup_sum needs at least one packed payload, got none")
+    for p in packed:
+        if p.dtype != torch.uint8 or p.numel() != packed_numel(numel, bits):
+            raise ValueError(
+                f"{numel} indices of {bits} bits pack into {packed_numel(numel, bits)} uint8 "
+                f"bytes, got {p.numel()} of {p.dtype}"
+            )
+
+
 def unpack_lookup_sum(
     packed: Sequence[Tensor], bits: int, numel: int, table: Tensor, *, backend: str | None = None
 ) -> Tensor:
@@ -206,15 +234,8 @@ def unpack_lookup_sum(
     Raises:
         ValueError: no payloads, or a payload of the wrong dtype or size (:func:`unpack_bits`).
     """
-    if not packed:
-        raise ValueError("unpack_lookup_sum needs at least one packed payload, got none")
     _check_table(table)
-    for p in packed:
-        if p.dtype != torch.uint8 or p.numel() != packed_numel(numel, bits):
-            raise ValueError(
-                f"{numel} indices of {bits} bits pack into {packed_numel(numel, bits)} uint8 "
-                f"bytes, got {p.numel()} of {p.dtype}"
-            )
+    check_packed(packed, bits, numel)
     first = packed[0]
     if resolve_backend(first, backend, op="unpack_lookup_sum", cupy=True) == "cupy":
         return cupy_thc.unpack_lookup_sum(packed, bits, numel, table)
@@ -254,8 +275,7 @@ def hash_signs(
     hash gives 32 signs. Identical on every rank and device for the same ``(n, seed)``, with no
     generator: THC's CUDA kernel draws the same signs inside the kernel (``cuda/thc.cu``).
     """
-    words = -(-n // _SIGNS_PER_HASH)
-    z = _hash32(torch.zeros(words, dtype=torch.int64, device=device), seed)
+    z = hash_sign_words(n, seed, device=device)
     # The hash's 4 bytes (least significant first), then their 8 bits each: the per-sign work
     # is in uint8, 8 times less memory traffic than in the int64 lanes of the hash.
     octets = torch.arange(0, _SIGNS_PER_HASH, _BYTE_BITS, device=device)
@@ -312,9 +332,13 @@ def hash_uniform(x: Tensor, seed: int, *, backend: str | None = None) -> Tensor:
     return u.view(x.shape)
 
 
+#: Table shapes :func:`round_levels` special-cases (:attr:`CellTables.spacing`).
+TableSpacing = Literal["two", "unit", "general"]
+
+
 @dataclass(frozen=True)
 class CellTables:
-    """What :func:`round_levels` gathers per unit cell ``c = floor(u)`` of a table over 0..g.
+    """What :func:`round_levels` needs of a table over 0..g, per unit cell ``c = floor(u)``.
 
     Attributes:
         lower: ``T[L(c)]`` (float32), the level below the cell (cell ``g`` repeats cell
@@ -323,15 +347,21 @@ class CellTables:
             ``2^24``, exactly (a power-of-two scale of :func:`table_intervals`' reciprocal).
         level: ``T[L(c) + up]`` (or the index ``L(c) + up``) at ``2 c + up`` (int32): what is
             sent.
+        spacing: ``"two"`` for the two levels ``{0, g}`` (b = 1: one cell, no gather),
+            ``"unit"`` for the levels ``0, 1, ..., g`` (the uniform b = 2, g = 3 table: the cell
+            is the level below, no gather), else ``"general"`` (three gathers).
+        top: ``g``, the last level (what a two-level table sends on rounding up).
     """
 
-    lower: Tensor
-    inv_width: Tensor
-    level: Tensor
+    lower: np.ndarray
+    inv_width: np.ndarray
+    level: np.ndarray
+    spacing: TableSpacing
+    top: int
 
     @classmethod
-    def build(cls, table: Tensor, device: torch.device, *, indices: bool = False) -> CellTables:
-        """The tables of a sorted integer ``table`` whose first level is 0, on ``device``;
+    def build(cls, table: Tensor, *, indices: bool = False) -> CellTables:
+        """The tables of a sorted integer ``table`` whose first level is 0 (NumPy, host);
         ``indices``: :attr:`level` holds the table index ``L(c) + up`` instead of the level."""
         levels, cell_index = table_cells(table)
         if int(levels[0]) != 0:
@@ -340,51 +370,56 @@ class CellTables:
         values, inv_width = table_intervals(table, torch.float32)
         sent = torch.arange(levels.numel()) if indices else levels
         level = torch.stack([sent[lower], sent[lower + 1]], dim=1).reshape(-1)
+        top = int(levels[-1])
+        spacing: TableSpacing = "general"
+        if levels.numel() == _TWO_LEVELS:
+            spacing = "two"
+        elif torch.equal(levels, torch.arange(top + 1)):
+            spacing = "unit"
         return cls(
-            lower=values[lower].to(device),
-            inv_width=inv_width[lower].mul_(2.0**_UNIFORM_BITS).to(device),
-            level=level.to(device=device, dtype=torch.int32),
+            lower=values[lower].numpy(),
+            inv_width=inv_width[lower].mul_(2.0**_UNIFORM_BITS).numpy(),
+            level=level.to(torch.int32).numpy(),
+            spacing=spacing,
+            top=1 if indices else top,
         )
 
 
 class RoundingWork:
-    """Reusable buffers of :func:`round_levels` for chunks of up to ``size`` elements.
+    """Reusable NumPy buffers of :func:`round_levels` and :func:`flip_signs` for chunks of up to
+    ``size`` elements.
 
-    ``positions`` holds ``i * K mod 2^32`` for ``i < size`` (int32): the position half of the
-    hash key, built once; the rest are scratch (float32 ``a``, ``b``; int32 ``z``, ``y``, ``j``).
+    ``positions`` holds ``i * K mod 2^32`` for ``i < size`` (uint32): the position half of the
+    hash key, built once; the rest are scratch (uint32 ``z``, ``y``; float32 ``a``, ``b``; int32
+    ``j``; bool ``up``).
     """
 
-    def __init__(self, size: int, device: torch.device) -> None:
-        pos = torch.arange(size, dtype=torch.int64, device=device).mul_(_POSITION_MUL)
+    def __init__(self, size: int) -> None:
         self.size = size
-        self.positions = _as_int32(pos.bitwise_and_(_MASK32))
-        self.a = torch.empty(size, dtype=torch.float32, device=device)
-        self.b = torch.empty_like(self.a)
-        self.z = torch.empty(size, dtype=torch.int32, device=device)
-        self.y = torch.empty_like(self.z)
-        self.j = torch.empty_like(self.z)
-
-
-def _as_int32(values: Tensor) -> Tensor:
-    """int64 values in ``[0, 2^32)`` as the int32 with the same low 32 bits."""
-    return torch.where(values >= 2**31, values - 2**32, values).to(torch.int32)
-
-
-def _signed32(value: int) -> int:
-    return value - (1 << 32) if value >= 1 << 31 else value
+        self.positions = np.arange(size, dtype=np.uint32) * np.uint32(_POSITION_MUL)
+        self.z = np.empty(size, dtype=np.uint32)
+        self.y = np.empty(size, dtype=np.uint32)
+        self.a = np.empty(size, dtype=np.float32)
+        self.b = np.empty(size, dtype=np.float32)
+        self.j = np.empty(size, dtype=np.int32)
+        self.up = np.empty(size, dtype=np.bool_)
 
 
 def round_levels(
-    u: Tensor, cells: CellTables, seed: int, *, offset: int, out: Tensor, work: RoundingWork
-) -> Tensor:
+    u: np.ndarray, cells: CellTables, seed: int, *, offset: int, out: np.ndarray, work: RoundingWork
+) -> np.ndarray:
     """``out[i] = T[SQ_T(u[i])]`` with :func:`hash_uniform`'s uniforms at positions ``offset + i``.
 
     The fast CPU form of ``lookup(stochastic_quantize(u, T, hash_uniform(u, seed)), T)`` over a
     chunk of a longer vector, bit for bit: the same cell, the same round-up probability
-    ``(u - T[L]) / (T[L+1] - T[L])`` and the same uniforms, with int32 arithmetic that wraps mod
-    2^32, in place in ``work``'s buffers (no temporaries). ``uniform < p`` is read from the sign
-    bit of ``z - p 2^24`` (``z`` the hash's top 24 bits): the difference of two distinct floats is
-    never 0, so its sign is the comparison's.
+    ``p = (u - T[L]) / (T[L+1] - T[L])`` and the same uniforms, in NumPy uint32 arithmetic (which
+    wraps mod 2^32 and shifts logically, so the hash needs no masks) in ``work``'s buffers (no
+    temporaries). ``uniform < p`` is compared as ``z < p 2^24`` with ``z`` the hash's top 24
+    bits, both exact in float32. The cell's lookups depend on :attr:`CellTables.spacing`: two
+    levels ``{0, g}`` have one cell (``p 2^24 = u * inv_width``, level ``g * up``); the unit
+    table's cell is ``floor(u)`` and its level ``floor(u) + up`` (at ``u = g`` the reference's
+    clamped cell ``g - 1`` always rounds up to ``g``, and ``floor(g) + 0`` is ``g`` too);
+    otherwise three gathers from the per-cell tables.
 
     Args:
         u: float32 values in ``[0, g]`` (no NaN), 1-D, at most ``work.size`` of them.
@@ -394,19 +429,64 @@ def round_levels(
         out: int32, ``u``'s length: receives the levels.
         work: scratch buffers.
     """
-    n = u.numel()
-    a, b, z, y, j = (t[:n] for t in (work.a, work.b, work.z, work.y, work.j))
-    j.copy_(u)  # the cell floor(u), u >= 0
-    torch.index_select(cells.lower, 0, j, out=a)
-    torch.sub(u, a, out=a)
-    torch.index_select(cells.inv_width, 0, j, out=b)
-    a.mul_(b)  # p * 2^24
-    torch.add(work.positions[:n], _signed32(_uniform_key(offset, seed)), out=z)
-    z.bitwise_xor_(u.view(torch.int32)).mul_(_signed32(_MUL1))
-    torch.bitwise_right_shift(z, _XORSHIFT, out=y)
-    z.bitwise_xor_(y.bitwise_and_((1 << (32 - _XORSHIFT)) - 1)).mul_(_MUL2)
-    z.bitwise_right_shift_(32 - _UNIFORM_BITS).bitwise_and_((1 << _UNIFORM_BITS) - 1)
-    b.copy_(z).sub_(a)  # negative exactly when uniform < p
-    torch.bitwise_right_shift(b.view(torch.int32), _SIGN_SHIFT, out=y)  # -1: round up, else 0
-    j.mul_(2).sub_(y)
-    return torch.index_select(cells.level, 0, j, out=out)
+    n = u.size
+    z, y, j, up = work.z[:n], work.y[:n], work.j[:n], work.up[:n]
+    a, b = work.a[:n], work.b[:n]
+    np.add(work.positions[:n], _uniform_key(offset, seed), out=z)
+    np.bitwise_xor(z, u.view(np.uint32), out=z)
+    np.multiply(z, _MUL1, out=z)
+    np.right_shift(z, _XORSHIFT, out=y)
+    np.bitwise_xor(z, y, out=z)
+    np.multiply(z, _MUL2 & _MASK32, out=z)
+    np.right_shift(z, 32 - _UNIFORM_BITS, out=z)
+    np.copyto(b, z, casting="unsafe")  # uniform * 2^24, exact
+    if cells.spacing == "two":
+        np.multiply(u, cells.inv_width[0], out=a)
+        np.less(b, a, out=up)
+        return np.multiply(up, cells.top, out=out, dtype=np.int32)
+    if cells.spacing == "unit":
+        np.floor(u, out=a)
+        np.copyto(j, a, casting="unsafe")
+        np.subtract(u, a, out=a)
+        np.multiply(a, cells.inv_width[0], out=a)
+        np.less(b, a, out=up)
+        return np.add(j, up, out=out)
+    np.copyto(j, u, casting="unsafe")  # the cell floor(u), u >= 0
+    np.take(cells.lower, j, out=a)
+    np.subtract(u, a, out=a)
+    np.multiply(a, np.take(cells.inv_width, j, out=y.view(np.float32)), out=a)
+    np.less(b, a, out=up)
+    np.multiply(j, 2, out=j)
+    np.add(j, up, out=j)
+    return np.take(cells.level, j, out=out)
+
+
+def hash_sign_words(n: int, seed: int, *, device: torch.device | str = "cpu") -> Tensor:
+    """The ``ceil(n / 32)`` hashes whose bits are :func:`hash_signs`' signs: ``h(j)`` in int64
+    lanes holding 32-bit values (bit ``k`` of ``h(j)`` set: element ``32 j + k`` is negated)."""
+    words = -(-n // _SIGNS_PER_HASH)
+    return _hash32(torch.zeros(words, dtype=torch.int64, device=device), seed)
+
+
+def flip_signs(
+    x: np.ndarray, words: np.ndarray, *, offset: int, out: np.ndarray, work: RoundingWork
+) -> np.ndarray:
+    """``out = x * s[offset : offset + len(x)]`` with ``s`` :func:`hash_signs`' diagonal, by
+    flipping float32 sign bits (exactly the product with +-1, NaN and zeros included).
+
+    Args:
+        x: float32, 1-D, at most ``work.size`` elements; may be ``out``.
+        words: :func:`hash_sign_words` as little-endian uint32 (the whole vector's).
+        offset: position of ``x[0]``, a multiple of 32.
+        out: float32, ``x``'s length.
+        work: scratch buffers.
+    """
+    if offset % _SIGNS_PER_HASH:
+        raise ValueError(f"offset must be a multiple of {_SIGNS_PER_HASH}, got {offset}")
+    n = x.size
+    first = offset // _SIGNS_PER_HASH
+    own = words[first : first + -(-n // _SIGNS_PER_HASH)]
+    bits = np.unpackbits(own.view(np.uint8), count=n, bitorder="little")
+    mask = work.z[:n]
+    np.left_shift(bits, _SIGN_SHIFT, out=mask, dtype=np.uint32)
+    return np.bitwise_xor(x.view(np.uint32), mask, out=out.view(np.uint32)).view(np.float32)

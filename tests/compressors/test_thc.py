@@ -21,6 +21,8 @@ from gravac.compressors.thc import (
     lane_bits,
     lanes_per_word,
     pack_lanes,
+    thc_decode,
+    thc_payload,
     unpack_lanes,
 )
 from gravac.compressors.thc_table import (
@@ -160,12 +162,14 @@ def test_cf_to_bits(cf: float, bits: int) -> None:
 
 
 def test_wire_bytes_of_both_transports() -> None:
-    x = torch.randn(5000)  # padded to 8192
-    ag, _ = compressors.create("thc", transport="allgather").compress(x, CF_B4, Round())
+    x = torch.randn(5000)  # padded to 8192 by the full rotation
+    ag, _ = compressors.create("thc", rotation="full", transport="allgather").compress(
+        x, CF_B4, Round()
+    )
     assert isinstance(ag, THCPackedPayload) and ag.indices.dtype == torch.uint8
     assert wire_bytes(ag) == 8192 // 2
     norm = x.norm().reshape(1)
-    c4 = compressors.create("thc", bits=4)
+    c4 = compressors.create("thc", bits=4, rotation="full")
     ar, ctx = c4.compress(x, CF_B4, Round(world_size=8, agreed=norm))
     assert isinstance(ar, THCLevelsPayload) and ar.words.dtype == torch.int64
     # 30 * 8 = 240 needs 8 bits: 8 lanes a word, 1024 words, plus the count word.
@@ -176,7 +180,7 @@ def test_wire_bytes_of_both_transports() -> None:
     assert wire_bytes(ar9) == 8 * (-(-8192 // 7) + 1)
     assert ctx9.achieved_cf == 32 * 7 / 64
     # With b chosen from the CF: the most precise b whose wire CF is the largest not above 8.
-    auto = compressors.create("thc")
+    auto = compressors.create("thc", rotation="full")
     _, ctx = auto.compress(x, CF_B4, Round(world_size=9, agreed=norm))
     assert ctx.bits == 1 and ctx.achieved_cf == auto.deliverable_cf(CF_B4, 9) == 32 * 16 / 64
 
@@ -558,3 +562,65 @@ def test_explicit_bits_granularity_and_p_are_used() -> None:
     assert ctx.achieved_cf == 8.0  # one rank: levels 0..12 in 4-bit lanes, 16 to a word
     levels = unpack_lanes(payload.words, ctx.lane_bits, ctx.padded)  # type: ignore[attr-defined]
     assert set(levels.tolist()) <= set(optimal_table(2, 12, 1 / 8))
+
+
+# -- the CPU kernels against the reference -----------------------------------------------------
+
+
+@pytest.mark.parametrize("rotation", ["full", "partial"])
+@pytest.mark.parametrize("transport", ["allreduce", "allgather"])
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+@pytest.mark.parametrize("n", [4096, 2**18])
+def test_cpu_payload_is_the_reference_when_the_rotation_is_exact(
+    rotation: str, transport: str, bits: int, n: int
+) -> None:
+    """Small integers, log2 B even: every partial sum of both rotations is exact and the scale
+    2^(-log2 B / 2) a power of two, so the chunked CPU kernel sends the torch reference's payload
+    bit for bit (2^18: more than one chunk; full: a block longer than a chunk)."""
+    c = compressors.create("thc", bits=bits, rotation=rotation, transport=transport)
+    x = torch.randint(-8, 9, (n,), generator=torch.Generator().manual_seed(bits)).float()
+    rnd = Round(step=3, world_size=2, agreed=c.local_stats(x, CF_B4, Round()))
+    payload, ctx = c.compress(x, CF_B4, rnd)
+    assert isinstance(ctx, THCContext)
+    ref = thc_payload(
+        x, ctx.norms, ctx.table, granularity=ctx.granularity, clamp=ctx.clamp, block=ctx.block,
+        padded=ctx.padded, sign_seed=ctx.sign_seed, round_seed=ctx.round_seed, bits=ctx.bits,
+        lane=torch.int32 if transport == "allreduce" else None, backend="torch",
+    )  # fmt: skip
+    if isinstance(payload, THCLevelsPayload):
+        assert torch.equal(payload.words, pack_lanes(ref, ctx.lane_bits))
+    else:
+        assert isinstance(payload, THCPackedPayload) and torch.equal(payload.indices, ref)
+
+
+#: Float32 unit roundoff.
+_U32 = 2.0**-24
+
+
+@pytest.mark.parametrize("rotation", ["full", "partial"])
+@pytest.mark.parametrize("n", [3000, 2**18 + 5])
+def test_cpu_decode_equals_the_reference_to_the_rotation_rounding(rotation: str, n: int) -> None:
+    """The chunked CPU decoder against :func:`thc_decode` (butterflies) on 4 ranks' summed lanes.
+
+    Both apply the same affine map bit for bit, then the orthonormal transform in two summation
+    orders: each of the ``log2 B`` stages of either adds a rounding error of at most ``u`` times
+    the norm of its output (``u = 2^-24``; the stages are orthogonal, so norms are kept), hence
+    ``||fast - ref|| <= 2 log2(B) u ||ref||``; the diagonal flips signs exactly.
+    """
+    c = compressors.create("thc", bits=4, rotation=rotation)
+    gen = torch.Generator().manual_seed(n)
+    xs = [torch.randn(n, generator=gen) for _ in range(4)]
+    stats = torch.stack([c.local_stats(x, CF_B4, Round()) for x in xs]).amax(0)  # type: ignore[misc]
+    rnd = Round(step=1, world_size=4, agreed=stats)
+    compressed = [c.compress(x, CF_B4, rnd) for x in xs]
+    reduced = sum_payloads([p for p, _ in compressed])
+    ctx = compressed[0][1]
+    assert isinstance(reduced, THCLevelsPayload) and isinstance(ctx, THCContext)
+    fast = c.decompress(reduced, ctx)
+    ref = thc_decode(unpack_lanes(reduced.words, ctx.lane_bits, ctx.padded), reduced.count, ctx)
+    bound = 2 * math.log2(ctx.block) * _U32 * float(ref.double().norm())
+    assert float((fast.double() - ref.double()).norm()) <= bound
+    packed = compressors.create("thc", bits=4, rotation=rotation, transport="allgather")
+    gathered = [packed.compress(x, CF_B4, rnd) for x in xs]
+    total = packed.combine([p for p, _ in gathered], gathered[0][1])
+    torch.testing.assert_close(total, fast, rtol=0, atol=0)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from gravac.kernels.quantize import (
     CellTables,
     RoundingWork,
+    flip_signs,
+    hash_sign_words,
     hash_signs,
     hash_uniform,
     lookup,
@@ -175,34 +178,67 @@ def test_unpack_lookup_sum_adds_the_looked_up_levels() -> None:
         unpack_lookup_sum([packed[0][:-1]], 4, 33, TABLE)
 
 
+#: Tables of each :attr:`CellTables.spacing`: THC's b = 4 table (general), two levels (b = 1,
+#: with g = 1 and a wider g), the unit table 0..3 (b = 2, g = 3).
+SPACINGS = {
+    "general": TABLE,
+    "two": torch.tensor([0, 1]),
+    "two_wide": torch.tensor([0, 7]),
+    "unit": torch.tensor([0, 1, 2, 3]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPACINGS))
 @pytest.mark.parametrize("indices", [False, True])
 @pytest.mark.parametrize("chunk", [1, 7, 4096])
-def test_round_levels_equals_the_reference_bit_for_bit(chunk: int, indices: bool) -> None:
-    """The in-place CPU kernel over chunks == lookup(stochastic_quantize(u, T, hash_uniform))."""
+def test_round_levels_equals_the_reference_bit_for_bit(
+    name: str, chunk: int, indices: bool
+) -> None:
+    """The in-place CPU kernel over chunks == lookup(stochastic_quantize(u, T, hash_uniform)),
+    for every table spacing (the two-level and unit tables skip the gathers)."""
+    table = SPACINGS[name]
+    g = float(table[-1])
     gen = torch.Generator().manual_seed(chunk)
-    u = torch.rand(10_001, generator=gen) * 30
-    u[:6] = torch.tensor([0.0, 30.0, 29.999998, 14.0, 3.0, 0.5])
-    ref = stochastic_quantize(u, TABLE, hash_uniform(u, 2**40 + 3))
-    expected = ref if indices else lookup(ref, TABLE)
-    cells = CellTables.build(TABLE, u.device, indices=indices)
-    work = RoundingWork(chunk, u.device)
-    out = torch.empty(u.numel(), dtype=torch.int32)
+    u = torch.rand(10_001, generator=gen) * g
+    u[:6] = torch.tensor([0.0, g, g * (1 - 2**-23), g / 2, 1.0, 0.5])
+    ref = stochastic_quantize(u, table, hash_uniform(u, 2**40 + 3))
+    expected = ref if indices else lookup(ref, table)
+    cells = CellTables.build(table, indices=indices)
+    assert cells.spacing == name.removesuffix("_wide")
+    work = RoundingWork(chunk)
+    out = np.empty(u.numel(), dtype=np.int32)
     for start in range(0, u.numel(), chunk):
         end = min(start + chunk, u.numel())
-        round_levels(u[start:end], cells, 2**40 + 3, offset=start, out=out[start:end], work=work)
-    assert torch.equal(out.long(), expected)
+        seg = u[start:end].numpy()
+        round_levels(seg, cells, 2**40 + 3, offset=start, out=out[start:end], work=work)
+    assert torch.equal(torch.from_numpy(out).long(), expected)
+
+
+@pytest.mark.parametrize("offset", [0, 64, 4096])
+def test_flip_signs_is_the_product_with_the_hashed_diagonal(offset: int) -> None:
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(offset))
+    x[:4] = torch.tensor([0.0, -0.0, math.inf, math.nan])
+    signs = hash_signs(offset + 1000, seed=11)
+    words = hash_sign_words(offset + 1000, seed=11).numpy().astype("<u4")
+    out = np.empty(1000, dtype=np.float32)
+    flip_signs(x.numpy(), words, offset=offset, out=out, work=RoundingWork(1000))
+    expected = x * signs[offset:]
+    # Bit patterns: the sign of zeros and NaN included.
+    assert torch.equal(torch.from_numpy(out).view(torch.int32), expected.view(torch.int32))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        flip_signs(x.numpy(), words, offset=3, out=out, work=RoundingWork(1000))
 
 
 def test_round_levels_is_unbiased() -> None:
     q = torch.empty(len(VALUES) * DRAWS, dtype=torch.int32)
     u = torch.tensor(VALUES).repeat(DRAWS)
     round_levels(
-        u,
-        CellTables.build(TABLE, u.device),
+        u.numpy(),
+        CellTables.build(TABLE),
         9,
         offset=0,
-        out=q,
-        work=RoundingWork(u.numel(), u.device),
+        out=q.numpy(),
+        work=RoundingWork(u.numel()),
     )
     torch.testing.assert_close(
         q.double().view(DRAWS, -1).mean(0),
@@ -211,4 +247,4 @@ def test_round_levels_is_unbiased() -> None:
         atol=MEAN_TOL,
     )
     with pytest.raises(ValueError, match="starting at 0"):
-        CellTables.build(TABLE + 1, u.device)
+        CellTables.build(TABLE + 1)

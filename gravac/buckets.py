@@ -24,9 +24,9 @@ __all__ = [
     "Layout",
     "build_layout",
     "check_real",
-    "flatten_grads",
+    "gather_grads",
+    "scatter_grads",
     "split_flat",
-    "write_grads",
 ]
 
 #: default bucket size: PyTorch DDP's 25 MiB
@@ -137,23 +137,56 @@ def build_layout(params: Sequence[Tensor], *, bucket_bytes: int, dense_bytes: in
     return Layout(tuple(compressed), dense_buckets, _signature(params))
 
 
-def flatten_grads(bucket: Bucket, out: Tensor | None = None) -> Tensor:
-    """The bucket's gradients as one flat tensor (written into ``out`` when given: a buffer
-    reused across steps); a missing gradient counts as zeros and a sparse one is densified,
-    so that every rank packs the same layout."""
-    parts = []
-    for p in bucket.params:
+def gather_grads(bucket: Bucket, flat: Tensor) -> Tensor:
+    """Pack the bucket's gradients into ``flat`` (its buffer, reused across steps) and make each
+    gradient a view of its piece, as DDP's ``gradient_as_bucket_view`` does: from then on
+    autograd accumulates into the buffer itself and packing costs nothing, and the aggregate
+    can be written back in place (no gradient-sized temporary). A gradient that is not such a
+    view yet (a fresh one after ``zero_grad(set_to_none=True)``) is copied once; a missing
+    one counts as zeros (and stays ``None``); a sparse one is densified into it and one of
+    another dtype than the bucket is cast into it, both keeping their own tensor until the
+    aggregate is written back. Every rank packs the same layout.
+
+    Returns:
+        ``flat``.
+    """
+    for p, part in split_flat(flat, bucket.params):
         g = p.grad
         if g is None:
-            parts.append(torch.zeros(p.numel(), dtype=bucket.dtype, device=p.device))
+            part.zero_()
+        elif g.is_sparse:
+            part.copy_(g.to_dense())  # densified when the aggregate is written back
+        elif not _is_view(g, part):
+            part.copy_(g)
+            if p.dtype == flat.dtype:
+                p.grad = part
+    return flat
+
+
+def scatter_grads(bucket: Bucket, flat: Tensor) -> None:
+    """Give every parameter of the bucket its piece of the aggregate ``flat`` as ``p.grad``
+    (nothing to do for a gradient that is already a view of it)."""
+    for p, part in split_flat(flat, bucket.params):
+        g = p.grad
+        if g is not None and _is_view(g, part):
+            continue
+        if p.dtype == flat.dtype:
+            p.grad = part
+        elif g is None or g.is_sparse:
+            p.grad = part.to(p.dtype)
         else:
-            g = g.to_dense() if g.is_sparse else g
-            parts.append(g.reshape(-1).to(bucket.dtype))
-    if not parts:
-        return torch.empty(0, dtype=bucket.dtype)
-    if out is None:
-        return torch.cat(parts)
-    return torch.cat(parts, out=out)
+            g.copy_(part)
+
+
+def _is_view(g: Tensor, part: Tensor) -> bool:
+    """Whether gradient ``g`` is exactly the tensor ``part`` of a bucket buffer."""
+    return (
+        not g.is_sparse
+        and g.data_ptr() == part.data_ptr()
+        and g.dtype == part.dtype
+        and g.shape == part.shape
+        and g.stride() == part.stride()
+    )
 
 
 def split_flat(flat: Tensor, params: Sequence[Tensor]) -> Iterator[tuple[Tensor, Tensor]]:
@@ -163,13 +196,3 @@ def split_flat(flat: Tensor, params: Sequence[Tensor]) -> Iterator[tuple[Tensor,
     for p in params:
         yield p, flat[offset : offset + p.numel()].view(p.shape)
         offset += p.numel()
-
-
-def write_grads(bucket: Bucket, flat: Tensor) -> None:
-    """Write the aggregated flat gradient back into ``p.grad`` (dense), in order."""
-    for p, part in split_flat(flat, bucket.params):
-        piece = part.to(p.dtype)
-        if p.grad is None or p.grad.is_sparse:
-            p.grad = piece.clone()
-        else:
-            p.grad.copy_(piece)

@@ -115,7 +115,8 @@ class GravacHookState:
             flat = _gather(buffer, plan.spans[i]) if plan.spans else buffer
             if unit.compressed:
                 flat = self._with_orphans(plan, flat)
-            self.engine.launch(step, unit, flat)
+            # a bucket that is one unit receives its aggregate in DDP's own buffer
+            self.engine.launch(step, unit, flat, out=None if plan.spans else buffer)
         if bucket.is_last():
             self._close(step, done)
 

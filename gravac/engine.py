@@ -108,8 +108,10 @@ class _Flight:
     unit: Unit
     x: Tensor  # the error-fed gradient (the gradient itself for a dense unit)
     sent: tuple[Payload, Context] | None  # the payload sent; None: x itself was sent dense
-    total: Future[Tensor]  # the sum over ranks of what was sent, dense
+    arrived: Future[Any]  # the collective: the all-reduced x, or every rank's payload
     wire_bytes: int
+    out: Tensor | None  # where the aggregate is written (None: a new tensor)
+    result: Future[Tensor] = field(default_factory=Future)  # the aggregate, set at commit
 
 
 @dataclass
@@ -215,10 +217,6 @@ class Engine:
         self.last_cf: float | None = None  # CF sent at the previous step (None: not searching)
         self.last_close: float | None = None  # the clock at the previous step's close()
         self._alone = 0  # steps this process took, or skipped, as a single worker
-        # per unit key, the flat buffer work() lends when the memory keeps none (reused)
-        self._buffers: dict[int, Tensor] = {}
-        # the buffers lent for the current step, by unit key: launch() uses them in place
-        self._lent: dict[int, Tensor] = {}
 
     # ------------------------------------------------------------------ the group
     def join_group(self) -> None:
@@ -271,38 +269,35 @@ class Engine:
         snapshot = copy.deepcopy(self.compressor.state_dict())
         return Step(self.steps, plan, self.controller.decide(plan), snapshot)
 
-    def work(self, unit: Unit, dtype: torch.dtype, device: torch.device) -> Tensor:
-        """A flat buffer of ``unit``'s size for its gradient, to pass to :meth:`launch`, which
-        then compensates and sends it in place instead of copying it. The error-feedback
-        memory's spare residual storage for a compressed unit (so that a step holds two
-        gradient-sized buffers per unit: the residual and this one), else a buffer reused
-        across steps."""
-        buf = self.memory.work(unit.key, unit.numel, dtype, device) if unit.compressed else None
-        if buf is None:
-            buf = self._buffers.get(unit.key)
-            if buf is None or buf.numel() != unit.numel or buf.dtype != dtype:
-                buf = torch.empty(unit.numel, dtype=dtype, device=device)
-                self._buffers[unit.key] = buf
-        self._lent[unit.key] = buf
-        return buf
+    def launch(
+        self, step: Step, unit: Unit, flat: Tensor, out: Tensor | None = None
+    ) -> Future[Tensor]:
+        """Compensate, compress and start aggregating one unit's flat gradient ``flat`` (not
+        modified before the collective has completed).
 
-    def launch(self, step: Step, unit: Unit, flat: Tensor) -> Future[Tensor]:
-        """Compensate, compress and start aggregating one unit's flat gradient ``flat``; the
-        future completes with the sum over ranks of what was sent. ``flat`` is not modified,
-        unless it is the buffer :meth:`work` lent for the unit."""
+        Args:
+            out: a flat tensor of the unit's size and ``flat``'s dtype to receive the aggregate
+                at :meth:`commit` instead of a new tensor, ``flat`` itself included (the front
+                ends pass the gradients' own flat buffer: no gradient-sized temporary).
+
+        Returns:
+            A future that :meth:`commit` completes with the unit's aggregate (the sum over
+            ranks of what was sent), or with NaN where the step is skipped.
+        """
         t0 = self.clock()
-        lent = self._lent.pop(unit.key, None) is flat
         if not unit.compressed:
             step.ends.append(_ends(flat))
-            x = flat if lent else flat.clone()
-            flight = _Flight(unit, x, None, self.comm.all_reduce_async(x), _nbytes(x))
+            x = flat if out is flat else flat.clone()  # all-reduced in place
+            flight = _Flight(unit, x, None, self.comm.all_reduce_async(x), _nbytes(x), out)
         else:
-            flight = self._launch_compressed(step, unit, flat)
+            flight = self._launch_compressed(step, unit, flat, out)
         step.flights.append(flight)
         step.compress_seconds += self.clock() - t0
-        return flight.total
+        return flight.result
 
-    def _launch_compressed(self, step: Step, unit: Unit, flat: Tensor) -> _Flight:
+    def _launch_compressed(
+        self, step: Step, unit: Unit, flat: Tensor, out: Tensor | None
+    ) -> _Flight:
         c, plan = self.compressor, step.plan
         x = self.memory.compensate(unit.key, flat)
         world = self.comm.world_size
@@ -338,14 +333,11 @@ class Engine:
         step.terms = step.terms.to(x.device) + torch.stack(terms)
         if step.decision.which == "dense":
             total = x.clone()
-            return _Flight(unit, x, None, self.comm.all_reduce_async(total), _nbytes(total))
-        payload, ctx = chosen
-
-        def combine(f: Future[list[Payload]]) -> Tensor:
-            return c.combine(f.value(), ctx)
-
-        total_f = self.comm.send_payload(payload, c.collective).then(combine)
-        return _Flight(unit, x, chosen, total_f, wire_bytes(payload))
+            reduced = self.comm.all_reduce_async(total)
+            return _Flight(unit, x, None, reduced, _nbytes(total), out)
+        payload = chosen[0]
+        gathered = self.comm.send_payload(payload, c.collective)
+        return _Flight(unit, x, chosen, gathered, wire_bytes(payload), out)
 
     def _agree_stats(self, x: Tensor, cfs: list[float], base: Round) -> list[Round]:
         """One round per CF, with the compressor's statistics reduced over ranks (one blocking
@@ -386,7 +378,7 @@ class Engine:
         head = torch.tensor([local_bad, stale, interval, *has_grad], dtype=torch.float64)
         local = torch.cat([head, step.terms.cpu()]).to(self.comm.device)
         step.scalars = self.comm.all_gather_async(local)
-        return collect([step.scalars, *(f.total for f in step.flights)])
+        return collect([step.scalars, *(f.arrived for f in step.flights)])
 
     def commit(self, step: Step) -> Outcome:
         """Apply a step whose :meth:`close` future has completed: update the residuals and fold
@@ -403,14 +395,19 @@ class Engine:
         if table[:, 1].max() > 0:
             self.compressor.load_state_dict(step.snapshot)
             stale = [r for r in range(table.shape[0]) if table[r, 1] > 0]
-            raise RuntimeError(
+            error = RuntimeError(
                 f"rank(s) {stale} changed a gradient after its bucket had been sent during "
                 "backward(), so the change would be lost: call opt.synchronize() before "
                 "working on gradients (clipping, unscaling), accumulate inside opt.no_sync(), "
                 "or pass overlap=False"
             )
-        totals = [f.total.value() for f in step.flights]
-        if table[:, 0].max() > 0 or not all_finite(totals):
+            for f in step.flights:
+                f.result.set_exception(error)  # type: ignore[arg-type]  # stub types it as T
+            raise error
+        if table[:, 0].max() > 0:
+            return self._skip(step)
+        totals = [self._aggregate(f) for f in step.flights]
+        if not all_finite(totals):
             return self._skip(step)
         n_flags = step.flags
         present = tuple(bool(v) for v in (table[:, 3 : 3 + n_flags].max(dim=0).values > 0))
@@ -457,7 +454,18 @@ class Engine:
             skipped_steps=self.skipped_steps,
         )
         grads = tuple(t.div_(n) if n > 1 else t for t in totals)  # the totals are ours
+        for f, g in zip(step.flights, grads, strict=True):
+            f.result.set_result(g)
         return Outcome(False, grads, present, record, search=bool(compressed))
+
+    def _aggregate(self, f: _Flight) -> Tensor:
+        """The sum over ranks of what ``f`` sent, dense and flat, in ``f.out`` if given: the
+        all-reduced tensor, or the compressor's combination of every rank's payload (once a
+        step: it advances the compressor's shared state)."""
+        arrived = f.arrived.value()
+        if f.sent is None:
+            return arrived if f.out is None or f.out is arrived else f.out.copy_(arrived)
+        return self.compressor.combine(arrived, f.sent[1], out=f.out).reshape(-1)
 
     def _update_residual(self, f: _Flight, present: tuple[bool, ...]) -> None:
         """``e <- x - D(sent)``; what belongs to a tensor with a gradient on no rank stays in
@@ -513,6 +521,9 @@ class Engine:
                 f"{step.index}"
             )
         self.compressor.load_state_dict(step.snapshot)
+        for f in step.flights:  # what a skipped step aggregates: NaN (as the DDP hook gives)
+            nan = f.out if f.out is not None else torch.empty_like(f.x.reshape(-1))
+            f.result.set_result(nan.fill_(math.nan))
         self.skipped_steps += 1
         self._alone += not self.comm.distributed
         self.last_cf = None

@@ -34,12 +34,6 @@ class Memory:
     def update(self, key: int, x: Tensor, sent: Tensor) -> None:
         """Record that ``sent`` (dense, ``D(C(x))``) was sent for the compensated ``x``."""
 
-    def work(self, key: int, numel: int, dtype: torch.dtype, device: torch.device) -> Tensor | None:
-        """A flat buffer for bucket ``key``'s gradient that :meth:`compensate` of that buffer
-        turns into ``g + e`` in place (no copy of the gradient), or ``None`` when this memory
-        keeps none (the caller then uses its own)."""
-        return None
-
     def update_sent(
         self, key: int, x: Tensor, compressor: Compressor, payload: Payload, ctx: Context
     ) -> None:
@@ -81,33 +75,20 @@ class ResidualMemory(Memory):
 
     def __init__(self) -> None:
         self.residuals: dict[int, Tensor] = {}
-        # per key, the storage of a residual replaced by update_sent(): the next step's work
-        # buffer, or the next compensate() writes g + e into it (no page faults on fresh memory)
+        # per key, the storage of a residual replaced by update_sent(): the next compensate()
+        # writes g + e into it instead of allocating (no page faults on a fresh buffer), so a
+        # bucket holds two gradient-sized buffers: the residual and this one
         self._spare: dict[int, Tensor] = {}
-        # per key, the buffer work() handed out this step, which compensate() fills in place
-        self._work: dict[int, Tensor] = {}
-
-    def work(self, key: int, numel: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-        """The spare storage of ``key``'s previous residual (or a new buffer): with the
-        residual itself, the two gradient-sized buffers error feedback needs."""
-        buf = self._spare.pop(key, None)
-        if buf is None or buf.numel() != numel or buf.dtype != dtype or buf.device != device:
-            buf = torch.empty(numel, dtype=dtype, device=device)
-        self._work[key] = buf
-        return buf
 
     def compensate(self, key: int, g: Tensor) -> Tensor:
         e = self.residuals.get(key)
-        if e is not None and (e.shape != g.shape or e.dtype != g.dtype):
+        if e is None:
+            return g.clone()
+        if e.shape != g.shape or e.dtype != g.dtype:
             raise ValueError(
                 f"residual of bucket {key} has shape {tuple(e.shape)} and dtype {e.dtype}, "
                 f"gradient has {tuple(g.shape)} and {g.dtype}"
             )
-        if self._work.get(key) is g:  # the buffer work() lent: ours to overwrite
-            del self._work[key]
-            return g if e is None else g.add_(e)
-        if e is None:
-            return g.clone()
         spare = self._spare.pop(key, None)
         if spare is None or spare.shape != g.shape or spare.dtype != g.dtype:
             return g + e
@@ -128,11 +109,9 @@ class ResidualMemory(Memory):
         if key is None:
             self.residuals.clear()
             self._spare.clear()
-            self._work.clear()
         else:
             self.residuals.pop(key, None)
             self._spare.pop(key, None)
-            self._work.pop(key, None)
 
     def residual(self, key: int) -> Tensor | None:
         return self.residuals.get(key)

@@ -34,9 +34,9 @@ from gravac.buckets import (
     Layout,
     build_layout,
     check_real,
-    flatten_grads,
+    gather_grads,
+    scatter_grads,
     split_flat,
-    write_grads,
 )
 from gravac.comm import Communicator
 from gravac.compressors.base import Compressor
@@ -186,6 +186,9 @@ class GravacOptimizer(torch.optim.Optimizer):
         self.overlap = overlap
         self._layout: Layout | None = None
         self._units: list[Unit] = []  # the layout's units, in launch order
+        # per unit, the flat buffer its gradients are views of, reused every step (None: not
+        # made yet)
+        self._flats: list[Tensor | None] = []
         self._unit_of: dict[int, int] = {}  # parameter id -> index of its unit
         self._ready: list[set[int]] = []  # per unit: ids of parameters whose gradient is ready
         self._step: Step | None = None  # the step whose units are being launched
@@ -460,7 +463,7 @@ class GravacOptimizer(torch.optim.Optimizer):
                         p.grad.fill_(math.nan)
             return _SKIPPED
         for b, flat in zip(layout.buckets, outcome.grads, strict=True):
-            write_grads(b, flat)
+            scatter_grads(b, flat)
         # A parameter without a gradient on every rank keeps grad None (torch.optim leaves it
         # alone); one that has a gradient on some rank counts as zeros on the others (as DDP).
         for p, present in zip(layout.params, outcome.present, strict=True):
@@ -499,9 +502,14 @@ class GravacOptimizer(torch.optim.Optimizer):
         layout = self._layout
         assert layout is not None
         bucket = layout.buckets[self._next]
-        unit = self._units[self._next]
-        buf = self.engine.work(unit, bucket.dtype, bucket.params[0].device)
-        self.engine.launch(step, unit, flatten_grads(bucket, out=buf))
+        buf = self._flats[self._next]
+        if buf is None:  # made as first needed: the gradients it replaces are freed bucket by
+            # bucket, so the switch never holds a second copy of them all
+            buf = torch.empty(bucket.numel, dtype=bucket.dtype, device=bucket.params[0].device)
+            self._flats[self._next] = buf
+        flat = gather_grads(bucket, buf)
+        # the aggregate lands in the gradients' own buffer: no gradient-sized temporary
+        self.engine.launch(step, self._units[self._next], flat, out=flat)
         self._stamps += [(p, _stamp(p)) for p in bucket.params]
         self._next += 1
 
@@ -528,6 +536,7 @@ class GravacOptimizer(torch.optim.Optimizer):
         self._layout = new
         self._bind(new)
         self._units = _units(new)
+        self._flats = [None] * len(new.buckets)
         self._unit_of = {id(p): i for i, u in enumerate(self._units) for p in _params(new, u)}
         return new
 

@@ -11,7 +11,7 @@ from torch import nn
 
 from gravac import GravacOptimizer, TensorBoardMonitor
 from gravac.controller import cf_key
-from gravac.memory import ResidualMemory
+from gravac.memory import NoMemory, ResidualMemory
 from tests.helpers import batch, counter_clock, tiny_model, train_step
 
 
@@ -392,9 +392,9 @@ def test_buckets_are_launched_during_backward() -> None:
     assert opt._step is None and opt.steps == 1
 
 
-def test_a_fixed_cf_measures_no_gains_and_none_leaves_a_zero_residual() -> None:
+def test_a_fixed_cf_measures_no_gains_and_none_keeps_no_residual() -> None:
     """Under a fixed CF the decisions never read gains, so none are computed; none sends
-    everything and leaves a zero residual."""
+    everything and keeps no residual (it would be zeros)."""
     model = tiny_model()
     opt = make(model, compressor="none", policy="fixed", policy_options={"cf": 1})
     for step in range(3):
@@ -402,4 +402,4 @@ def test_a_fixed_cf_measures_no_gains_and_none_leaves_a_zero_residual() -> None:
     record = opt.last_record
     assert record is not None and math.isnan(record.gain_min_step)
     assert not opt.controller.gain
-    assert not any(bool(e.any()) for e in opt.memory.residuals.values())  # type: ignore[attr-defined]
+    assert isinstance(opt.memory, NoMemory) and opt.memory.residual(0) is None

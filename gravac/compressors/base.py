@@ -236,21 +236,34 @@ class Compressor(ABC):
         the sent positions (no dense decompression)."""
         return x.sub_(self.decompress(payload, ctx))
 
-    def combine(self, payloads: Sequence[Payload], ctx: Context) -> Tensor:
+    def combine(
+        self, payloads: Sequence[Payload], ctx: Context, out: Tensor | None = None
+    ) -> Tensor:
         """Sum over ranks of the decompressed payloads, as the collective computes it.
 
         For ``allreduce`` compressors the payload tensors are summed and decompressed once; a
         single already all-reduced payload is simply decompressed. ``allgather`` compressors
         decompress each payload and sum (subclasses override with a fused scatter-add).
+
+        Args:
+            out: a flat tensor of ``ctx.numel`` elements of ``ctx.dtype``, overlapping no
+                payload, that receives the sum (the result is then a view of it); ``None``: a
+                new tensor.
         """
         if not payloads:
             raise ValueError("combine() needs at least one payload, got none")
         if self.collective == "allreduce":
-            return self.decompress(sum_payloads(payloads), ctx)
+            return self.decompress_into(sum_payloads(payloads), ctx, out)
         total = self.decompress(payloads[0], ctx)
         for p in payloads[1:]:
             total = total + self.decompress(p, ctx)
-        return total
+        return total if out is None else out.copy_(total.reshape(-1)).view(ctx.shape)
+
+    def decompress_into(self, payload: Payload, ctx: Context, out: Tensor | None) -> Tensor:
+        """:meth:`decompress` written into ``out`` (as in :meth:`combine`) when given. The
+        default copies; compressors that build the dense tensor themselves override it."""
+        dense = self.decompress(payload, ctx)
+        return dense if out is None else out.copy_(dense.reshape(-1)).view(ctx.shape)
 
     def make_memory(self) -> Memory:
         """A fresh error-feedback memory for this compressor (plain residuals by default)."""

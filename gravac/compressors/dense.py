@@ -42,6 +42,7 @@ from gravac.gain import inner, squared_norm
 from gravac.kernels import check_backend_name, scaled_cast
 from gravac.kernels.buffers import BufferPool
 from gravac.kernels.cast import scaled_widen, sub_scaled_
+from gravac.memory import Memory, NoMemory
 
 __all__ = ["BF16Compressor", "DensePayload", "FP16Compressor", "NoneCompressor"]
 
@@ -74,6 +75,11 @@ class NoneCompressor(Compressor):
     def deliverable_cf(self, cf: float, world_size: int = 1) -> float:
         """Always 1: the values travel as they are."""
         return 1.0
+
+    def make_memory(self) -> Memory:
+        """No residual: everything is sent, so error feedback would keep zeros (a gradient-sized
+        buffer and an addition a step for nothing)."""
+        return NoMemory()
 
     def compress(self, x: Tensor, cf: float, rnd: Round) -> tuple[DensePayload, Context]:
         """The payload is ``x`` itself, flat (a view where ``x`` is contiguous): no copy."""
@@ -154,13 +160,16 @@ class _HalfCompressor(Compressor):
     def decompress(self, payload: Payload, ctx: Context) -> Tensor:
         return self.combine([payload], ctx)
 
-    def combine(self, payloads: Sequence[Payload], ctx: Context) -> Tensor:
+    def combine(
+        self, payloads: Sequence[Payload], ctx: Context, out: Tensor | None = None
+    ) -> Tensor:
         """``s (v_1 + ... + v_n)``: the 16-bit values summed in 16 bits (as the all-reduce sums
         them), widened and scaled in one pass (:func:`gravac.kernels.cast.scaled_widen`)."""
         if not payloads:
             raise ValueError("combine() needs at least one payload, got none")
         values = [cast(DensePayload, p).values.reshape(-1) for p in payloads]
-        out = self._buffers.empty(ctx.numel, ctx.dtype, values[0].device, "decompressed")
+        if out is None:
+            out = self._buffers.empty(ctx.numel, ctx.dtype, values[0].device, "decompressed")
         return scaled_widen(values, cast(ScaledContext, ctx).scale, out).view(ctx.shape)
 
     def residual_(self, x: Tensor, payload: Payload, ctx: Context) -> Tensor:

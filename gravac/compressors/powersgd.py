@@ -485,8 +485,12 @@ class PowerSGDCompressor(Compressor):
 
     def decompress(self, payload: Payload, ctx: Context) -> Tensor:
         """Dense values as sent; ``P Q^T`` with the context's shared basis for each matrix."""
+        return self.decompress_into(payload, ctx, None)
+
+    def decompress_into(self, payload: Payload, ctx: Context, out: Tensor | None) -> Tensor:
         p, c = cast(PowerSGDPayload, payload), cast(PowerSGDContext, ctx)
-        out = self._buffers.empty(c.numel, c.dtype, p.dense.device, "decompressed")
+        if out is None:
+            out = self._buffers.empty(c.numel, c.dtype, p.dense.device, "decompressed")
         for plan in c.plans:
             seg = out[plan.start : plan.start + plan.numel]
             if plan.basis is None:
@@ -504,7 +508,9 @@ class PowerSGDCompressor(Compressor):
                 seg.view(plan.rows, plan.cols).copy_(a @ bt)
         return out.view(c.shape)
 
-    def combine(self, payloads: Sequence[Payload], ctx: Context) -> Tensor:
+    def combine(
+        self, payloads: Sequence[Payload], ctx: Context, out: Tensor | None = None
+    ) -> Tensor:
         """Sum the payloads (the all-reduce), decompress, and advance the shared bases.
 
         Every rank calls this exactly once per round with the same aggregate, so every rank
@@ -516,7 +522,7 @@ class PowerSGDCompressor(Compressor):
             raise ValueError("combine() needs at least one payload, got none")
         total = cast(PowerSGDPayload, sum_payloads(payloads))
         c = cast(PowerSGDContext, ctx)
-        out = self.decompress(total, c)
+        out = self.decompress_into(total, c, out)
         if self.warm_start:
             self._advance(total, c)
         return out

@@ -175,11 +175,14 @@ class RandomKCompressor(Compressor):
         )
 
     def decompress(self, payload: Payload, ctx: Context) -> Tensor:
+        return self.decompress_into(payload, ctx, None)
+
+    def decompress_into(self, payload: Payload, ctx: Context, out: Tensor | None) -> Tensor:
         c = cast(RandomKContext, ctx)
         values = cast(RandomKPayload, payload).values.to(ctx.dtype)
         if c.scale != 1.0:
             values = values * c.scale
-        return scatter_add(ctx.numel, c.indices, values).view(ctx.shape)
+        return scatter_add(ctx.numel, c.indices, values, out=out).view(ctx.shape)
 
     def __repr__(self) -> str:
         return f"RandomKCompressor(seed={self.seed}, unbiased={self.unbiased})"

@@ -99,11 +99,13 @@ class SparseCompressor(Compressor):
         x.view(-1).index_fill_(0, cast(SparsePayload, payload).indices.long(), 0)
         return x
 
-    def combine(self, payloads: Sequence[Payload], ctx: Context) -> Tensor:
+    def combine(
+        self, payloads: Sequence[Payload], ctx: Context, out: Tensor | None = None
+    ) -> Tensor:
         """Sum of all gathered payloads in one scatter-add, rank order preserved."""
         if not payloads:
             raise ValueError("combine() needs at least one payload, got none")
         ps = [cast(SparsePayload, p) for p in payloads]
         values = torch.cat([p.values.reshape(-1) for p in ps]).to(ctx.dtype)
         indices = torch.cat([p.indices.reshape(-1) for p in ps])
-        return scatter_add(ctx.numel, indices, values).view(ctx.shape)
+        return scatter_add(ctx.numel, indices, values, out=out).view(ctx.shape)

@@ -226,8 +226,14 @@ class TopKCCompressor(Compressor):
         return TopKCPayload(values=p.values[:k]), self._context(c.shape, c.dtype, c.numel, ids, k)
 
     def decompress(self, payload: Payload, ctx: Context) -> Tensor:
+        return self.decompress_into(payload, ctx, None)
+
+    def decompress_into(self, payload: Payload, ctx: Context, out: Tensor | None) -> Tensor:
         p, c = cast(TopKCPayload, payload), cast(TopKCContext, ctx)
-        out = torch.zeros(c.numel, dtype=c.dtype, device=p.values.device)
+        if out is None:
+            out = torch.zeros(c.numel, dtype=c.dtype, device=p.values.device)
+        else:
+            out.zero_()
         pos = kept_positions(c.chunk_ids.to(out.device), c.kept, c.numel, c.chunk_size)
         out.index_copy_(0, pos, p.values.to(c.dtype))
         return out.view(c.shape)

@@ -207,7 +207,8 @@ def _select_chunks(
         m = min(_CHUNK, xn.size - start)
         np.abs(xn[start : start + m], out=mag[:m])
         if stats:
-            sums.append(float(mag[:m].dot(ones[:m])))
+            with np.errstate(over="ignore"):  # an overflowing sum is inf: the caller sees it
+                sums.append(float(mag[:m].dot(ones[:m])))
             peaks.append(mag[:m].max())
         if keep_nan:
             np.logical_not(np.less(mag[:m], t, out=mask[:m]), out=mask[:m])
@@ -238,11 +239,18 @@ def threshold_indices_reference(x: Tensor, threshold: float) -> Tensor:
 
 
 def scatter_add(
-    numel: int, indices: Tensor, values: Tensor, *, backend: str | None = None
+    numel: int,
+    indices: Tensor,
+    values: Tensor,
+    *,
+    backend: str | None = None,
+    out: Tensor | None = None,
 ) -> Tensor:
-    """Dense 1-D tensor of ``numel`` zeros with ``values`` added at ``indices`` (sums repeats)."""
+    """Dense 1-D tensor of ``numel`` zeros with ``values`` added at ``indices`` (sums repeats);
+    written into ``out`` (flat, ``numel`` elements of ``values``' dtype) when given."""
     cupy = cupy_sparse.supports(values)
     if resolve_backend(values, backend, op="scatter_add", cupy=cupy) == "cupy":
-        return cupy_sparse.scatter_add(numel, indices, values)
-    out = torch.zeros(numel, dtype=values.dtype, device=values.device)
-    return out.index_add_(0, indices.reshape(-1).long(), values.reshape(-1))
+        dense = cupy_sparse.scatter_add(numel, indices, values)
+        return dense if out is None else out.copy_(dense)
+    out = torch.zeros(numel, dtype=values.dtype, device=values.device) if out is None else out
+    return out.zero_().index_add_(0, indices.reshape(-1).long(), values.reshape(-1))

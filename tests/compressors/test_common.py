@@ -229,3 +229,26 @@ def test_residual_in_place_equals_x_minus_the_decompressed(name: str, cf: float)
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
     if name == "none":
         assert not bool(got.any())
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("workers", [1, 3])
+def test_combine_into_a_given_buffer_equals_combine(name: str, workers: int) -> None:
+    """``combine(..., out=buf)`` writes the same aggregate into ``buf`` (whatever it held) and
+    returns a view of it: the engine passes the gradients' own buffer."""
+    gen = torch.Generator().manual_seed(7)
+    xs = [torch.randn(20, 30, generator=gen) for _ in range(workers)]
+    results = []
+    for into in (False, True):
+        c = compressors.create(name)  # stateful compressors (PowerSGD) advance in combine
+        rnd = _round(workers)
+        sent = [_compress(c, x, 5.0, rnd) for x in xs]
+        payloads, ctx = [p for p, _ in sent], sent[0][1]
+        if into:
+            buf = torch.full((600,), 123.0)
+            out = c.combine(payloads, ctx, out=buf)
+            assert out.data_ptr() == buf.data_ptr() and out.shape == ctx.shape
+        else:
+            out = c.combine(payloads, ctx)
+        results.append(out.clone())
+    assert torch.equal(results[0], results[1])

@@ -1,0 +1,88 @@
+"""Gradients as views of their bucket's flat buffer (gather_grads / scatter_grads)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from gravac import GravacOptimizer
+from gravac.buckets import Bucket, gather_grads, scatter_grads, split_flat
+from tests.helpers import batch, tiny_model, train_step
+
+
+def _bucket(*params: torch.Tensor) -> Bucket:
+    return Bucket(0, tuple(params), torch.float32)
+
+
+def _shares(g: torch.Tensor, flat: torch.Tensor) -> bool:
+    return g.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
+
+
+def test_gather_packs_and_binds_the_gradients_as_views() -> None:
+    a, b, c = (nn.Parameter(torch.randn(3, 4)) for _ in range(3))
+    a.grad, b.grad = torch.randn(3, 4), torch.randn(3, 4)  # c has none
+    want = torch.cat([a.grad.reshape(-1), b.grad.reshape(-1), torch.zeros(12)])
+    flat = gather_grads(_bucket(a, b, c), torch.full((36,), 9.0))
+    assert torch.equal(flat, want)
+    assert _shares(a.grad, flat) and _shares(b.grad, flat) and c.grad is None
+    a.grad.add_(1.0)  # a view: writes land in the buffer
+    assert flat[0] == want[0] + 1.0
+
+
+def test_autograd_accumulates_into_the_buffer() -> None:
+    lin = nn.Linear(4, 3)
+    lin(torch.randn(2, 4)).sum().backward()
+    flat = gather_grads(_bucket(lin.weight, lin.bias), torch.empty(15))
+    before = flat.clone()
+    lin(torch.randn(2, 4)).sum().backward()  # accumulates in place, into the views
+    assert _shares(lin.weight.grad, flat) and not torch.equal(flat, before)
+    assert torch.equal(flat[:12], lin.weight.grad.reshape(-1))
+
+
+def test_sparse_and_other_dtypes_are_copied_not_bound() -> None:
+    emb = nn.Embedding(5, 2, sparse=True)
+    emb(torch.tensor([1, 3])).sum().backward()
+    half = nn.Parameter(torch.randn(4, dtype=torch.float16))
+    half.grad = torch.randn(4, dtype=torch.float16)
+    flat = gather_grads(_bucket(emb.weight, half), torch.empty(14))
+    assert emb.weight.grad is not None and emb.weight.grad.is_sparse
+    assert torch.equal(flat[:10], emb.weight.grad.to_dense().reshape(-1))
+    assert torch.equal(flat[10:], half.grad.float())
+    flat.fill_(2.0)  # the aggregate
+    scatter_grads(_bucket(emb.weight, half), flat)
+    assert not emb.weight.grad.is_sparse and _shares(emb.weight.grad, flat)
+    assert half.grad.dtype == torch.float16 and bool((half.grad == 2.0).all())
+
+
+def test_scatter_gives_a_missing_gradient_its_piece() -> None:
+    a = nn.Parameter(torch.randn(2, 2))
+    flat = torch.arange(4.0)
+    scatter_grads(_bucket(a), flat)
+    assert a.grad is not None and _shares(a.grad, flat)
+    assert [torch.equal(part, a.grad) for _, part in split_flat(flat, [a])] == [True]
+
+
+def test_set_to_none_or_zeroing_train_identically() -> None:
+    """Fresh gradients (set_to_none) are copied into the buffers and rebound each step; zeroed
+    ones accumulate into the buffers directly: the same training, bit for bit."""
+    models = []
+    for set_to_none in (True, False):
+        model = tiny_model()
+        opt = GravacOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), compressor="topk")
+        for step in range(4):
+            opt.zero_grad(set_to_none=set_to_none)
+            x, y = batch(0, step)
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        models.append(model)
+    for pa, pb in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        assert torch.equal(pa, pb)
+
+
+def test_after_a_step_the_gradients_are_the_aggregate_in_the_buffers() -> None:
+    model = tiny_model()
+    opt = GravacOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), compressor="topk")
+    train_step(model, opt, 0, 0)
+    flats = opt._flats
+    for p in model.parameters():
+        assert p.grad is not None and any(f is not None and _shares(p.grad, f) for f in flats)

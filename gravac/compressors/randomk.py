@@ -158,7 +158,8 @@ class RandomKCompressor(Compressor):
     def compress(self, x: Tensor, cf: float, rnd: Round) -> tuple[RandomKPayload, Context]:
         flat = x.detach().reshape(-1)
         idx = self.indices(flat.numel(), cf, rnd, flat.device)
-        return RandomKPayload(values=flat[idx]), self._context(x.shape, x.dtype, flat.numel(), idx)
+        values = flat.index_select(0, idx)
+        return RandomKPayload(values=values), self._context(x.shape, x.dtype, flat.numel(), idx)
 
     def recompress(
         self, payload: Payload, ctx: Context, cf: float, rnd: Round
@@ -170,8 +171,8 @@ class RandomKCompressor(Compressor):
         device = p.values.device
         gen = generator(device, self.seed, rnd.step, rnd.key, _TAG_RECOMPRESS, k2)
         sub = draw_distinct(k1, k2, gen, device)
-        return RandomKPayload(values=p.values[sub]), self._context(
-            ctx.shape, ctx.dtype, ctx.numel, c.indices[sub]
+        return RandomKPayload(values=p.values.index_select(0, sub)), self._context(
+            ctx.shape, ctx.dtype, ctx.numel, c.indices.index_select(0, sub)
         )
 
     def decompress(self, payload: Payload, ctx: Context) -> Tensor:

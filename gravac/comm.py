@@ -137,14 +137,17 @@ class Communicator:
         dist.all_gather(out, tensor.contiguous(), group=self.group)
         return out
 
-    def send_payload(self, payload: Payload, collective: Collective) -> Future[list[Payload]]:
+    def send_payload(
+        self, payload: Payload, collective: Collective, *, in_place: bool = False
+    ) -> Future[list[Payload]]:
         """Start aggregating ``payload``: ``"allreduce"`` sums every tensor (the future
         completes with the one summed payload), ``"allgather"`` gathers them (every rank's
-        payload, in rank order). The payload's own tensors are not modified."""
+        payload, in rank order). The payload's own tensors are not modified, unless
+        ``in_place`` (an all-reduce then sums into them: for a payload nobody reads again)."""
         names = [f.name for f in dataclasses.fields(payload)]
         tensors = [t.contiguous() for t in payload_tensors(payload)]
         if collective == "allreduce":
-            summed = [t.clone() for t in tensors]
+            summed = tensors if in_place else [t.clone() for t in tensors]
             futs: list[Future[Any]] = [self.all_reduce_async(t) for t in summed]
 
             def reduced(_: Future[list[Any]]) -> list[Payload]:

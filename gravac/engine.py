@@ -42,7 +42,7 @@ from gravac.comm import Communicator, collect
 from gravac.compressors.base import Compressor, Context, Payload, Round, wire_bytes
 from gravac.controller import Controller, ControllerConfig, Decision, Plan, cf_key
 from gravac.gain import gain_from_terms, squared_norm
-from gravac.memory import Memory
+from gravac.memory import Memory, NoMemory
 from gravac.monitor import Monitor, StepRecord, TensorBoardMonitor
 from gravac.policies.base import ScalingPolicy
 
@@ -336,7 +336,9 @@ class Engine:
             reduced = self.comm.all_reduce_async(total)
             return _Flight(unit, x, None, reduced, _nbytes(total), out)
         payload = chosen[0]
-        gathered = self.comm.send_payload(payload, c.collective)
+        # without error feedback nothing reads the payload again: no copy to sum into
+        in_place = isinstance(self.memory, NoMemory)
+        gathered = self.comm.send_payload(payload, c.collective, in_place=in_place)
         return _Flight(unit, x, chosen, gathered, wire_bytes(payload), out)
 
     def _agree_stats(self, x: Tensor, cfs: list[float], base: Round) -> list[Round]:

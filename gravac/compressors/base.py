@@ -263,7 +263,11 @@ class Compressor(ABC):
         """:meth:`decompress` written into ``out`` (as in :meth:`combine`) when given. The
         default copies; compressors that build the dense tensor themselves override it."""
         dense = self.decompress(payload, ctx)
-        return dense if out is None else out.copy_(dense.reshape(-1)).view(ctx.shape)
+        if out is None:
+            return dense
+        if dense.data_ptr() != out.data_ptr():  # a payload summed in place in out: no copy
+            out.copy_(dense.reshape(-1))
+        return out.view(ctx.shape)
 
     def make_memory(self) -> Memory:
         """A fresh error-feedback memory for this compressor (plain residuals by default)."""

@@ -63,18 +63,27 @@ CPU speed. On CPU tensors quantised in float32, :meth:`THCCompressor.compress` r
 over chunks of :data:`_CPU_CHUNK` elements held in buffers the compressor keeps for the last
 layout (sign-bit flips for the diagonal, the rotation by Kronecker GEMMs
 (:func:`~gravac.kernels.hadamard.fwht_rows`, per chunk when a block fits in one), the reference's
-scale-clamp-shift, the rounding by :func:`~gravac.kernels.quantize.round_levels`, without gathers
-for the two-level and unit tables, and the lanes packed or unpacked per chunk). Both equal the
-reference (:func:`thc_payload` with ``backend="torch"``, :func:`thc_decode`) up to the rotation's
+scale-clamp-shift (less its last clamp where that is the identity, as for every default ``(g,
+p)``), the rounding by :func:`~gravac.kernels.quantize.round_levels` into the narrowest unsigned
+dtype of the levels, without gathers for the two-level and unit tables, and the lanes ORed per
+chunk into byte (or wider) planes of the words, interleaved once at the end, instead of widening
+every level to 64 bits). The diagonal's hashes are computed once in NumPy uint32
+(:func:`~gravac.kernels.quantize.sign_hashes`, which the reference's
+:func:`~gravac.kernels.quantize.hash_signs` uses too). Both equal the reference
+(:func:`thc_payload` with ``backend="torch"``, :func:`thc_decode`) up to the rotation's
 summation order: the payload bit for bit when the rotated values are exact, the decoded sum
 within ``2 log2(B) 2^-24`` of its norm (``tests/compressors/test_thc.py``). ``gravac bench
 compressors --size 16M --cf 100 --threads 1 --compressors thc`` (4 workers, b = 1), medians of
 repeated runs on a shared 2-core machine: ``ratio_to_copy`` 0.0022 (reference), 0.019-0.025
-(6db1082), 0.035 (this kernel, full rotation), 0.053-0.057 (partial); ``decompress_gbps`` 0.059
-(1.14 s) before, 0.34 (full), 0.49-0.62 (partial, 0.11 s). What bounds it: the two 32 x 32 GEMMs
-of a 2^10 block (about 40 ms at 16M, near one core's FMA peak) and about 25 elementwise passes
-over each chunk (sign flip, 6 reference scale/clamp steps, about 10 for the hash and the
-comparison, 2 for the lanes), each about 1.5 ms at 16M.
+(6db1082), 0.035 (7c634b4, full rotation), 0.053-0.057 (7c634b4, partial; compress 0.127 s),
+0.071-0.075 (this kernel, partial; compress 0.095 s; medians 0.0737 and 0.0746 of two sets of 3
+against 0.0574 for 7c634b4 in the same session); ``decompress_gbps`` 0.059 (1.14 s) before, 0.34
+(full), 0.49-0.62 (7c634b4, partial, 0.097-0.11 s), 0.8 (this kernel, 0.082-0.085 s). What
+bounds it (cProfile, one thread, per 16M compress): the two 32 x 32 GEMMs of a 2^10 block
+(about 35 ms, near one core's FMA peak; other factorisations of 2^10, 16 x 64 or three
+factors, measured no faster), the rounding's 11 elementwise passes (hash, comparison; 27 ms),
+the sign flips (12 ms), the scale-clamp-shift's 5 passes (11 ms), the local norms (5 ms), the
+lanes (8 ms with the interleave) and the diagonal's hashes (3 ms).
 
 Default rotation: ``"partial"`` (blocks of 2^10, per-block max-norms), decided by the same bench
 (16M elements, 4 workers, CF 100, so b = 1): NMSE 0.314 partial against 0.337 full, compress
@@ -147,13 +156,13 @@ from gravac.kernels.quantize import (
     RoundingWork,
     check_packed,
     flip_signs,
-    hash_sign_words,
     hash_signs,
     hash_uniform,
     lookup,
     pack_bits,
     packed_numel,
     round_levels,
+    sign_hashes,
     stochastic_quantize,
     table_cells,
     table_intervals,
@@ -196,11 +205,12 @@ _MAX_PARTIAL_STAGES = 30
 #: words with wraparound, which is exact modulo 2^64, so every lane (its true sum < 2^width)
 #: comes back exactly.
 LANE_WORD_BITS = 64
-#: Elements per pass of the CPU kernels (:func:`_encode_cpu`, :func:`_decode_cpu`): 2^17
-#: float32 (512 KiB) measured fastest at 16M (compress 0.14 s against 0.17 s at 2^16 and 0.15 s
-#: at 2^18): a chunk's buffers stay in L2/L3 through its ~25 passes, and per-pass overheads
-#: (about 10 us a call) are amortised.
-_CPU_CHUNK = 1 << 17
+#: Elements per pass of the CPU kernels (:func:`_encode_cpu`, :func:`_decode_cpu`): 2^18
+#: float32 (1 MiB) measured fastest at 16M with the current passes (compress 0.10-0.12 s against
+#: 0.11-0.13 s at 2^17, 0.13 s at 2^16 and 0.12-0.14 s at 2^20; decode no slower): a chunk's
+#: buffers stay in L2/L3 through its ~25 passes, and the per-chunk Python overhead (about 40
+#: calls of a few us each, ~0.17 ms a chunk) is amortised over fewer chunks.
+_CPU_CHUNK = 1 << 18
 Rotation = Literal["full", "partial"]
 Transport = Literal["allreduce", "allgather"]
 _ROTATIONS: tuple[Rotation, ...] = ("full", "partial")
@@ -530,8 +540,10 @@ class _CPUWork:
     ``chunk`` elements are processed at a time (a multiple of the block when the block fits in
     one, so that a chunk is rotated on its own: *fused*); ``values`` holds the chunk's values
     (or, unfused, the whole padded vector, rotated at once), ``spare`` is the transform's other
-    buffer, ``levels`` the chunk's rounded levels, ``lanes`` the chunk's lanes in int64 words,
-    ``rounding`` the scratch of :func:`~gravac.kernels.quantize.round_levels`.
+    buffer (both also as the torch tensors ``values_t``, ``spare_t``), ``lanes`` the decoder's
+    chunk of lanes in uint64 words, ``rounding`` the scratch of
+    :func:`~gravac.kernels.quantize.round_levels`; :meth:`levels` gives the chunk's rounded
+    levels and the scratch of a lane piece in a level dtype.
     """
 
     def __init__(self, padded: int, block: int) -> None:
@@ -540,19 +552,22 @@ class _CPUWork:
         held = self.chunk if self.fused else padded
         self.values = np.empty(held, dtype=np.float32)
         self.spare = np.empty(held, dtype=np.float32)
-        self.levels = np.empty(self.chunk, dtype=np.int32)
+        self.values_t = torch.from_numpy(self.values)
+        self.spare_t = torch.from_numpy(self.spare)
         self.lanes = np.empty(self.chunk, dtype=np.uint64)
         self.rounding = RoundingWork(self.chunk)
+        self._levels: dict[np.dtype, tuple[np.ndarray, np.ndarray]] = {}
+
+    def levels(self, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+        """``(levels, piece)``: two chunk-long buffers of ``dtype`` (kept per dtype)."""
+        if dtype not in self._levels:
+            self._levels[dtype] = (np.empty(self.chunk, dtype), np.empty(self.chunk, dtype))
+        return self._levels[dtype]
 
 
 @functools.lru_cache(maxsize=_TABLE_CACHE)
 def _cell_tables(table: tuple[int, ...], *, indices: bool) -> CellTables:
     return CellTables.build(torch.tensor(table), indices=indices)
-
-
-def _sign_words(padded: int, sign_seed: int) -> np.ndarray:
-    """:func:`~gravac.kernels.quantize.hash_sign_words` as little-endian uint32 (NumPy)."""
-    return hash_sign_words(padded, sign_seed).numpy().astype("<u4")
 
 
 def _chunks(padded: int, chunk: int) -> Iterator[tuple[int, int]]:
@@ -594,57 +609,113 @@ def _encode_cpu(
     (:func:`~gravac.kernels.quantize.flip_signs`), the rotation of its blocks
     (:func:`~gravac.kernels.hadamard.fwht_rows`; the whole padded vector at once, before the
     chunks, when a block is longer than a chunk), the scale-clamp-shift of :func:`_quantize`
-    with the same operations in the same order, the rounding
+    with the same operations in the same order (less the last clamp where it provably changes
+    nothing, :func:`_top_clamp_needed`), the rounding
     (:func:`~gravac.kernels.quantize.round_levels`, bit-identical to the reference) and the
-    packing of the chunk. Only the rotation sums in another order than the reference
-    butterflies, so the payload is the reference's bit for bit wherever the rotated values are
-    (e.g. small integers with ``log2 B`` even: every partial sum exact).
+    packing of the chunk (lanes by :func:`_or_lanes`). Only the rotation sums in another order
+    than the reference butterflies, so the payload is the reference's bit for bit wherever the
+    rotated values are (e.g. small integers with ``log2 B`` even: every partial sum exact).
     """
     xn = x.detach().reshape(-1).to(torch.float32).numpy()
-    words = _sign_words(padded, sign_seed)
+    words = sign_hashes(padded, sign_seed)
     scale = block_scale(norms, block)
     alpha = granularity / (2.0 * clamp)
+    top_clamp = _top_clamp_needed(clamp, alpha, granularity)
     cells = _cell_tables(tuple(int(t) for t in table.tolist()), indices=width == 0)
+    level_buf, piece = work.levels(cells.level.dtype)
+    top = int(cells.level.max())
+    # The lanes' planes (width > 0), else the packed bytes.
     if width:
-        out = np.zeros(_word_count(padded, width), dtype=np.uint64)
+        out = _lane_planes(_word_count(padded, width), cells.level.dtype)
     else:
         out = np.zeros(packed_numel(padded, bits), dtype=np.uint8)
     if not work.fused:
         for start, end in _chunks(padded, work.chunk):
             _load_signed(xn, words, start, work.values[start:end], work)
-        whole = torch.from_numpy(work.values).view(-1, block)
-        fwht_rows(whole, out=whole, work=torch.from_numpy(work.spare).view(-1, block))
+        whole = work.values_t.view(-1, block)
+        fwht_rows(whole, out=whole, work=work.spare_t.view(-1, block))
     for start, end in _chunks(padded, work.chunk):
+        n = end - start
         if work.fused:
-            values = work.values[: end - start]
+            values, v = work.values[:n], work.values_t[:n]
             _load_signed(xn, words, start, values, work)
-            rows = torch.from_numpy(values).view(-1, block)
-            fwht_rows(
-                rows, out=rows, work=torch.from_numpy(work.spare[: values.size]).view_as(rows)
-            )
+            rows = v.view(-1, block)
+            fwht_rows(rows, out=rows, work=work.spare_t[:n].view_as(rows))
             rows.mul_(scale[start // block : end // block, None])
         else:
-            values = work.values[start:end]
-            torch.from_numpy(values).mul_(scale[start // block])
-        v = torch.from_numpy(values)
+            values, v = work.values[start:end], work.values_t[start:end]
+            v.mul_(scale[start // block])
         torch.nan_to_num_(v, nan=0.0).clamp_(-clamp, clamp)
-        v.add_(clamp).mul_(alpha).clamp_(0.0, float(granularity))
+        v.add_(clamp).mul_(alpha)
+        if top_clamp:
+            v.clamp_(0.0, float(granularity))
         levels = round_levels(
-            values, cells, round_seed, offset=start, out=work.levels[: values.size],
-            work=work.rounding,
-        )  # fmt: skip
+            values, cells, round_seed, offset=start, out=level_buf[:n], work=work.rounding
+        )
         if width:
-            for shift, first, stop in _lane_runs(start, end, out.size, width):
-                word = first % out.size
-                run = work.lanes[: stop - first]
-                seg = levels[first - start : stop - start]
-                np.left_shift(seg, shift, out=run, dtype=np.uint64, casting="unsafe")
-                np.bitwise_or(out[word : word + run.size], run, out=out[word : word + run.size])
+            _or_lanes(out, levels, start, width, top, piece[:n])
         else:
-            packed = pack_bits(torch.from_numpy(levels), bits, backend="torch").numpy()
+            chunk_bytes = pack_bits(torch.from_numpy(levels), bits, backend="torch").numpy()
             first = start // (_BYTE_BITS // bits)
-            out[first : first + packed.size] = packed
-    return torch.from_numpy(out.view(np.int64) if width else out)
+            out[first : first + chunk_bytes.size] = chunk_bytes
+    return torch.from_numpy(_planes_to_words(out) if width else out)
+
+
+def _top_clamp_needed(clamp: float, alpha: float, granularity: int) -> bool:
+    """Whether :func:`_quantize`'s last clamp to ``[0, g]`` can change a value in float32.
+
+    Its input is ``fl(fl(y + t) * alpha)`` with ``y`` already clamped to ``[-t, t]``: ``y + t``
+    lies in ``[+0, 2t]`` (a sum is ``-0`` only when both terms are), and rounding is monotonic,
+    so every value lies in ``[+0, fl(2t * alpha)]`` and the clamp is the identity unless
+    ``fl(2t * alpha) > g`` (the defaults give exactly ``g`` or one ulp below).
+    """
+    t32 = np.float32(clamp)
+    return bool((t32 + t32) * np.float32(alpha) > granularity)
+
+
+def _lane_planes(words: int, dtype: np.dtype) -> np.ndarray:
+    """Zeroed planes of ``words`` :data:`LANE_WORD_BITS`-bit words in ``dtype`` pieces: row
+    ``j`` holds bits ``[j s, (j + 1) s)`` of every word (``s`` the dtype's bits)."""
+    return np.zeros((LANE_WORD_BITS // (8 * dtype.itemsize), words), dtype=dtype)
+
+
+def _or_lanes(
+    planes: np.ndarray, levels: np.ndarray, start: int, width: int, top: int, piece: np.ndarray
+) -> None:
+    """OR elements ``start ..`` (``levels``, below ``top + 1``) into their :func:`pack_lanes`
+    lanes, held in :func:`_lane_planes`' ``planes`` of the levels' dtype.
+
+    A level at bit ``s`` of its word covers bits ``[s, s + k)`` (``k`` = bit length of
+    ``top``), so it reaches plane ``j`` (bits ``[j P, (j + 1) P)``) as ``level * 2^(s - jP)``
+    mod ``2^P`` when ``s >= jP``, else ``level >> (jP - s)``: one multiply (none when ``s = jP``)
+    and one OR per plane in the narrow dtype, instead of widening every level to 64 bits.
+    """
+    piece_bits = 8 * planes.dtype.itemsize
+    kind = planes.dtype.type
+    words = planes.shape[1]
+    for shift, first, stop in _lane_runs(start, start + levels.size, words, width):
+        word = first % words
+        seg = levels[first - start : stop - start]
+        for plane in range(shift // piece_bits, (shift + top.bit_length() - 1) // piece_bits + 1):
+            low = plane * piece_bits
+            part = seg
+            if shift > low:
+                part = np.multiply(seg, kind(1 << (shift - low)), out=piece[: seg.size])
+            elif shift < low:
+                part = np.right_shift(seg, kind(low - shift), out=piece[: seg.size])
+            dst = planes[plane, word : word + seg.size]
+            np.bitwise_or(dst, part, out=dst)
+
+
+def _planes_to_words(planes: np.ndarray) -> np.ndarray:
+    """The int64 words of :func:`_lane_planes`' ``planes`` (plane ``j`` is the ``j``-th piece
+    of a little-endian word)."""
+    count = planes.shape[0]
+    words = np.empty(planes.size, dtype=planes.dtype.newbyteorder("<"))
+    for j, plane in enumerate(planes):
+        # One strided copy a plane: 2 ms at 16M against 4 ms for the transposed copy.
+        words[j::count] = plane
+    return words.view("<i8").astype(np.int64, copy=False)
 
 
 def _decode_cpu(
@@ -660,7 +731,7 @@ def _decode_cpu(
     straight into the un-padded float32 result.
     """
     block, padded, n = ctx.block, ctx.padded, ctx.numel
-    words = _sign_words(padded, ctx.sign_seed)
+    words = sign_hashes(padded, ctx.sign_seed)
     step = 2.0 * ctx.clamp / ctx.granularity
     scale = ctx.norms / math.sqrt(block)
     result = np.empty(n, dtype=np.float32)

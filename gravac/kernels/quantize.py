@@ -19,7 +19,8 @@
 
 * :func:`round_levels` and :func:`flip_signs`: the CPU kernels of THC's chunked compression and
   decompression (NumPy uint32 arithmetic on reused buffers), bit-identical to the references
-  above (``lookup(stochastic_quantize(u, T, hash_uniform(u, seed)))`` and ``x * hash_signs``).
+  above (``lookup(stochastic_quantize(u, T, hash_uniform(u, seed)))`` and ``x * hash_signs``);
+  :func:`sign_hashes`: the diagonal's 32-bit hashes in NumPy, which both use.
 
 Vectorised torch on any device. On CUDA tensors THC's CuPy kernel (``cuda/thc.cu``) fuses
 quantisation, hashing, lookup and packing into its compression, and :func:`unpack_lookup_sum` has a
@@ -53,6 +54,7 @@ __all__ = [
     "pack_bits",
     "packed_numel",
     "round_levels",
+    "sign_hashes",
     "stochastic_quantize",
     "table_cells",
     "table_intervals",
@@ -246,13 +248,13 @@ def unpack_lookup_sum(
     return total
 
 
-def _mix32(z: Tensor) -> Tensor:
-    """lowbias32 on int64 lanes holding 32-bit values, in place."""
-    z.bitwise_xor_(z >> 16)
-    z.mul_(_MUL1).bitwise_and_(_MASK32)
-    z.bitwise_xor_(z >> 15)
-    z.mul_(_MUL2).bitwise_and_(_MASK32)
-    z.bitwise_xor_(z >> 16)
+def _mix32(z: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """lowbias32 on uint32 ``z``, in place with the scratch ``y`` (NumPy's uint32 arithmetic
+    wraps mod 2^32 and shifts logically)."""
+    for shift, mul in ((16, _MUL1), (15, _MUL2 & _MASK32)):
+        z ^= np.right_shift(z, np.uint32(shift), out=y)
+        z *= np.uint32(mul)
+    z ^= np.right_shift(z, np.uint32(16), out=y)
     return z
 
 
@@ -285,13 +287,17 @@ def hash_signs(
     return bits.reshape(-1)[:n].to(dtype).mul_(-2.0).add_(1.0)
 
 
-def _hash32(bits: Tensor, seed: int) -> Tensor:
-    """``mix(mix(bits[i] + i * K + s_lo) ^ s_hi)`` on int64 lanes of 32-bit values, 1-D."""
+def _hash32(count: int, seed: int) -> np.ndarray:
+    """``mix(mix(i * K + s_lo) ^ s_hi)`` for ``i < count``: uint32 (NumPy, host)."""
     seed = int(seed)
     s_lo, s_hi = seed & _MASK32, (seed >> 32) & _MASK32
-    pos = torch.arange(bits.numel(), dtype=torch.int64, device=bits.device) & _MASK32
-    z = bits.add_(pos.mul_(_POSITION_MUL)).add_(s_lo).bitwise_and_(_MASK32)
-    return _mix32(_mix32(z).bitwise_xor_(s_hi))
+    z = np.arange(count, dtype=np.uint32)
+    y = np.empty_like(z)
+    z *= np.uint32(_POSITION_MUL)
+    z += np.uint32(s_lo)
+    z = _mix32(z, y)
+    z ^= np.uint32(s_hi)
+    return _mix32(z, y)
 
 
 def _uniform_key(offset: int, seed: int) -> int:
@@ -345,8 +351,9 @@ class CellTables:
             ``g - 1``, as :func:`stochastic_quantize` clamps it).
         inv_width: ``2^24 / (T[L(c) + 1] - T[L(c)])`` (float32): the round-up probability times
             ``2^24``, exactly (a power-of-two scale of :func:`table_intervals`' reciprocal).
-        level: ``T[L(c) + up]`` (or the index ``L(c) + up``) at ``2 c + up`` (int32): what is
-            sent.
+        level: ``T[L(c) + up]`` (or the index ``L(c) + up``) at ``2 c + up``: what is sent, in
+            the narrowest unsigned dtype that holds it (uint8 up to 255, then uint16, ...):
+            :func:`round_levels` writes that dtype, cheap to pack into lanes.
         spacing: ``"two"`` for the two levels ``{0, g}`` (b = 1: one cell, no gather),
             ``"unit"`` for the levels ``0, 1, ..., g`` (the uniform b = 2, g = 3 table: the cell
             is the level below, no gather), else ``"general"`` (three gathers).
@@ -379,7 +386,7 @@ class CellTables:
         return cls(
             lower=values[lower].numpy(),
             inv_width=inv_width[lower].mul_(2.0**_UNIFORM_BITS).numpy(),
-            level=level.to(torch.int32).numpy(),
+            level=level.numpy().astype(np.min_scalar_type(int(level.max()))),
             spacing=spacing,
             top=1 if indices else top,
         )
@@ -426,7 +433,7 @@ def round_levels(
         cells: :meth:`CellTables.build` of the table.
         seed: as :func:`hash_uniform`.
         offset: position of ``u[0]`` in the vector the positions count.
-        out: int32, ``u``'s length: receives the levels.
+        out: ``cells.level``'s dtype, ``u``'s length: receives the levels.
         work: scratch buffers.
     """
     n = u.size
@@ -439,18 +446,23 @@ def round_levels(
     np.bitwise_xor(z, y, out=z)
     np.multiply(z, _MUL2 & _MASK32, out=z)
     np.right_shift(z, 32 - _UNIFORM_BITS, out=z)
-    np.copyto(b, z, casting="unsafe")  # uniform * 2^24, exact
+    # uniform * 2^24, exact; below 2^24, so converted as int32 (faster than from uint32).
+    np.copyto(b, z.view(np.int32), casting="unsafe")
     if cells.spacing == "two":
         np.multiply(u, cells.inv_width[0], out=a)
+        if cells.top == 1:
+            # Levels {0, 1} (uint8): the comparison is the level.
+            np.less(b, a, out=out.view(np.bool_))
+            return out
         np.less(b, a, out=up)
-        return np.multiply(up, cells.top, out=out, dtype=np.int32)
+        return np.multiply(up.view(np.uint8), out.dtype.type(cells.top), out=out)
     if cells.spacing == "unit":
         np.floor(u, out=a)
         np.copyto(j, a, casting="unsafe")
         np.subtract(u, a, out=a)
         np.multiply(a, cells.inv_width[0], out=a)
         np.less(b, a, out=up)
-        return np.add(j, up, out=out)
+        return np.add(j, up, out=out, casting="unsafe")
     np.copyto(j, u, casting="unsafe")  # the cell floor(u), u >= 0
     np.take(cells.lower, j, out=a)
     np.subtract(u, a, out=a)
@@ -463,9 +475,18 @@ def round_levels(
 
 def hash_sign_words(n: int, seed: int, *, device: torch.device | str = "cpu") -> Tensor:
     """The ``ceil(n / 32)`` hashes whose bits are :func:`hash_signs`' signs: ``h(j)`` in int64
-    lanes holding 32-bit values (bit ``k`` of ``h(j)`` set: element ``32 j + k`` is negated)."""
-    words = -(-n // _SIGNS_PER_HASH)
-    return _hash32(torch.zeros(words, dtype=torch.int64, device=device), seed)
+    lanes holding 32-bit values (bit ``k`` of ``h(j)`` set: element ``32 j + k`` is negated).
+
+    Hashed on the host in NumPy uint32 (:func:`sign_hashes`, what the CPU kernels use) and
+    copied to ``device``: one implementation for the reference and the fast path.
+    """
+    return torch.from_numpy(sign_hashes(n, seed).astype(np.int64)).to(device)
+
+
+def sign_hashes(n: int, seed: int) -> np.ndarray:
+    """:func:`hash_sign_words` as little-endian uint32 (NumPy), the words :func:`flip_signs`
+    reads."""
+    return _hash32(-(-n // _SIGNS_PER_HASH), seed).astype("<u4", copy=False)
 
 
 def flip_signs(
@@ -488,5 +509,7 @@ def flip_signs(
     own = words[first : first + -(-n // _SIGNS_PER_HASH)]
     bits = np.unpackbits(own.view(np.uint8), count=n, bitorder="little")
     mask = work.z[:n]
-    np.left_shift(bits, _SIGN_SHIFT, out=mask, dtype=np.uint32)
+    # Widened first, then shifted in uint32: faster than one shift that casts from uint8.
+    np.copyto(mask, bits)
+    np.left_shift(mask, np.uint32(_SIGN_SHIFT), out=mask)
     return np.bitwise_xor(x.view(np.uint32), mask, out=out.view(np.uint32)).view(np.float32)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gravac import compressors
-from gravac.compressors import Round, sum_payloads, wire_bytes
+from gravac.compressors import Compressor, Round, sum_payloads, wire_bytes
 from gravac.compressors.thc import (
     DEFAULT_GRANULARITY,
     DEFAULT_P,
@@ -17,6 +17,7 @@ from gravac.compressors.thc import (
     THCContext,
     THCLevelsPayload,
     THCPackedPayload,
+    _top_clamp_needed,
     bits_for_cf,
     lane_bits,
     lanes_per_word,
@@ -570,14 +571,47 @@ def test_explicit_bits_granularity_and_p_are_used() -> None:
 @pytest.mark.parametrize("rotation", ["full", "partial"])
 @pytest.mark.parametrize("transport", ["allreduce", "allgather"])
 @pytest.mark.parametrize("bits", [1, 2, 4, 8])
-@pytest.mark.parametrize("n", [4096, 2**18])
+@pytest.mark.parametrize("n", [4096, 2**18, 2**19 + 4096])
 def test_cpu_payload_is_the_reference_when_the_rotation_is_exact(
     rotation: str, transport: str, bits: int, n: int
 ) -> None:
     """Small integers, log2 B even: every partial sum of both rotations is exact and the scale
     2^(-log2 B / 2) a power of two, so the chunked CPU kernel sends the torch reference's payload
-    bit for bit (2^18: more than one chunk; full: a block longer than a chunk)."""
-    c = compressors.create("thc", bits=bits, rotation=rotation, transport=transport)
+    bit for bit (2^18: one chunk; 2^19 + 4096: more than one, the last partial; full: a block
+    longer than a chunk). The lanes cover one-byte and two-byte levels (b = 8: g = 510), lanes
+    within a byte and across bytes."""
+    _assert_cpu_payload_is_the_reference(
+        compressors.create("thc", bits=bits, rotation=rotation, transport=transport), n, bits
+    )
+
+
+#: A clamped fraction whose shifted clamp rounds above g = 3 in float32 (``fl(2t * 3 / (2t))``
+#: is 3 plus an ulp), so the CPU kernel keeps the reference's last clamp to ``[0, g]``.
+_P_TOP_CLAMPED = 41 / 256
+
+
+@pytest.mark.parametrize("bits", sorted(DEFAULT_P))
+def test_cpu_kernel_skips_the_last_clamp_only_where_it_is_the_identity(bits: int) -> None:
+    """For the default ``(g, p)`` the shifted clamp ``fl(fl(clamp(y, +-t) + t) * g / (2t))``
+    stays in ``[+0, g]`` for every ``y`` (the edges, non-finite values and a dense grid), so the
+    kernel's skipped clamp to ``[0, g]`` changes no bit; where it could, it is kept."""
+    g, t = DEFAULT_GRANULARITY[bits], clamp_threshold(DEFAULT_P[bits])
+    edges = torch.tensor([t, -t, math.inf, -math.inf, math.nan, 0.0, -0.0])
+    y = torch.cat([torch.linspace(-2 * t, 2 * t, 100_001), edges, edges.nextafter(edges * 2)])
+    shifted = torch.nan_to_num(y, nan=0.0).clamp_(-t, t).add_(t).mul_(g / (2.0 * t))
+    assert not _top_clamp_needed(t, g / (2.0 * t), g)
+    assert torch.equal(shifted.view(torch.int32), shifted.clamp(0.0, g).view(torch.int32))
+    t_kept = clamp_threshold(_P_TOP_CLAMPED)
+    assert _top_clamp_needed(t_kept, 3 / (2.0 * t_kept), 3)
+
+
+@pytest.mark.parametrize("transport", ["allreduce", "allgather"])
+def test_cpu_payload_with_the_last_clamp_kept(transport: str) -> None:
+    c = compressors.create("thc", bits=2, p=_P_TOP_CLAMPED, transport=transport)
+    _assert_cpu_payload_is_the_reference(c, 2**18, 2)
+
+
+def _assert_cpu_payload_is_the_reference(c: Compressor, n: int, bits: int) -> None:
     x = torch.randint(-8, 9, (n,), generator=torch.Generator().manual_seed(bits)).float()
     rnd = Round(step=3, world_size=2, agreed=c.local_stats(x, CF_B4, Round()))
     payload, ctx = c.compress(x, CF_B4, rnd)
@@ -585,7 +619,7 @@ def test_cpu_payload_is_the_reference_when_the_rotation_is_exact(
     ref = thc_payload(
         x, ctx.norms, ctx.table, granularity=ctx.granularity, clamp=ctx.clamp, block=ctx.block,
         padded=ctx.padded, sign_seed=ctx.sign_seed, round_seed=ctx.round_seed, bits=ctx.bits,
-        lane=torch.int32 if transport == "allreduce" else None, backend="torch",
+        lane=torch.int32 if isinstance(payload, THCLevelsPayload) else None, backend="torch",
     )  # fmt: skip
     if isinstance(payload, THCLevelsPayload):
         assert torch.equal(payload.words, pack_lanes(ref, ctx.lane_bits))

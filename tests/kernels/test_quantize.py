@@ -19,6 +19,7 @@ from gravac.kernels.quantize import (
     pack_bits,
     packed_numel,
     round_levels,
+    sign_hashes,
     stochastic_quantize,
     unpack_bits,
     unpack_lookup_sum,
@@ -166,6 +167,16 @@ def test_hash_signs_are_balanced_plus_minus_one_and_seeded() -> None:
     assert hash_signs(7, seed=5, dtype=torch.float64).dtype == torch.float64
 
 
+def test_sign_hashes_are_pinned() -> None:
+    """The diagonal's hashes (NumPy, shared by the reference and the CPU kernels) keep the
+    values that ``cuda/thc.cu`` reproduces: pinned, with a 64-bit seed whose halves both count."""
+    seed = 2**63 + 2**40 + 12345
+    assert hash_sign_words(100, seed).tolist() == [3921282748, 455788253, 2545626603, 1171995052]
+    assert int(hash_sign_words(1 << 22, 987654321).sum()) == 280971955904873
+    assert sign_hashes(100, seed).dtype == np.dtype("<u4")
+    assert sign_hashes(100, seed).tolist() == hash_sign_words(100, seed).tolist()
+
+
 def test_unpack_lookup_sum_adds_the_looked_up_levels() -> None:
     gen = torch.Generator().manual_seed(0)
     idx = [torch.randint(0, 16, (33,), generator=gen) for _ in range(3)]
@@ -179,12 +190,16 @@ def test_unpack_lookup_sum_adds_the_looked_up_levels() -> None:
 
 
 #: Tables of each :attr:`CellTables.spacing`: THC's b = 4 table (general), two levels (b = 1,
-#: with g = 1 and a wider g), the unit table 0..3 (b = 2, g = 3).
+#: with g = 1 and a wider g), the unit table 0..3 (b = 2, g = 3); the ``_u16`` ones send levels
+#: above 255, in uint16 (:attr:`CellTables.level`).
 SPACINGS = {
     "general": TABLE,
+    "general_u16": torch.tensor([0, 2, 200, 300, 510]),
     "two": torch.tensor([0, 1]),
     "two_wide": torch.tensor([0, 7]),
+    "two_u16": torch.tensor([0, 300]),
     "unit": torch.tensor([0, 1, 2, 3]),
+    "unit_u16": torch.arange(301),
 }
 
 
@@ -204,9 +219,12 @@ def test_round_levels_equals_the_reference_bit_for_bit(
     ref = stochastic_quantize(u, table, hash_uniform(u, 2**40 + 3))
     expected = ref if indices else lookup(ref, table)
     cells = CellTables.build(table, indices=indices)
-    assert cells.spacing == name.removesuffix("_wide")
+    assert cells.spacing == name.split("_")[0]
+    assert cells.level.dtype == (
+        np.uint16 if int(expected.max()) > np.iinfo(np.uint8).max else np.uint8
+    )
     work = RoundingWork(chunk)
-    out = np.empty(u.numel(), dtype=np.int32)
+    out = np.empty(u.numel(), dtype=cells.level.dtype)
     for start in range(0, u.numel(), chunk):
         end = min(start + chunk, u.numel())
         seg = u[start:end].numpy()
@@ -230,18 +248,12 @@ def test_flip_signs_is_the_product_with_the_hashed_diagonal(offset: int) -> None
 
 
 def test_round_levels_is_unbiased() -> None:
-    q = torch.empty(len(VALUES) * DRAWS, dtype=torch.int32)
+    cells = CellTables.build(TABLE)
     u = torch.tensor(VALUES).repeat(DRAWS)
-    round_levels(
-        u.numpy(),
-        CellTables.build(TABLE),
-        9,
-        offset=0,
-        out=q.numpy(),
-        work=RoundingWork(u.numel()),
-    )
+    q = np.empty(u.numel(), dtype=cells.level.dtype)
+    round_levels(u.numpy(), cells, 9, offset=0, out=q, work=RoundingWork(u.numel()))
     torch.testing.assert_close(
-        q.double().view(DRAWS, -1).mean(0),
+        torch.from_numpy(q).double().view(DRAWS, -1).mean(0),
         torch.tensor(VALUES, dtype=torch.float64),
         rtol=0,
         atol=MEAN_TOL,

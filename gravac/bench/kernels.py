@@ -28,7 +28,7 @@ from gravac.bench.common import (
     json_row,
     synthetic_gradients,
 )
-from gravac.compressors.thc import THCCompressor, block_norms, thc_payload
+from gravac.compressors.thc import Encoding, THCCompressor, block_norms, thc_payload
 from gravac.compressors.thc_table import clamp_threshold
 from gravac.kernels import (
     available_backends,
@@ -90,17 +90,9 @@ def _thc_case(x: Tensor, *, partial: bool, packed: bool) -> Case:
     _, g, p = thc.config(float(THC_CF))
     table = torch.tensor(thc.table(float(THC_CF)))
     norms = block_norms(x, block, padded)
-    opts = {
-        "granularity": g,
-        "clamp": clamp_threshold(p),
-        "block": block,
-        "padded": padded,
-        "sign_seed": _SEED_A,
-        "round_seed": _SEED_B,
-        "bits": THC_BITS,
-        "lane": None if packed else torch.uint8,
-    }
-    return lambda backend: lambda: thc_payload(x, norms, table, backend=backend, **opts)  # type: ignore[arg-type]
+    enc = Encoding(g, clamp_threshold(p), block, padded, _SEED_A, _SEED_B, THC_BITS)
+    lane = None if packed else torch.uint8
+    return lambda backend: lambda: thc_payload(x, norms, table, enc, lane=lane, backend=backend)
 
 
 def _cases(grads: Sequence[Tensor]) -> dict[str, Case]:

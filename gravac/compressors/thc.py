@@ -175,6 +175,7 @@ __all__ = [
     "DEFAULT_P",
     "DEFAULT_PARTIAL_STAGES",
     "LANE_WORD_BITS",
+    "Encoding",
     "THCCompressor",
     "THCContext",
     "THCLevelsPayload",
@@ -332,6 +333,29 @@ class THCPackedPayload(Payload):
 
 
 @dataclass(frozen=True)
+class Encoding:
+    """What every rank encodes one THC round with (all agreed or shared).
+
+    Attributes:
+        granularity: ``g``, levels are integers in ``0..g``.
+        clamp: ``t_p``.
+        block: rotation block length ``B`` (the padded length for the full rotation).
+        padded: padded length, a multiple of ``block``.
+        sign_seed: seed of the Rademacher diagonal.
+        round_seed: seed of the rounding hash.
+        bits: ``b``, bits per index.
+    """
+
+    granularity: int
+    clamp: float
+    block: int
+    padded: int
+    sign_seed: int
+    round_seed: int
+    bits: int
+
+
+@dataclass(frozen=True)
 class THCContext(Context):
     """What the sender keeps to decompress (identical on every rank).
 
@@ -362,6 +386,14 @@ class THCContext(Context):
     world_size: int
     lane_bits: int
     round_seed: int
+
+    @property
+    def encoding(self) -> Encoding:
+        """What the payload was encoded with (:func:`thc_payload` reproduces it)."""
+        return Encoding(
+            self.granularity, self.clamp, self.block, self.padded, self.sign_seed,
+            self.round_seed, self.bits,
+        )  # fmt: skip
 
     @property
     def signs(self) -> Tensor:
@@ -478,14 +510,8 @@ def thc_payload(
     x: Tensor,
     norms: Tensor,
     table: Tensor,
+    enc: Encoding,
     *,
-    granularity: int,
-    clamp: float,
-    block: int,
-    padded: int,
-    sign_seed: int,
-    round_seed: int,
-    bits: int,
     lane: torch.dtype | None,
     backend: str | None = None,
 ) -> Tensor:
@@ -495,6 +521,8 @@ def thc_payload(
     On CUDA the CuPy kernel (:mod:`gravac.kernels.cupy_thc`) does it all in one pass for blocks
     up to :data:`~gravac.kernels.cupy_thc.MAX_SHARED_BLOCK`, and after torch's rotation above.
     """
+    granularity, clamp, block, padded = enc.granularity, enc.clamp, enc.block, enc.padded
+    sign_seed, round_seed, bits = enc.sign_seed, enc.round_seed, enc.bits
     flat = x.detach().reshape(-1)
     cd = _compute_dtype(flat.dtype)
     use = resolve_backend(flat, backend, op="thc", cupy=cupy_thc.supports(flat))
@@ -588,19 +616,7 @@ def _load_signed(
 
 
 def _encode_cpu(
-    x: Tensor,
-    norms: Tensor,
-    table: Tensor,
-    work: _CPUWork,
-    *,
-    granularity: int,
-    clamp: float,
-    block: int,
-    padded: int,
-    sign_seed: int,
-    round_seed: int,
-    bits: int,
-    width: int,
+    x: Tensor, norms: Tensor, table: Tensor, work: _CPUWork, enc: Encoding, *, width: int
 ) -> Tensor:
     """:func:`thc_payload` on the CPU in float32, chunk by chunk in ``work``'s buffers: the int64
     words of :func:`pack_lanes` (``width`` > 0) or the packed ``bits``-bit indices.
@@ -616,8 +632,9 @@ def _encode_cpu(
     than the reference butterflies, so the payload is the reference's bit for bit wherever the
     rotated values are (e.g. small integers with ``log2 B`` even: every partial sum exact).
     """
+    granularity, clamp, block, padded = enc.granularity, enc.clamp, enc.block, enc.padded
     xn = x.detach().reshape(-1).to(torch.float32).numpy()
-    words = sign_hashes(padded, sign_seed)
+    words = sign_hashes(padded, enc.sign_seed)
     scale = block_scale(norms, block)
     alpha = granularity / (2.0 * clamp)
     top_clamp = _top_clamp_needed(clamp, alpha, granularity)
@@ -628,7 +645,7 @@ def _encode_cpu(
     if width:
         out = _lane_planes(_word_count(padded, width), cells.level.dtype)
     else:
-        out = np.zeros(packed_numel(padded, bits), dtype=np.uint8)
+        out = np.zeros(packed_numel(padded, enc.bits), dtype=np.uint8)
     if not work.fused:
         for start, end in _chunks(padded, work.chunk):
             _load_signed(xn, words, start, work.values[start:end], work)
@@ -650,13 +667,13 @@ def _encode_cpu(
         if top_clamp:
             v.clamp_(0.0, float(granularity))
         levels = round_levels(
-            values, cells, round_seed, offset=start, out=level_buf[:n], work=work.rounding
+            values, cells, enc.round_seed, offset=start, out=level_buf[:n], work=work.rounding
         )
         if width:
             _or_lanes(out, levels, start, width, top, piece[:n])
         else:
-            chunk_bytes = pack_bits(torch.from_numpy(levels), bits, backend="torch").numpy()
-            first = start // (_BYTE_BITS // bits)
+            chunk_bytes = pack_bits(torch.from_numpy(levels), enc.bits, backend="torch").numpy()
+            first = start // (_BYTE_BITS // enc.bits)
             out[first : first + chunk_bytes.size] = chunk_bytes
     return torch.from_numpy(_planes_to_words(out) if width else out)
 
@@ -969,17 +986,11 @@ class THCCompressor(Compressor):
         width = lane_bits(g, rnd.world_size) if self.transport == "allreduce" else 0
         lane = torch.int32 if width else None
         work = self._cpu_work(flat, block, padded)
+        enc = Encoding(g, t, block, padded, sign_seed, round_seed, b)
         if work is not None:
-            sent = _encode_cpu(
-                flat, norms, table, work, granularity=g, clamp=t, block=block, padded=padded,
-                sign_seed=sign_seed, round_seed=round_seed, bits=b, width=width,
-            )  # fmt: skip
+            sent = _encode_cpu(flat, norms, table, work, enc, width=width)
         else:
-            sent = thc_payload(
-                flat, norms, table, granularity=g, clamp=t, block=block, padded=padded,
-                sign_seed=sign_seed, round_seed=round_seed, bits=b, lane=lane,
-                backend=self.backend,
-            )  # fmt: skip
+            sent = thc_payload(flat, norms, table, enc, lane=lane, backend=self.backend)
             if lane is not None:
                 sent = pack_lanes(sent, width)
         achieved = self.deliverable_cf(cf, rnd.world_size)

@@ -616,11 +616,8 @@ def _assert_cpu_payload_is_the_reference(c: Compressor, n: int, bits: int) -> No
     rnd = Round(step=3, world_size=2, agreed=c.local_stats(x, CF_B4, Round()))
     payload, ctx = c.compress(x, CF_B4, rnd)
     assert isinstance(ctx, THCContext)
-    ref = thc_payload(
-        x, ctx.norms, ctx.table, granularity=ctx.granularity, clamp=ctx.clamp, block=ctx.block,
-        padded=ctx.padded, sign_seed=ctx.sign_seed, round_seed=ctx.round_seed, bits=ctx.bits,
-        lane=torch.int32 if isinstance(payload, THCLevelsPayload) else None, backend="torch",
-    )  # fmt: skip
+    lane = torch.int32 if isinstance(payload, THCLevelsPayload) else None
+    ref = thc_payload(x, ctx.norms, ctx.table, ctx.encoding, lane=lane, backend="torch")
     if isinstance(payload, THCLevelsPayload):
         assert torch.equal(payload.words, pack_lanes(ref, ctx.lane_bits))
     else:

@@ -9,11 +9,14 @@ as each is ready; the engine does the rest. For every step::
     launch:  x = g + e                                      (error feedback, per unit)
              X_min = C(x, theta_min); X_c = C(X_min, theta_c / theta_min)   (multi-level)
              local gain terms <c, x>, ||c||^2 (from the payload), ||x||^2
-             start aggregating what the decision names; a future completes with the sum
+             start the collective of what the decision names (a future completes with the
+             unit's aggregate at commit)
     close:   one small all-gather of the step's scalars [non-finite flag, step time,
              has-gradient flags, gain terms], overlapped with the payloads still in flight
-    commit:  any rank non-finite, or a non-finite aggregate: skip on every rank, residuals,
-             compressor and controller untouched; else e <- x - D(sent), fold the agreed
+    commit:  any rank non-finite: skip; else combine every unit's payloads into its ``out``
+             buffer (the front end's gradient buffer: no gradient-sized temporary); a
+             non-finite aggregate: skip. A skip leaves residuals, compressor and controller
+             untouched on every rank (aggregates NaN); else e <- x - D(sent), fold the agreed
              gains and step time into the controller
     finish:  count and log the step; the controller's window rules
 

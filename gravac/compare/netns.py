@@ -30,7 +30,7 @@ import signal
 import subprocess
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 
@@ -50,6 +50,7 @@ __all__ = [
     "prefix",
     "remove_stale",
     "shaping_unavailable",
+    "signal_handlers",
 ]
 
 #: every name a run creates starts with this, then the creating process's pid and a dash
@@ -197,26 +198,41 @@ def remove_stale() -> list[str]:
 
 
 @contextlib.contextmanager
+def signal_handlers(
+    signals: Sequence[signal.Signals], handler: Callable[[int, object], None]
+) -> Iterator[None]:
+    """Run the block with ``handler`` for ``signals``, the previous handlers restored after.
+
+    Only the main thread can set handlers: elsewhere the block runs with the handlers as
+    they are.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {s: signal.signal(s, handler) for s in signals}
+    try:
+        yield
+    finally:
+        for s, previous in old.items():
+            signal.signal(s, previous)
+
+
+@contextlib.contextmanager
 def _signals_deferred() -> Iterator[None]:
     """Defer SIGINT, SIGTERM and SIGHUP to the end of the block, then deliver the first.
 
     Python handlers, not a signal mask: a mask set here would hold back signals from this
     thread only, and the kernel hands a process signal to any thread that does not mask it.
     """
-    if threading.current_thread() is not threading.main_thread():  # handlers are main-only
-        yield
-        return
     caught: list[int] = []
 
     def record(signum: int, frame: object) -> None:
         caught.append(signum)
 
-    old = {s: signal.signal(s, record) for s in _DEFERRED}
     try:
-        yield
+        with signal_handlers(_DEFERRED, record):
+            yield
     finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
         if caught:
             signal.raise_signal(caught[0])
 

@@ -23,7 +23,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict
@@ -64,19 +63,12 @@ def _log(message: str) -> None:
 @contextlib.contextmanager
 def _terminate_as_interrupt() -> Iterator[None]:
     """Turn SIGTERM and SIGHUP into ``KeyboardInterrupt`` within the block (main thread)."""
-    if threading.current_thread() is not threading.main_thread():  # handlers are main-only
-        yield
-        return
 
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
-    old = {s: signal.signal(s, interrupt) for s in _TERMINATING}
-    try:
+    with netns.signal_handlers(_TERMINATING, interrupt):
         yield
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
 
 
 @contextlib.contextmanager

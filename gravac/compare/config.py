@@ -91,6 +91,8 @@ class CompareConfig:
         delay: one-way link delay (``1ms``); needs ``bandwidth``.
         link_test_mb: MiB all-reduced to measure a shaped link (0: no measurement).
         timeout: seconds one job may take before its workers are killed.
+        seed: offsets the seeds of the initial weights and of every rank's batches (runs
+            with different seeds measure the spread).
     """
 
     modes: tuple[str, ...] = DEFAULT_MODES
@@ -117,6 +119,7 @@ class CompareConfig:
     delay: str | None = None
     link_test_mb: int = DEFAULT_LINK_TEST_MB
     timeout: float = DEFAULT_TIMEOUT
+    seed: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "modes", tuple(self.modes))  # a list, coming from JSON
@@ -131,6 +134,7 @@ class CompareConfig:
             _positive_int(f"--{option.replace('_', '-')}", getattr(self, option))
         _positive_int("--timing-warmup", self.timing_warmup, minimum=0)
         _positive_int("--link-test-mb", self.link_test_mb, minimum=0)
+        _positive_int("--seed", self.seed, minimum=0)
         _positive_int("--powersgd-start", self.powersgd_start, minimum=MIN_POWERSGD_START)
         if self.steps <= self.timing_warmup:
             raise ValueError(

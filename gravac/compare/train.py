@@ -47,9 +47,10 @@ __all__ = [
 
 #: the worker job that measures the link instead of training (any other job names a mode)
 LINK_TEST_JOB = "link-test"
-#: seed of the model's initial weights, the same on every rank and in every mode
+#: seed of the model's initial weights (plus ``--seed``), the same on every rank and in every
+#: mode
 MODEL_SEED = 0
-#: seed of rank r's batches is ``BATCH_SEED + r``, the same in every mode
+#: seed of rank r's batches is ``BATCH_SEED + seed + r``, the same in every mode
 BATCH_SEED = 0
 #: steps of the bare model's forward and backward timed after training (median) ...
 COMPUTE_PROBE_STEPS = 10
@@ -103,11 +104,11 @@ def train_mode(
     workload = workloads.get(cfg.workload)
     train_x, train_y, test_x, test_y = data
     train_x, train_y = _shard(train_x, train_y, rank, world_size)
-    torch.manual_seed(MODEL_SEED)
+    torch.manual_seed(MODEL_SEED + cfg.seed)
     model = workload.model()
     session = mode.open(model, cfg)
     opt = session.optimizer
-    gen = torch.Generator().manual_seed(BATCH_SEED + rank)
+    gen = torch.Generator().manual_seed(BATCH_SEED + cfg.seed + rank)
     out: dict[str, list[Any]] = {
         key: []
         for key in (

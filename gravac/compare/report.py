@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gravac.compare import workloads
 from gravac.compare.config import CompareConfig
 from gravac.compare.modes import FLOAT32_BYTES, Mode
 
@@ -57,7 +58,8 @@ class ModeSummary:
         final_metric: the metric after the last step.
         target: the metric value the time to target is measured at.
         time_to_target_seconds: training seconds (evaluation excluded) until the first
-            evaluation at or above ``target``; ``None`` if none was.
+            evaluation that reaches ``target`` (at or above it, or at or below it for a metric
+            where lower is better); ``None`` if none was.
         steps_to_target: the step of that evaluation.
         evaluations: ``(step, training seconds, metric)`` of every evaluation.
         options: what the mode ran with beyond the configuration.
@@ -103,7 +105,8 @@ def summarise(mode: Mode, cfg: CompareConfig, raw: dict[str, Any]) -> ModeSummar
         compress, comm = None, max(0.0, forward_backward - compute)
     evaluations = [(int(s), float(t), float(v)) for s, t, v in raw["evaluations"]]
     target = cfg.target_value
-    reached = next(((s, t) for s, t, v in evaluations if v >= target), None)
+    workload = workloads.get(cfg.workload)
+    reached = next(((s, t) for s, t, v in evaluations if workload.reached(v, target)), None)
     return ModeSummary(
         mode=mode.name,
         steps=len(raw["step_seconds"]),

@@ -107,9 +107,12 @@ class Workload:
         model: builds the model (called after seeding, identically on every rank).
         data: ``(train_x, train_y, test_x, test_y)``; each rank trains on its own shard of the
             training set and rank 0 evaluates on the whole test set.
-        metric: ``metric(model, test_x, test_y)``, higher is better.
+        metric: ``metric(model, test_x, test_y)``.
         metric_name: what :attr:`metric` measures, for the report.
         target: the metric value the time-to-target clock stops at.
+        higher_is_better: whether the target is reached from below (accuracy) or from above
+            (perplexity).
+        loss: ``loss(model(x), y)``, the training objective.
     """
 
     name: str
@@ -119,6 +122,12 @@ class Workload:
     metric: Callable[[nn.Module, Tensor, Tensor], float] = classification_accuracy
     metric_name: str = "test accuracy"
     target: float = DEFAULT_TARGET
+    higher_is_better: bool = True
+    loss: Callable[[Tensor, Tensor], Tensor] = nn.functional.cross_entropy
+
+    def reached(self, value: float, target: float) -> bool:
+        """Whether a metric ``value`` meets ``target`` (in the metric's direction)."""
+        return value >= target if self.higher_is_better else value <= target
 
 
 #: every workload, by name

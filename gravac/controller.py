@@ -41,19 +41,25 @@ before the step's gradients exist and its own values are agreed while its payloa
     c.observe(plan, gain_min_t, gain_candidate_t)
     c.end_step()                                    # window and search rules
 
-A step skipped on every rank (non-finite values) makes none of the calls after ``decide``.
+A step skipped on every rank (non-finite values) makes none of the calls after ``decide`` but
+``discard_step()``. Controllers that read more than the gains (Accordion's per-layer regimes,
+:mod:`gravac.accordion`) also get, around these calls: ``note_lr(lr)`` before ``plan``,
+``track(layers, g, numels)`` with each compressed unit's uncompressed gradient at launch,
+``local_values()`` (sent with the step's scalars) and ``observe_values(table)`` (every rank's
+row of them) before ``observe``; here they do nothing.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any, Literal
 
 import numpy as np
+from torch import Tensor
 
 from gravac.compressors.base import check_cf, is_real
 from gravac.policies.base import ScalingPolicy
@@ -123,17 +129,17 @@ class ControllerConfig:
             raise ValueError(
                 f"theta_max must be >= theta_min ({self.theta_min}), got {self.theta_max}"
             )
-        for field, value in (("epsilon", self.epsilon), ("omega", self.omega)):
+        for name, value in (("epsilon", self.epsilon), ("omega", self.omega)):
             if not (is_real(value) and 0.0 <= value <= 1.0):
-                raise ValueError(f"{field} must be a number in [0, 1], got {value!r}")
-            object.__setattr__(self, field, float(value))
-        for field, value, least in (
+                raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+            object.__setattr__(self, name, float(value))
+        for name, value, least in (
             ("window", self.window, 1),
             ("warmup_steps", self.warmup_steps, 0),
         ):
             if not (_is_integer(value) and value >= least):
-                raise ValueError(f"{field} must be an integer >= {least}, got {value!r}")
-            object.__setattr__(self, field, int(value))
+                raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+            object.__setattr__(self, name, int(value))
         a = self.ewma_alpha
         if a is not None and not (is_real(a) and 0.0 < a <= 1.0):
             raise ValueError(f"ewma_alpha must be None or a number in (0, 1], got {a!r}")
@@ -152,6 +158,7 @@ class Phase(str, Enum):
     SEARCH = "search"
     SETTLED = "settled"
     FIXED = "fixed"
+    ACCORDION = "accordion"
 
 
 @dataclass(frozen=True)
@@ -160,11 +167,20 @@ class Plan:
 
     ``measure``: whether the step's gains are wanted (not under a fixed CF, whose decisions
     never read them: the engine then skips the gain terms).
+    ``layer_cfs``: CFs by layer (a tensor's stable id, :attr:`gravac.engine.Unit.layers`),
+    sent instead of ``theta_min``; other layers use ``theta_min``. ``per_layer``: the plan
+    decides per layer (Accordion's), so the CF sent is reported as the one achieved.
     """
 
     theta_min: float
     candidate: float | None
     measure: bool = True
+    layer_cfs: Mapping[int, float] = field(default_factory=dict)
+    per_layer: bool = False
+
+    def cfs_for(self, layers: tuple[int, ...]) -> tuple[float, ...]:
+        """The CF of each of ``layers``."""
+        return tuple(self.layer_cfs.get(k, self.theta_min) for k in layers)
 
 
 @dataclass(frozen=True)
@@ -233,6 +249,23 @@ class Controller:
         if self.phase is Phase.SETTLED and self.theta_ideal is not None:
             return self.theta_ideal
         return self.snap(min(self.theta_min * self.s, self.config.theta_max))
+
+    def note_lr(self, lr: float | None) -> None:
+        """The wrapped optimizer's learning rate at the start of a step (``None``: unknown)."""
+
+    def track(self, layers: tuple[int, ...], grad: Tensor, numels: tuple[int, ...]) -> None:
+        """A unit's flat uncompressed local gradient of this step: the tensors ``layers``
+        (stable ids) of ``numels`` elements (read it now: it changes at commit)."""
+
+    def local_values(self) -> list[float]:
+        """This rank's values to agree with the step's scalars (none here)."""
+        return []
+
+    def observe_values(self, table: Tensor) -> None:
+        """Every rank's :meth:`local_values` (one row each), agreed at a step not skipped."""
+
+    def discard_step(self) -> None:
+        """The step is skipped on every rank: forget what :meth:`track` saw of it."""
 
     def plan(self) -> Plan:
         """The CFs to compress at this step."""

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.futures import Future
 
+from gravac.accordion import learning_rate
 from gravac.buckets import split_flat
 from gravac.engine import Engine, Outcome, Step, Unit
 from gravac.options import build_engine
@@ -96,6 +97,17 @@ class GravacHookState:
         # the shape of each compressed parameter, by position, and those the engine is bound to
         self._shapes: dict[int, torch.Size] = {}
         self._bound: tuple[torch.Size, ...] = ()
+        self._optimizer: torch.optim.Optimizer | None = None  # read for its learning rate
+
+    def watch(self, optimizer: torch.optim.Optimizer) -> None:
+        """Read ``optimizer``'s learning rate at every step (the ``accordion`` policy sends
+        every layer at its low CF after a decay); not pickled: call it again after loading."""
+        self._optimizer = optimizer
+
+    @property
+    def watched(self) -> torch.optim.Optimizer | None:
+        """The optimizer :meth:`watch` was given, if any."""
+        return self._optimizer
 
     # ------------------------------------------------------------------ the hook
     def hook(self, bucket: dist.GradBucket) -> Future[Tensor]:
@@ -103,7 +115,7 @@ class GravacHookState:
         if self._step is None:
             self.engine.join_group()
             self._bind()
-            self._step = self.engine.begin()
+            self._step = self.engine.begin(lr=learning_rate(self._optimizer))
             self._done = Future()
         step, done = self._step, self._done
         assert done is not None
@@ -113,10 +125,9 @@ class GravacHookState:
         units = [u for u in (plan.compressed, plan.dense) if u is not None]
         for i, unit in enumerate(units):
             flat = _gather(buffer, plan.spans[i]) if plan.spans else buffer
-            if unit.compressed:
-                flat = self._with_orphans(plan, flat)
+            carry = self._orphans_of(plan, flat) if unit.compressed else None
             # a bucket that is one unit receives its aggregate in DDP's own buffer
-            self.engine.launch(step, unit, flat, out=None if plan.spans else buffer)
+            self.engine.launch(step, unit, flat, out=None if plan.spans else buffer, carry=carry)
         if bucket.is_last():
             self._close(step, done)
 
@@ -176,7 +187,10 @@ class GravacHookState:
                 self._shapes[self._position[id(p)]] = p.shape
         comp = tuple(p for p, c in zip(params, compressed, strict=True) if c)
         dense = tuple(p for p, c in zip(params, compressed, strict=True) if not c)
-        unit_c = Unit(self._key_for(comp), tuple(p.shape for p in comp), True) if comp else None
+        unit_c = None
+        if comp:
+            layers = tuple(self._position[id(p)] for p in comp)
+            unit_c = Unit(self._key_for(comp), tuple(p.shape for p in comp), True, layers=layers)
         unit_d = Unit(-1, tuple(p.shape for p in dense), False) if dense else None
         spans: tuple[tuple[tuple[int, int], ...], ...] = ()
         if comp and dense:
@@ -221,15 +235,16 @@ class GravacHookState:
             if plan.compressed is None or plan.compressed.key != key
         }
 
-    def _with_orphans(self, plan: _BucketPlan, flat: Tensor) -> Tensor:
-        """``flat`` plus the residual pieces of retired units for its parameters."""
+    def _orphans_of(self, plan: _BucketPlan, flat: Tensor) -> Tensor | None:
+        """The residual pieces of retired units for the compressed unit's parameters, laid out
+        as its ``flat`` gradient (``None``: none)."""
         if not self._orphans or not any(id(p) in self._orphans for p in plan.params):
-            return flat
+            return None
         pieces = [
             self._orphans.pop(id(p), torch.zeros(p.numel(), dtype=flat.dtype, device=flat.device))
             for p in plan.params
         ]
-        return flat + torch.cat(pieces).to(flat.dtype)
+        return torch.cat(pieces).to(flat.dtype)
 
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict[str, Any]:

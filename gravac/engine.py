@@ -55,6 +55,11 @@ __all__ = ["Engine", "Outcome", "Step", "Unit", "all_finite"]
 _TERMS = 5
 #: what a step that compresses nothing sends
 _DENSE = Decision(cf=1.0, which="dense")
+#: keys of the pieces of a unit sent at per-layer CFs (:meth:`Engine._launch_layers`), apart
+#: from every unit's key (compressors seed and keep state per key): base + key * stride + the
+#: index of the piece's first tensor (and the default layer ids of :attr:`Unit.layers`)
+_PIECE_KEY_BASE = 1 << 40
+_PIECE_KEY_STRIDE = 1 << 20
 
 
 def all_finite(tensors: Sequence[Tensor]) -> bool:
@@ -91,17 +96,39 @@ class Unit:
         compressed: compressed at the planned CFs, or all-reduced dense (1-D tensors).
         slots: positions of its tensors in the step's has-gradient flags (:meth:`Engine.close`);
             empty when the front end has no such flags (every tensor has a gradient).
+        layers: a stable id for each of its tensors, identical on every rank and in every run
+            of one model (per-layer decisions are keyed by them); empty: ids made of the unit's
+            key and the tensors' indices.
     """
 
     key: int
     shapes: tuple[torch.Size, ...]
     compressed: bool
     slots: tuple[int, ...] = ()
+    layers: tuple[int, ...] = ()
+
+    @property
+    def layer_ids(self) -> tuple[int, ...]:
+        """:attr:`layers`, or ids made of :attr:`key` when the front end gives none."""
+        return self.layers or tuple(
+            _PIECE_KEY_BASE + self.key * _PIECE_KEY_STRIDE + i for i in range(len(self.shapes))
+        )
 
     @property
     def numel(self) -> int:
         """Elements in the unit."""
         return sum(math.prod(s) for s in self.shapes)
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """Elements ``start:end`` of a unit, compressed and sent on their own (per-layer CFs)."""
+
+    start: int
+    end: int
+    payload: Payload
+    ctx: Context
+    arrived: Future[Any]  # every rank's payload
 
 
 @dataclass
@@ -110,11 +137,26 @@ class _Flight:
 
     unit: Unit
     x: Tensor  # the error-fed gradient (the gradient itself for a dense unit)
-    sent: tuple[Payload, Context] | None  # the payload sent; None: x itself was sent dense
-    arrived: Future[Any]  # the collective: the all-reduced x, or every rank's payload
+    sent: tuple[Payload, Context] | None  # the payload sent; None: x dense, or pieces
+    arrived: Future[Any]  # the collective: the all-reduced x, or every rank's payload(s)
     wire_bytes: int
     out: Tensor | None  # where the aggregate is written (None: a new tensor)
     result: Future[Tensor] = field(default_factory=Future)  # the aggregate, set at commit
+    pieces: tuple[_Piece, ...] = ()  # per-layer CFs: what each piece sent
+
+    @property
+    def dense(self) -> bool:
+        """Whether ``x`` itself was sent, uncompressed."""
+        return self.sent is None and not self.pieces
+
+    @property
+    def sent_elements(self) -> float:
+        """float32 elements' worth of what was sent."""
+        if self.pieces:
+            return sum((p.end - p.start) / p.ctx.achieved_cf for p in self.pieces)
+        if self.sent is None:
+            return self.unit.numel
+        return self.unit.numel / self.sent[1].achieved_cf
 
 
 @dataclass
@@ -251,7 +293,7 @@ class Engine:
     def _make_controller(self, config: ControllerConfig, policy: ScalingPolicy) -> Controller:
         """A controller that plans only CFs this compressor delivers at this world size."""
         world, c = self.comm.world_size, self.compressor
-        return Controller(config, policy, world, snap=lambda cf: c.deliverable_cf(cf, world))
+        return policy.make_controller(config, world, lambda cf: c.deliverable_cf(cf, world))
 
     def _open_monitor(self) -> None:
         """Open the monitor on rank 0, once."""
@@ -266,14 +308,24 @@ class Engine:
             self.monitor.close()
 
     # ------------------------------------------------------------------ per step
-    def begin(self) -> Step:
-        """Start a step: the plan and the decision, from values agreed at earlier steps."""
+    def begin(self, lr: float | None = None) -> Step:
+        """Start a step: the plan and the decision, from values agreed at earlier steps.
+
+        Args:
+            lr: the wrapped optimizer's learning rate (Accordion reacts to its decays).
+        """
+        self.controller.note_lr(lr)
         plan = self.controller.plan()
         snapshot = copy.deepcopy(self.compressor.state_dict())
         return Step(self.steps, plan, self.controller.decide(plan), snapshot)
 
     def launch(
-        self, step: Step, unit: Unit, flat: Tensor, out: Tensor | None = None
+        self,
+        step: Step,
+        unit: Unit,
+        flat: Tensor,
+        out: Tensor | None = None,
+        carry: Tensor | None = None,
     ) -> Future[Tensor]:
         """Compensate, compress and start aggregating one unit's flat gradient ``flat`` (not
         modified before the collective has completed).
@@ -282,6 +334,9 @@ class Engine:
             out: a flat tensor of the unit's size and ``flat``'s dtype to receive the aggregate
                 at :meth:`commit` instead of a new tensor, ``flat`` itself included (the front
                 ends pass the gradients' own flat buffer: no gradient-sized temporary).
+            carry: residual pieces carried over from units that no longer exist (the DDP
+                hook's, after a bucket rebuild or a resume), added to a compressed unit's
+                gradient before compensation; per-layer statistics see the gradient alone.
 
         Returns:
             A future that :meth:`commit` completes with the unit's aggregate (the sum over
@@ -293,24 +348,29 @@ class Engine:
             x = flat if out is flat else flat.clone()  # all-reduced in place
             flight = _Flight(unit, x, None, self.comm.all_reduce_async(x), _nbytes(x), out)
         else:
-            flight = self._launch_compressed(step, unit, flat, out)
+            flight = self._launch_compressed(step, unit, flat, out, carry)
         step.flights.append(flight)
         step.compress_seconds += self.clock() - t0
         return flight.result
 
     def _launch_compressed(
-        self, step: Step, unit: Unit, flat: Tensor, out: Tensor | None
+        self, step: Step, unit: Unit, flat: Tensor, out: Tensor | None, carry: Tensor | None
     ) -> _Flight:
         c, plan = self.compressor, step.plan
-        x = self.memory.compensate(unit.key, flat)
+        self.controller.track(unit.layer_ids, flat, tuple(math.prod(s) for s in unit.shapes))
+        x = self.memory.compensate(unit.key, flat if carry is None else flat + carry)
+        layer_cfs = plan.cfs_for(unit.layer_ids)
+        if len(set(layer_cfs)) > 1:
+            return self._launch_layers(step, unit, x, layer_cfs, out)
+        cf_min = layer_cfs[0]
         world = self.comm.world_size
         base = Round(step=step.index, key=unit.key, world_size=world, layout=unit.shapes)
         direct = plan.candidate is not None and not c.supports_multilevel
-        cfs = [plan.theta_min]
+        cfs = [cf_min]
         if direct and plan.candidate is not None:
             cfs.append(plan.candidate)
         r_min, *r_c = self._agree_stats(x, cfs, base)
-        p_min, ctx_min = c.compress(x, plan.theta_min, r_min)
+        p_min, ctx_min = c.compress(x, cf_min, r_min)
         chosen = (p_min, ctx_min)
         zero = torch.zeros((), dtype=torch.float64, device=x.device)
         terms = [*c.sent_terms(x, p_min, ctx_min)] if plan.measure else [zero, zero]
@@ -339,10 +399,34 @@ class Engine:
             reduced = self.comm.all_reduce_async(total)
             return _Flight(unit, x, None, reduced, _nbytes(total), out)
         payload = chosen[0]
+        gathered = self._send(payload)
+        return _Flight(unit, x, chosen, gathered, wire_bytes(payload), out)
+
+    def _send(self, payload: Payload) -> Future[Any]:
+        """Start the compressor's collective of ``payload``."""
         # without error feedback nothing reads the payload again: no copy to sum into
         in_place = isinstance(self.memory, NoMemory)
-        gathered = self.comm.send_payload(payload, c.collective, in_place=in_place)
-        return _Flight(unit, x, chosen, gathered, wire_bytes(payload), out)
+        return self.comm.send_payload(payload, self.compressor.collective, in_place=in_place)
+
+    def _launch_layers(
+        self, step: Step, unit: Unit, x: Tensor, cfs: tuple[float, ...], out: Tensor | None
+    ) -> _Flight:
+        """Send a unit whose tensors have CFs of their own (per-layer decisions): each run of
+        adjacent tensors at one CF is a piece, a view of ``x`` compressed and sent on its own.
+        No gains are measured (a per-layer policy reads none)."""
+        c, world = self.compressor, self.comm.world_size
+        step.ends.append(_ends(x))
+        pieces = []
+        for first, last, start, end in _runs(unit.shapes, cfs):
+            key = _PIECE_KEY_BASE + unit.key * _PIECE_KEY_STRIDE + first
+            base = Round(step.index, key, world, layout=unit.shapes[first:last])
+            piece = x[start:end]
+            (rnd,) = self._agree_stats(piece, [cfs[first]], base)
+            payload, ctx = c.compress(piece, cfs[first], rnd)
+            pieces.append(_Piece(start, end, payload, ctx, self._send(payload)))
+        arrived = collect([p.arrived for p in pieces])
+        nbytes = sum(wire_bytes(p.payload) for p in pieces)
+        return _Flight(unit, x, None, arrived, nbytes, out, pieces=tuple(pieces))
 
     def _agree_stats(self, x: Tensor, cfs: list[float], base: Round) -> list[Round]:
         """One round per CF, with the compressor's statistics reduced over ranks (one blocking
@@ -381,7 +465,8 @@ class Engine:
         step.flags = len(has_grad)
         local_bad = not _ends_finite(step.ends)
         head = torch.tensor([local_bad, stale, interval, *has_grad], dtype=torch.float64)
-        local = torch.cat([head, step.terms.cpu()]).to(self.comm.device)
+        values = torch.tensor(self.controller.local_values(), dtype=torch.float64)
+        local = torch.cat([head, step.terms.cpu(), values]).to(self.comm.device)
         step.scalars = self.comm.all_gather_async(local)
         return collect([step.scalars, *(f.arrived for f in step.flights)])
 
@@ -416,7 +501,7 @@ class Engine:
             return self._skip(step)
         n_flags = step.flags
         present = tuple(bool(v) for v in (table[:, 3 : 3 + n_flags].max(dim=0).values > 0))
-        terms = table[:, 3 + n_flags :].sum(dim=0)
+        terms = table[:, 3 + n_flags : 3 + n_flags + _TERMS].sum(dim=0)
         for f in step.flights:
             if f.unit.compressed:
                 self._update_residual(f, present)
@@ -433,6 +518,7 @@ class Engine:
             if interval > 0 and self.last_cf is not None:
                 samples = (self.batch_size or 1) * self.comm.world_size
                 self.controller.record_throughput(self.last_cf, samples / interval)
+            self.controller.observe_values(table[:, 3 + n_flags + _TERMS :])
             self.controller.observe(plan, gain_min, gain_c)
         n = self.comm.world_size
         step_bytes = sum(f.wire_bytes for f in step.flights)
@@ -441,7 +527,7 @@ class Engine:
         record = StepRecord(
             step=step.index,
             phase=ctl.phase.value,
-            cf_sent=cf,
+            cf_sent=_achieved_cf(compressed) if plan.per_layer else cf,
             cf_achieved=_achieved_cf(compressed),
             sent=decision.which,
             theta_min=plan.theta_min,
@@ -468,6 +554,11 @@ class Engine:
         all-reduced tensor, or the compressor's combination of every rank's payload (once a
         step: it advances the compressor's shared state)."""
         arrived = f.arrived.value()
+        if f.pieces:
+            total = f.out if f.out is not None else torch.empty_like(f.x.reshape(-1))
+            for p, payloads in zip(f.pieces, arrived, strict=True):
+                self.compressor.combine(payloads, p.ctx, out=total[p.start : p.end])
+            return total
         if f.sent is None:
             return arrived if f.out is None or f.out is arrived else f.out.copy_(arrived)
         return self.compressor.combine(arrived, f.sent[1], out=f.out).reshape(-1)
@@ -476,16 +567,25 @@ class Engine:
         """``e <- x - D(sent)``; what belongs to a tensor with a gradient on no rank stays in
         the residual (it is applied to nothing); after a dense send, ``e <- 0``."""
         absent = self._absent_mask(f, present)
-        if f.sent is None and absent is None:
+        if f.dense and absent is None:
             self.memory.reset(f.unit.key)
             return
         if absent is None and f.sent is not None:
             self.memory.update_sent(f.unit.key, f.x, self.compressor, *f.sent)
             return
-        applied = f.x if f.sent is None else self.compressor.decompress(*f.sent)
+        applied = f.x if f.dense else self._decompressed(f)
         if absent is not None:
             applied = applied.masked_fill(absent, 0)
         self.memory.update(f.unit.key, f.x, applied)
+
+    def _decompressed(self, f: _Flight) -> Tensor:
+        """What ``f`` sent, dense (its pieces written side by side)."""
+        if f.sent is not None:
+            return self.compressor.decompress(*f.sent)
+        dense = torch.empty_like(f.x.reshape(-1))
+        for p in f.pieces:
+            self.compressor.decompress_into(p.payload, p.ctx, dense[p.start : p.end])
+        return dense
 
     @staticmethod
     def _absent_mask(f: _Flight, present: tuple[bool, ...]) -> Tensor | None:
@@ -526,6 +626,7 @@ class Engine:
                 f"{step.index}"
             )
         self.compressor.load_state_dict(step.snapshot)
+        self.controller.discard_step()
         for f in step.flights:  # what a skipped step aggregates: NaN (as the DDP hook gives)
             nan = f.out if f.out is not None else torch.empty_like(f.x.reshape(-1))
             f.result.set_result(nan.fill_(math.nan))
@@ -607,7 +708,21 @@ def _nbytes(t: Tensor) -> int:
 def _achieved_cf(flights: Sequence[_Flight]) -> float:
     """The CF achieved over the compressed units: elements over float32 elements sent."""
     numel = sum(f.unit.numel for f in flights)
-    sent = sum(
-        f.unit.numel if f.sent is None else f.unit.numel / f.sent[1].achieved_cf for f in flights
-    )
+    sent = sum(f.sent_elements for f in flights)
     return numel / sent if sent > 0 else 1.0
+
+
+def _runs(shapes: Sequence[torch.Size], cfs: Sequence[float]) -> list[tuple[int, int, int, int]]:
+    """The runs of adjacent tensors at one CF: ``(first, last)`` tensor indices (``last``
+    excluded) and the ``(start, end)`` elements they span."""
+    runs: list[tuple[int, int, int, int]] = []
+    offset = 0
+    for i, (shape, cf) in enumerate(zip(shapes, cfs, strict=True)):
+        end = offset + math.prod(shape)
+        if runs and cfs[runs[-1][0]] == cf:
+            first, _, start, _ = runs[-1]
+            runs[-1] = (first, i + 1, start, end)
+        else:
+            runs.append((i, i + 1, offset, end))
+        offset = end
+    return runs

@@ -23,14 +23,14 @@ __all__ = [
 
 #: Numeric codes of what was sent and of the controller's phase (scalars must be numbers).
 SENT_CODES = {"dense": 0, "min": 1, "candidate": 2}
-PHASE_CODES = {"warmup": 0, "search": 1, "settled": 2, "fixed": 3}
+PHASE_CODES = {"warmup": 0, "search": 1, "settled": 2, "fixed": 3, "accordion": 4}
 
 #: Every tag, and what it holds.
 TAG_DESCRIPTIONS: dict[str, str] = {
     "cf_sent": "the CF the controller chose to send (1 for dense)",
     "cf_achieved": "the CF the compressor delivered over the compressed buckets (fp16: 2)",
     "sent": "what was sent: 0 dense, 1 the theta_min compression, 2 the candidate's",
-    "phase": "controller phase: 0 warm-up, 1 search, 2 settled, 3 fixed CF",
+    "phase": "controller phase: 0 warm-up, 1 search, 2 settled, 3 fixed CF, 4 Accordion",
     "theta_min": "the lowest CF sent compressed",
     "cf_candidate": "the candidate CF evaluated this step",
     "gain_min": "smoothed compression gain at theta_min",

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from gravac.accordion import learning_rate
 from gravac.agreement import check_agreement, layout_text
 from gravac.buckets import (
     DEFAULT_BUCKET_BYTES,
@@ -65,13 +66,13 @@ def broadcast_parameters(
 
 def _units(layout: Layout) -> list[Unit]:
     """The layout's buckets as engine units, in launch order (compressed ones first); slots
-    index :attr:`Layout.params`."""
+    index :attr:`Layout.params`, and are the layers' stable ids too."""
     units, slot = [], 0
     n_compressed = len(layout.compressed)
     for i, b in enumerate(layout.buckets):
         slots = tuple(range(slot, slot + len(b.params)))
         slot += len(b.params)
-        units.append(Unit(b.key, b.shapes, compressed=i < n_compressed, slots=slots))
+        units.append(Unit(b.key, b.shapes, i < n_compressed, slots=slots, layers=slots))
     return units
 
 
@@ -517,7 +518,7 @@ class GravacOptimizer(torch.optim.Optimizer):
         """Start a step: join the group, check the layout, plan and decide."""
         self.engine.join_group()
         self._current_layout()
-        self._step = self.engine.begin()
+        self._step = self.engine.begin(lr=learning_rate(self.optimizer))
         self._next = 0
         self._ready = [set() for _ in self._units]
         self._stamps = []

@@ -74,6 +74,9 @@ class GravacCallback(TrainerCallback):
                 "use trainer.add_callback(GravacCallback(state, trainer))"
             )
         self._hook.register(self.trainer.model_wrapped, args.world_size)
+        optimizer = kwargs.get("optimizer")
+        if optimizer is not None:  # its learning rate: the accordion policy reacts to decays
+            self.state.watch(optimizer)
 
     def on_train_end(
         self,

@@ -49,6 +49,8 @@ class GravacCallback(Callback):
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._hook.register(trainer.strategy.model, trainer.world_size)
+        if trainer.optimizers:  # its learning rate: the accordion policy reacts to decays
+            self.state.watch(trainer.optimizers[0])
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.close_on_end:

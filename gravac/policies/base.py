@@ -9,9 +9,13 @@ fixtures. A policy with a :attr:`ScalingPolicy.static_cf` pins the CF instead (t
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from gravac.registry import Registry
+
+if TYPE_CHECKING:
+    from gravac.controller import Controller, ControllerConfig
 
 __all__ = ["ScalingPolicy", "create", "get", "names", "register"]
 
@@ -30,6 +34,15 @@ class ScalingPolicy(ABC):
     @abstractmethod
     def next(self, s: float, window: int) -> float:
         """The step size after the ``window``-th search window (1-based) used step size ``s``."""
+
+    def make_controller(
+        self, config: ControllerConfig, world_size: int, snap: Callable[[float], float]
+    ) -> Controller:
+        """The controller that runs this policy: GraVAC's Algorithm 1
+        (:class:`gravac.controller.Controller`) unless the policy needs its own."""
+        from gravac.controller import Controller  # here: gravac.controller imports this module
+
+        return Controller(config, self, world_size, snap=snap)
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())

@@ -74,6 +74,7 @@ def test_one_process_trains_uncompressed_with_a_warning(tmp_path: Path) -> None:
         trainer.train()
     assert trainer.state.global_step == 2
     assert state.engine.steps == 0
+    assert state.watched is trainer.optimizer  # its learning rate reaches the engine
 
 
 def test_a_callback_given_another_trainer_refuses_to_start(tmp_path: Path) -> None:

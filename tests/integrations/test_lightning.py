@@ -64,6 +64,7 @@ def test_one_process_trains_uncompressed_with_a_warning() -> None:
         trainer.fit(Net(), loader)
     assert trainer.global_step == 2
     assert state.engine.steps == 0
+    assert state.watched is trainer.optimizers[0]  # its learning rate reaches the engine
 
 
 def restore_before_joining(rank: int, world_size: int, saved: dict[str, Any]) -> dict[str, Any]:

@@ -64,4 +64,4 @@ def test_bad_policies_raise(name: str, options: dict[str, float], match: str) ->
 
 
 def test_registry_names() -> None:
-    assert policies.names() == ["exponential", "fixed", "geometric"]
+    assert policies.names() == ["accordion", "exponential", "fixed", "geometric"]

@@ -1,16 +1,23 @@
-"""``gravac compare``: DDP, its compression hooks and gravac measured on the same run.
+"""``gravac compare``: DDP, its compression hooks and gravac variants measured over seeds.
 
 One module a job:
 
 * :mod:`gravac.compare.workloads`: what is trained (model, data, metric, target);
 * :mod:`gravac.compare.modes`: how gradients are exchanged (``ddp``, ``ddp-fp16``,
   ``ddp-powersgd``, ``gravac``, ``gravac-ddp``) and what each reports per step;
-* :mod:`gravac.compare.config`: every option, checked before any worker starts;
+* :mod:`gravac.compare.config`: every option of one run, checked before any worker starts;
+* :mod:`gravac.compare.study`: the gravac variants (``--variant``) and seeds (``--seeds``),
+  and the jobs they make: every mode, variant and seed;
 * :mod:`gravac.compare.netns`: loopback, or ``tc``-shaped veth links between namespaces;
 * :mod:`gravac.compare.train`: one worker's training loop and link test;
 * :mod:`gravac.compare.worker`: the worker process (``python -m gravac.compare.worker``);
-* :mod:`gravac.compare.runner`: the network, then every mode's workers, then the summary;
-* :mod:`gravac.compare.report`: medians and time to target, the markdown table;
+* :mod:`gravac.compare.runner`: the network, then every job's workers, then the summary;
+* :mod:`gravac.compare.report`: a run's medians, time to target and per-step series, the
+  markdown table;
+* :mod:`gravac.compare.aggregate`: each mode and variant's median and range over the seeds;
+* :mod:`gravac.compare.export`: the JSON and the CSV (a row a run);
+* :mod:`gravac.compare.plots`: the figures (metric against time and bytes, CF over steps and
+  its density);
 * :mod:`gravac.compare.cli`: the command line, :func:`add_parser`.
 
 This package re-exports the names a caller needs to run a comparison from Python.
@@ -18,23 +25,36 @@ This package re-exports the names a caller needs to run a comparison from Python
 
 from __future__ import annotations
 
+from gravac.compare.aggregate import Aggregate, Spread, aggregate
 from gravac.compare.cli import add_parser
 from gravac.compare.config import CompareConfig
+from gravac.compare.export import write_csv, write_json
 from gravac.compare.modes import MODES, Mode, StepFigures
+from gravac.compare.plots import write_plots
 from gravac.compare.report import ModeSummary, format_table
 from gravac.compare.runner import CompareError, run_compare
+from gravac.compare.study import Study, Variant, parse_variant
 from gravac.compare.workloads import WORKLOADS, Workload
 
 __all__ = [
     "MODES",
     "WORKLOADS",
+    "Aggregate",
     "CompareConfig",
     "CompareError",
     "Mode",
     "ModeSummary",
+    "Spread",
     "StepFigures",
+    "Study",
+    "Variant",
     "Workload",
     "add_parser",
+    "aggregate",
     "format_table",
+    "parse_variant",
     "run_compare",
+    "write_csv",
+    "write_json",
+    "write_plots",
 ]

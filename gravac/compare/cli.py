@@ -1,9 +1,15 @@
-"""``gravac compare``'s command line: options, ``--quick``, the table on stdout, JSON to ``--out``.
+"""``gravac compare``'s command line: options, ``--quick``, the table on stdout, the files.
 
 :func:`add_parser` adds ``gravac compare`` to the ``gravac`` command line (:mod:`gravac.cli`).
-Option values argparse cannot check (a bad ``--modes`` list, ``--bandwidth`` string or JSON
-option) are rejected while parsing, and the rest by :class:`CompareConfig`, both with status 2
-and a message naming the option. A failed job prints its error and returns status 1.
+A study (:mod:`gravac.compare.study`) is the modes, the gravac variants (``--variant``,
+repeated; without it, the one variant of ``--compressor``, ``--policy`` and their options) and
+the seeds (``--seeds``). The table goes to stdout; ``--out`` writes the JSON, ``--csv`` a row
+a run, ``--plots`` the figures (:mod:`gravac.compare.export`, :mod:`gravac.compare.plots`).
+
+Option values argparse cannot check (a bad ``--modes`` list, ``--variant``, ``--seeds``,
+``--bandwidth`` string or JSON option) are rejected while parsing, and the rest by
+:class:`CompareConfig` and :class:`Study` before any worker starts, all with status 2 and a
+message naming the option. A failed job prints its error and returns status 1.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from typing import Any
 
 from gravac import compressors, policies
 from gravac.argtypes import argtype
-from gravac.compare import modes, workloads
+from gravac.compare import modes, plots, workloads
 from gravac.compare.config import (
     DEFAULT_EVAL_EVERY,
     DEFAULT_LINK_TEST_MB,
@@ -31,9 +37,11 @@ from gravac.compare.config import (
     QUICK_STEPS,
     CompareConfig,
 )
+from gravac.compare.export import write_csv, write_json
 from gravac.compare.netns import NetworkError, parse_delay, parse_rate
 from gravac.compare.report import format_table
 from gravac.compare.runner import CompareError, run_compare
+from gravac.compare.study import VARIANT_SYNTAX, Study, parse_seeds, parse_variant
 from gravac.controller import ControllerConfig
 
 __all__ = ["add_parser"]
@@ -71,6 +79,23 @@ def _checked_string(parse: Callable[[str], object]) -> Callable[[str], str]:
         return text
 
     return check
+
+
+def _plots_dir(text: str) -> Path:
+    plots.check_available()
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--plots must name a directory, got {text!r}, which is a file")
+    return path
+
+
+#: the single-variant options, which ``--variant`` replaces: (option, attribute)
+_SINGLE_VARIANT = (
+    ("--compressor", "compressor"),
+    ("--compressor-options", "compressor_options"),
+    ("--policy", "policy"),
+    ("--policy-options", "policy_options"),
+)
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -121,7 +146,9 @@ def add_parser(subparsers: Any) -> None:
         "--steps", type=int, default=None, help=f"training steps per mode (default {DEFAULT_STEPS})"
     )
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="samples per worker")
-    p.add_argument("--lr", type=float, default=d.lr, help="SGD learning rate")
+    p.add_argument(
+        "--lr", type=float, default=None, help="SGD learning rate (default: the workload's)"
+    )
     p.add_argument("--momentum", type=float, default=d.momentum, help="SGD momentum")
     p.add_argument(
         "--eval-every",
@@ -139,19 +166,51 @@ def add_parser(subparsers: Any) -> None:
         "--target", type=float, default=None, help="time-to-target accuracy (the workload's)"
     )
     p.add_argument("--threads", type=int, default=d.threads, help="torch threads per worker")
-    p.add_argument("--compressor", default=d.compressor, choices=compressors.names())
+    p.add_argument(
+        "--compressor",
+        default=None,
+        choices=compressors.names(),
+        help=f"the gravac modes' compressor, without --variant (default {d.compressor})",
+    )
     p.add_argument(
         "--compressor-options",
         type=argtype(_json_object("--compressor-options")),
-        default={},
-        help="JSON object of compressor options",
+        default=None,
+        help="JSON object of compressor options, without --variant (default none)",
     )
-    p.add_argument("--policy", default=d.policy, choices=policies.names())
+    p.add_argument(
+        "--policy",
+        default=None,
+        choices=policies.names(),
+        help=f"the gravac modes' scaling policy, without --variant (default {d.policy})",
+    )
     p.add_argument(
         "--policy-options",
         type=argtype(_json_object("--policy-options")),
-        default={},
-        help="""JSON object of policy options, e.g. '{"cf": 100}' for --policy fixed""",
+        default=None,
+        help="""JSON object of policy options, e.g. '{"cf": 100}' for --policy fixed, """
+        "without --variant (default none)",
+    )
+    p.add_argument(
+        "--variant",
+        dest="variants",
+        action="append",
+        type=argtype(parse_variant),
+        default=None,
+        metavar=VARIANT_SYNTAX,
+        help="a gravac configuration, named LABEL in the outputs; repeat it to run each gravac "
+        """mode once per variant, e.g. --variant 'cf100=topk:fixed{"cf": 100}' --variant """
+        "topk:geometric (unlabelled: topk-geometric). Replaces --compressor, --policy and their "
+        "options "
+        f"(default: the one variant they make). Compressors {compressors.names()}, policies "
+        f"{policies.names()}",
+    )
+    p.add_argument(
+        "--seeds",
+        type=argtype(parse_seeds),
+        default=None,
+        help="comma-separated seeds (0,1,2): every mode and variant runs once per seed, the "
+        "table gives the median and range over them (default 0)",
     )
     p.add_argument(
         "--theta-min", type=float, default=ControllerConfig.theta_min, help="lowest CF searched"
@@ -196,9 +255,25 @@ def add_parser(subparsers: Any) -> None:
         "--timeout",
         type=float,
         default=DEFAULT_TIMEOUT,
-        help="seconds one job (a mode, or the link test) may take",
+        help="seconds one job (a mode, variant and seed, or the link test) may take",
     )
-    p.add_argument("--out", type=Path, default=None, help="also write the summary as JSON here")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="also write everything as JSON here (every run, with its per-step series)",
+    )
+    p.add_argument(
+        "--csv", type=Path, default=None, help="also write one row per mode, variant and seed here"
+    )
+    p.add_argument(
+        "--plots",
+        type=argtype(_plots_dir),
+        default=None,
+        metavar="DIR",
+        help="also draw the figures into DIR as PNG: the metric against time and against bytes "
+        "sent, the CF gravac sent each step and its density (needs matplotlib)",
+    )
     p.set_defaults(func=_main)
 
 
@@ -207,6 +282,19 @@ def _pick(value: Any, quick: bool, quick_value: Any, default: Any) -> Any:
     if value is not None:
         return value
     return quick_value if quick else default
+
+
+def _single_variant(args: argparse.Namespace) -> dict[str, Any]:
+    """The single-variant options given; ``ValueError`` if ``--variant`` is given too."""
+    given = {attr: getattr(args, attr) for _, attr in _SINGLE_VARIANT}
+    given = {attr: value for attr, value in given.items() if value is not None}
+    if args.variants and given:
+        options = [option for option, attr in _SINGLE_VARIANT if attr in given]
+        raise ValueError(
+            f"{options[0]} applies only without --variant: write the compressor, the policy "
+            f"and their options into each --variant ({VARIANT_SYNTAX})"
+        )
+    return given
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -223,10 +311,6 @@ def _main(args: argparse.Namespace) -> int:
         timing_warmup=args.timing_warmup,
         target=args.target,
         threads=args.threads,
-        compressor=args.compressor,
-        compressor_options=args.compressor_options,
-        policy=args.policy,
-        policy_options=args.policy_options,
         theta_min=args.theta_min,
         theta_max=args.theta_max,
         overlap=not args.no_overlap,
@@ -236,15 +320,22 @@ def _main(args: argparse.Namespace) -> int:
         delay=args.delay,
         link_test_mb=_pick(args.link_test_mb, q, QUICK_LINK_TEST_MB, DEFAULT_LINK_TEST_MB),
         timeout=args.timeout,
+        **_single_variant(args),
     )
+    study = Study(cfg, tuple(args.variants or ()), args.seeds or ())
     try:
-        summary = run_compare(cfg)
+        summary = run_compare(study)
     except (CompareError, NetworkError) as exc:
         print(f"gravac compare: error: {exc}", file=sys.stderr)
         return 1
     table = format_table(summary)
     summary["table"] = table
     if args.out is not None:
-        args.out.write_text(json.dumps(summary, indent=2) + "\n")
+        write_json(summary, args.out)
+    if args.csv is not None:
+        write_csv(summary, args.csv)
+    if args.plots is not None:
+        for path in plots.write_plots(summary, args.plots):
+            print(f"gravac compare: wrote {path}", file=sys.stderr)
     print(table)
     return 0

@@ -77,13 +77,16 @@ class CompareConfig:
         workers: processes, each with its own shard of the training set.
         steps: training steps of every mode.
         batch_size: samples per worker per step.
-        lr, momentum: SGD's.
+        lr: SGD's learning rate (``None``: the workload's, :attr:`Workload.lr`).
+        momentum: SGD's.
         eval_every: steps between test evaluations on rank 0 (the last step always is one).
         timing_warmup: first steps left out of the per-step medians.
         target: metric value the time-to-target clock stops at (``None``: the workload's).
         threads: torch intra-op threads per worker.
         compressor, compressor_options, policy, policy_options, theta_min, theta_max: the
-            gravac modes' compression options (as :class:`gravac.GravacOptimizer` takes them).
+            gravac modes' compression options (as :class:`gravac.GravacOptimizer` takes them);
+            a study's variants (:class:`gravac.compare.study.Variant`) replace the first four
+            in each of their jobs' configurations.
         overlap: the gravac mode's ``overlap`` option, where its optimizer has one.
         powersgd_rank, powersgd_start: PowerSGD's ``matrix_approximation_rank`` and
             ``start_powerSGD_iter``.
@@ -92,7 +95,7 @@ class CompareConfig:
         link_test_mb: MiB all-reduced to measure a shaped link (0: no measurement).
         timeout: seconds one job may take before its workers are killed.
         seed: offsets the seeds of the initial weights and of every rank's batches (runs
-            with different seeds measure the spread).
+            with different seeds measure the spread; a study's ``--seeds`` set it per job).
     """
 
     modes: tuple[str, ...] = DEFAULT_MODES
@@ -100,7 +103,7 @@ class CompareConfig:
     workers: int = 2
     steps: int = DEFAULT_STEPS
     batch_size: int = 32
-    lr: float = 0.05
+    lr: float | None = None
     momentum: float = 0.9
     eval_every: int = DEFAULT_EVAL_EVERY
     timing_warmup: int = DEFAULT_TIMING_WARMUP
@@ -140,7 +143,7 @@ class CompareConfig:
             raise ValueError(
                 f"--steps ({self.steps}) must exceed --timing-warmup ({self.timing_warmup})"
             )
-        if _finite("--lr", self.lr) <= 0:
+        if self.lr is not None and _finite("--lr", self.lr) <= 0:
             raise ValueError(f"--lr must be > 0, got {self.lr}")
         if not 0 <= _finite("--momentum", self.momentum) < 1:
             raise ValueError(f"--momentum must be in [0, 1), got {self.momentum}")
@@ -174,9 +177,18 @@ class CompareConfig:
         return 0.0 if self.delay is None else parse_delay(self.delay)
 
     @property
+    def lr_value(self) -> float:
+        """SGD's learning rate: ``lr``, or the workload's."""
+        return workloads.get(self.workload).lr if self.lr is None else self.lr
+
+    @property
     def target_value(self) -> float:
         """The time-to-target threshold: ``target``, or the workload's."""
         return workloads.get(self.workload).target if self.target is None else self.target
+
+    def resolved(self) -> dict[str, Any]:
+        """Every field, with ``lr`` resolved to the learning rate used (for reports)."""
+        return {**asdict(self), "lr": self.lr_value}
 
     def to_json(self) -> str:
         """Every field, as JSON (:meth:`from_json` rebuilds the same configuration)."""

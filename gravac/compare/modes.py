@@ -4,7 +4,9 @@ A :class:`Mode` checks that it can run with a configuration (:meth:`Mode.check`,
 worker starts) and, inside a worker, wraps the freshly built model (:meth:`Mode.open`) in a
 :class:`Session`: the module the forward pass goes through, the optimizer, and after each step
 the :class:`StepFigures` the mode knows of (bytes sent; compression and communication seconds
-where the mode measures them). :data:`MODES` maps names to modes.
+where the mode measures them; the CF sent where the mode decides one). :data:`MODES` maps
+names to modes; :attr:`Mode.takes_variants` marks the modes a study runs once per gravac
+variant.
 
 =================  ================================================================  ===========
 mode               what                                                              wire bytes
@@ -44,8 +46,6 @@ every parameter before ``start_powerSGD_iter``.
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -59,6 +59,7 @@ from torch.nn.parallel import DistributedDataParallel
 from gravac import compressors, policies
 from gravac.compare.workloads import parameter_count
 from gravac.controller import ControllerConfig
+from gravac.ddp import GravacHookState, gravac_hook
 from gravac.optimizer import GravacOptimizer, broadcast_parameters
 
 if TYPE_CHECKING:
@@ -71,9 +72,9 @@ __all__ = [
     "Mode",
     "Session",
     "StepFigures",
+    "check_registered",
     "get",
     "names",
-    "optimizer_has_overlap",
 ]
 
 #: bytes of a float32 and a float16 element on the wire
@@ -83,10 +84,9 @@ FLOAT16_BYTES = 2
 _MIB = 2**20
 #: seed of PowerSGD's random initial factors (torch's default), the same on every rank
 POWERSGD_SEED = 0
+
+
 #: where the ``gravac-ddp`` mode's hook lives
-_GRAVAC_DDP_MODULE = "gravac.ddp"
-
-
 @dataclass(frozen=True)
 class StepFigures:
     """What a mode knows of one step on this rank.
@@ -96,11 +96,18 @@ class StepFigures:
         compress_seconds: seconds compressing, where the mode measures it.
         comm_seconds: seconds of communication not hidden behind backward, where the mode
             measures it (gravac's ``StepRecord.comm_seconds``).
+        cf_sent: the compression factor the step sent at, where the mode decides one
+            (gravac's ``StepRecord.cf_sent``; 1 for dense); ``None`` for DDP's modes and for a
+            step gravac skipped.
+        cf_achieved: the compression factor the compressor delivered (gravac's
+            ``StepRecord.cf_achieved``), where the mode knows it.
     """
 
     wire_bytes: int
     compress_seconds: float | None = None
     comm_seconds: float | None = None
+    cf_sent: float | None = None
+    cf_achieved: float | None = None
 
 
 class Session(ABC):
@@ -124,16 +131,25 @@ class Session(ABC):
 
 
 def _sgd(model: nn.Module, cfg: CompareConfig) -> torch.optim.SGD:
-    return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    return torch.optim.SGD(model.parameters(), lr=cfg.lr_value, momentum=cfg.momentum)
 
 
 def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def optimizer_has_overlap() -> bool:
-    """Whether :class:`gravac.GravacOptimizer` takes an ``overlap`` keyword."""
-    return "overlap" in inspect.signature(GravacOptimizer).parameters
+def check_registered(
+    registry: Any, name: str, options: dict[str, Any], *, name_option: str, options_option: str
+) -> None:
+    """Build ``name`` from ``registry`` (:mod:`gravac.compressors` or :mod:`gravac.policies`)
+    with ``options`` once, and raise ``ValueError`` naming ``name_option`` for an unknown name
+    and ``options_option`` for options that do not fit it."""
+    if name not in registry.names():
+        raise ValueError(f"{name_option} must be one of {registry.names()}, got {name!r}")
+    try:
+        registry.create(name, **options)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{options_option} {options} do not fit {name!r}: {exc}") from None
 
 
 def _check_gravac_options(cfg: CompareConfig) -> None:
@@ -142,13 +158,13 @@ def _check_gravac_options(cfg: CompareConfig) -> None:
         ("--compressor-options", compressors, cfg.compressor, cfg.compressor_options),
         ("--policy-options", policies, cfg.policy, cfg.policy_options),
     ):
-        if name not in registry.names():
-            flag = option.removesuffix("-options")
-            raise ValueError(f"{flag} must be one of {registry.names()}, got {name!r}")
-        try:
-            registry.create(name, **kwargs)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{option} {kwargs} do not fit {name!r}: {exc}") from None
+        check_registered(
+            registry,
+            name,
+            kwargs,
+            name_option=option.removesuffix("-options"),
+            options_option=option,
+        )
     try:
         ControllerConfig(theta_min=cfg.theta_min, theta_max=cfg.theta_max)
     except ValueError as exc:
@@ -165,6 +181,9 @@ class Mode(ABC):
     #: whether :class:`StepFigures` carries the communication time ("record"), or the report
     #: derives it as forward + backward time beyond the bare model's ("exposed")
     comm_source: ClassVar[str] = "exposed"
+    #: whether the mode runs gravac's compressor and policy, so that a study runs it once per
+    #: variant (:mod:`gravac.compare.study`)
+    takes_variants: ClassVar[bool] = False
 
     def check(self, cfg: CompareConfig) -> None:  # noqa: B027 - most modes run anywhere
         """Raise ``ValueError`` naming the option if this mode cannot run with ``cfg``."""
@@ -287,18 +306,18 @@ def _figures(record: Any) -> StepFigures:
         int(record.wire_bytes),
         _finite(float(record.compress_seconds)),
         _finite(float(record.comm_seconds)),
+        _finite(float(record.cf_sent)),
+        _finite(float(record.cf_achieved)),
     )
 
 
 class _GravacSession(Session):
     def __init__(self, model: nn.Module, cfg: CompareConfig) -> None:
         broadcast_parameters(model)
-        options = _gravac_options(cfg)
-        self._overlap = cfg.overlap if optimizer_has_overlap() else None
-        if self._overlap is not None:
-            options["overlap"] = self._overlap
+        self._overlap = cfg.overlap
         self.module = model
-        self._gravac = GravacOptimizer(_sgd(model, cfg), **options)
+        options = _gravac_options(cfg)
+        self._gravac = GravacOptimizer(_sgd(model, cfg), overlap=cfg.overlap, **options)
         self.optimizer = self._gravac
 
     def after_step(self) -> StepFigures:
@@ -315,39 +334,24 @@ class GravacMode(Mode):
     name = "gravac"
     summary = "GravacOptimizer around SGD on the plain model"
     comm_source = "record"
+    takes_variants = True
 
     def check(self, cfg: CompareConfig) -> None:
         _check_gravac_options(cfg)
-        if not cfg.overlap and not optimizer_has_overlap():
-            raise ValueError("--no-overlap: this GravacOptimizer takes no overlap option")
 
     def open(self, model: nn.Module, cfg: CompareConfig) -> Session:
         return _GravacSession(model, cfg)
 
 
-def _import_gravac_ddp() -> Any:
-    try:
-        return importlib.import_module(_GRAVAC_DDP_MODULE)
-    except ImportError as exc:
-        raise ValueError(
-            f"--modes gravac-ddp needs {_GRAVAC_DDP_MODULE} (GravacHookState, gravac_hook), "
-            f"which cannot be imported: {exc}"
-        ) from None
-
-
 class _GravacDdpSession(Session):
     def __init__(self, model: nn.Module, cfg: CompareConfig) -> None:
-        ddp = _import_gravac_ddp()
         self.module = DistributedDataParallel(model)
-        self.state = ddp.GravacHookState(process_group=None, **_gravac_options(cfg))
-        self.module.register_comm_hook(self.state, ddp.gravac_hook)
+        self.state = GravacHookState(process_group=None, **_gravac_options(cfg))
+        self.module.register_comm_hook(self.state, gravac_hook)
         self.optimizer = _sgd(model, cfg)
+        self.state.watch(self.optimizer)  # learning-rate decays reach the accordion policy
 
     def after_step(self) -> StepFigures:
-        # the record is ``state.last_record`` in the API this mode was specified against, and
-        # ``state.engine.last_record`` in gravac.ddp as written (README): read either
-        if hasattr(self.state, "last_record"):
-            return _figures(self.state.last_record)
         return _figures(self.state.engine.last_record)
 
 
@@ -355,9 +359,9 @@ class GravacDdpMode(Mode):
     name = "gravac-ddp"
     summary = "DDP + gravac's comm hook (gravac.ddp)"
     comm_source = "record"
+    takes_variants = True
 
     def check(self, cfg: CompareConfig) -> None:
-        _import_gravac_ddp()
         _check_gravac_options(cfg)
 
     def open(self, model: nn.Module, cfg: CompareConfig) -> Session:

@@ -1,8 +1,10 @@
-"""From the workers' raw measurements to a mode's summary, and the summary as a markdown table.
+"""From the workers' raw measurements to a run's summary, and a study's as a markdown table.
 
-:func:`summarise` reduces rank 0's raw record of a mode (:func:`gravac.compare.train.train_mode`)
+:func:`summarise` reduces rank 0's raw record of a run (:func:`gravac.compare.train.train_mode`)
 to a :class:`ModeSummary`: medians over the timed steps, bytes sent, the metric and the time to
-reach its target. :func:`format_table` lays out a whole run.
+reach its target, and the per-step series (bytes, CF sent) the plots draw;
+:func:`decisions_agree` checks every rank's CFs against rank 0's. :func:`format_table` lays out
+a whole study, one row a mode and variant over the seeds (:mod:`gravac.compare.aggregate`).
 
 Communication time is reported as measured where it can be, and derived where it cannot:
 
@@ -16,17 +18,16 @@ Communication time is reported as measured where it can be, and derived where it
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gravac.compare import workloads
+from gravac.compare import modes, workloads
 from gravac.compare.config import CompareConfig
 from gravac.compare.modes import FLOAT32_BYTES, Mode
 
-__all__ = ["ModeSummary", "format_table", "summarise"]
+__all__ = ["ModeSummary", "decisions_agree", "format_table", "summarise"]
 
 #: bytes in the table's MB
 _MB = 1e6
@@ -63,6 +64,15 @@ class ModeSummary:
         steps_to_target: the step of that evaluation.
         evaluations: ``(step, training seconds, metric)`` of every evaluation.
         options: what the mode ran with beyond the configuration.
+        variant: the label of the gravac variant run (:mod:`gravac.compare.study`); ``None``
+            for a mode without variants.
+        seed: the run's ``CompareConfig.seed``.
+        ranks_agree: whether every rank sent at the same CF at every step
+            (:func:`decisions_agree`); ``None`` for a mode that decides no CF.
+        wire_bytes_by_step: bytes rank 0 put into the collectives, per step.
+        cf_sent_by_step, cf_achieved_by_step: the CF each step sent at and the CF its
+            compressor delivered, per step (``None`` where the mode decides none, or for a step
+            gravac skipped).
     """
 
     mode: str
@@ -85,6 +95,12 @@ class ModeSummary:
     steps_to_target: int | None
     evaluations: list[tuple[int, float, float]] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)
+    variant: str | None = None
+    seed: int = 0
+    ranks_agree: bool | None = None
+    wire_bytes_by_step: list[int] = field(default_factory=list)
+    cf_sent_by_step: list[float | None] = field(default_factory=list)
+    cf_achieved_by_step: list[float | None] = field(default_factory=list)
 
 
 def _median(values: Sequence[float | None]) -> float | None:
@@ -92,8 +108,27 @@ def _median(values: Sequence[float | None]) -> float | None:
     return statistics.median(known) if known else None
 
 
-def summarise(mode: Mode, cfg: CompareConfig, raw: dict[str, Any]) -> ModeSummary:
-    """Rank 0's raw measurements of ``mode`` (see :func:`gravac.compare.train.train_mode`)."""
+def decisions_agree(raws: Sequence[dict[str, Any]]) -> bool | None:
+    """Whether every rank's raw record (:func:`gravac.compare.train.train_mode`) sent at the
+    same CF at every step as rank 0's (the first); ``None`` when rank 0 recorded no CF (a DDP
+    mode). gravac's ranks agree on what to send each step, so ``False`` is a bug."""
+    sent = raws[0]["cf_sent"]
+    if all(cf is None for cf in sent):
+        return None
+    return all(raw["cf_sent"] == sent for raw in raws[1:])
+
+
+def summarise(
+    mode: Mode,
+    cfg: CompareConfig,
+    raw: dict[str, Any],
+    *,
+    variant: str | None = None,
+    ranks_agree: bool | None = None,
+) -> ModeSummary:
+    """Rank 0's raw measurements of ``mode`` (see :func:`gravac.compare.train.train_mode`),
+    run with ``cfg`` (its ``seed``) and the gravac variant labelled ``variant``; ``ranks_agree``
+    is :func:`decisions_agree` of every rank's."""
     start = mode.timed_from(cfg)
     step = statistics.median(raw["step_seconds"][start:])
     forward_backward = statistics.median(raw["forward_backward_seconds"][start:])
@@ -128,26 +163,51 @@ def summarise(mode: Mode, cfg: CompareConfig, raw: dict[str, Any]) -> ModeSummar
         steps_to_target=None if reached is None else reached[0],
         evaluations=evaluations,
         options=raw["options"],
+        variant=variant,
+        seed=cfg.seed,
+        ranks_agree=ranks_agree,
+        wire_bytes_by_step=[int(b) for b in raw["wire_bytes"]],
+        cf_sent_by_step=list(raw["cf_sent"]),
+        cf_achieved_by_step=list(raw["cf_achieved"]),
     )
 
 
-def _ms(seconds: float | None, mark: str = "") -> str:
-    return "–" if seconds is None else f"{seconds * _MS:.1f}{mark}"
+def _number(value: float | None, scale: float, digits: int, missing: str) -> str:
+    return missing if value is None else f"{value * scale:.{digits}f}"
 
 
-def _options(options: dict[str, Any]) -> str:
-    return f" {json.dumps(options)}" if options else ""
+def _cell(
+    spread: dict[str, float | None],
+    *,
+    scale: float = 1.0,
+    digits: int = 1,
+    mark: str = "",
+    censored: bool = False,
+) -> str:
+    """A figure over seeds (:class:`gravac.compare.aggregate.Spread` as a dict): the median,
+    and the range where the seeds differ as printed. ``censored``: ``None`` is a target not
+    reached."""
+    missing = "not reached" if censored else "–"
+    median, low, high = (
+        _number(spread[k], scale, digits, missing) for k in ("median", "min", "max")
+    )
+    return median + mark + ("" if low == high else f" ({low}-{high})")
 
 
-def _mode_lines(cfg: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
-    """Header lines with the options of the modes run that have any."""
-    names = {r["mode"] for r in rows}
+def _variant_lines(summary: dict[str, Any]) -> list[str]:
+    """Header lines: the gravac variants, if a mode ran them, PowerSGD's options, and the runs
+    whose ranks disagreed."""
+    cfg, runs = summary["config"], summary["runs"]
+    names = list(dict.fromkeys(r["mode"] for r in runs))
+    takers = [n for n in names if modes.get(n).takes_variants]
     lines = []
-    if names & {"gravac", "gravac-ddp"}:
-        overlap = next((r["options"].get("overlap") for r in rows if r["mode"] == "gravac"), None)
+    if takers:
+        overlap = next((r["options"].get("overlap") for r in runs if r["mode"] == "gravac"), None)
+        variants = "; ".join(
+            f"{v['label']} = `{v['spec'].split('=', 1)[1]}`" for v in summary["study"]["variants"]
+        )
         lines.append(
-            f"- gravac: compressor {cfg['compressor']}{_options(cfg['compressor_options'])}, "
-            f"policy {cfg['policy']}{_options(cfg['policy_options'])}, CF range "
+            f"- gravac variants ({', '.join(takers)}): {variants}; CF range "
             f"{cfg['theta_min']:g}-{cfg['theta_max']:g}"
             + ("" if overlap is None else f", overlap {overlap}")
         )
@@ -157,14 +217,19 @@ def _mode_lines(cfg: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
             f"{cfg['powersgd_start'] + 1}, one DDP bucket (torch's hook mis-orders gloo "
             "collectives across buckets)"
         )
+    disagree = [
+        f"{r['mode']} {r['variant']} seed {r['seed']}" for r in runs if r["ranks_agree"] is False
+    ]
+    if disagree:
+        lines.append(f"- ! the ranks sent at different CFs in: {', '.join(disagree)}")
     return lines
 
 
 def format_table(summary: dict[str, Any]) -> str:
     """A run's summary (:func:`gravac.compare.runner.run_compare`) as markdown: a header, the
-    table of modes, and what each column measures."""
+    table of modes and variants over the seeds, and what each column measures."""
     cfg, workload, network = summary["config"], summary["workload"], summary["network"]
-    host = summary["host"]
+    host, seeds = summary["host"], summary["study"]["seeds"]
     link = network["description"]
     if network.get("measured_gbit_per_s") is not None:
         link += (
@@ -173,8 +238,9 @@ def format_table(summary: dict[str, Any]) -> str:
         )
     if network.get("note"):
         link += f"; {network['note']}"
-    rows = summary["modes"]
-    timed = ", ".join(f"{r['mode']} from step {r['timed_from']}" for r in rows)
+    rows = summary["aggregates"]
+    timed_from = {r["mode"]: r["timed_from"] for r in summary["runs"]}
+    timed = ", ".join(f"{mode} from step {step}" for mode, step in timed_from.items())
     target = f"{workload['target']:g}"
     lines = [
         f"- workload: {workload['name']} ({workload['summary']}, {workload['parameters']:,} "
@@ -185,24 +251,31 @@ def format_table(summary: dict[str, Any]) -> str:
         f"- host: {host['cpus']} CPUs, 1-minute load average {host['load_before']:.2f} before "
         f"the run and {host['load_after']:.2f} after it (its own workers included): other "
         "load skews the times",
-        *_mode_lines(cfg, rows),
+        *_variant_lines(summary),
+        f"- seeds {', '.join(map(str, seeds))}: every figure is the median over the seeds, "
+        "with the lowest and highest in brackets where they differ",
         f"- medians over the timed steps ({timed})",
         "",
-        f"| mode | step ms | compute ms | compress ms | comm ms | other ms | MB sent/step "
-        f"| reduction | time to {target} (s) | final {workload['metric']} |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        f"| mode | variant | step ms | compute ms | compress ms | comm ms | other ms "
+        f"| MB sent/step | reduction | MB sent | reached {target} | steps to {target} "
+        f"| time to {target} (s) | final {workload['metric']} |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for r in rows:
+        f = r["figures"]
         mark = "*" if r["comm_source"] == "exposed" else ""
-        per_step = r["wire_bytes_per_step"]
+        per_step = f["wire_bytes_per_step"]["median"]
         ratio = r["dense_wire_bytes_per_step"] / per_step if per_step else float("inf")
-        reached = r["time_to_target_seconds"]
         lines.append(
-            f"| {r['mode']} | {_ms(r['step_seconds'])} | {_ms(r['compute_seconds'])} "
-            f"| {_ms(r['compress_seconds'])} | {_ms(r['comm_seconds'], mark)} "
-            f"| {_ms(r['other_seconds'])} | {per_step / _MB:.3f} | {ratio:.1f}x "
-            f"| {'not reached' if reached is None else f'{reached:.1f}'} "
-            f"| {r['final_metric']:.4f} |"
+            f"| {r['mode']} | {r['variant'] or '–'} | {_cell(f['step_seconds'], scale=_MS)} "
+            f"| {_cell(f['compute_seconds'], scale=_MS)} "
+            f"| {_cell(f['compress_seconds'], scale=_MS)} "
+            f"| {_cell(f['comm_seconds'], scale=_MS, mark=mark)} "
+            f"| {_cell(f['other_seconds'], scale=_MS)} | {per_step / _MB:.3f} | {ratio:.1f}x "
+            f"| {_cell(f['wire_bytes'], scale=1 / _MB)} | {r['reached']}/{len(r['seeds'])} "
+            f"| {_cell(f['steps_to_target'], digits=0, censored=True)} "
+            f"| {_cell(f['time_to_target_seconds'], censored=True)} "
+            f"| {_cell(f['final_metric'], digits=4)} |"
         )
     lines += [
         "",
@@ -213,7 +286,8 @@ def format_table(summary: dict[str, Any]) -> str:
         "what backward waited for the all-reduce, the hook's own work included. other: the rest "
         "of the step (optimizer update; gravac's decompression and bookkeeping). MB sent/step: "
         "what one worker puts into the collectives (median); reduction: a float32 all-reduce "
-        "of every parameter over that. Time to target: training seconds, evaluation "
-        "excluded.",
+        "of every parameter over that; MB sent: over the whole run. reached: seeds that reached "
+        "the target. Steps and time to target: the first evaluation at the target; time in "
+        "training seconds, evaluation excluded.",
     ]
     return "\n".join(lines)

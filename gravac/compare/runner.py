@@ -1,9 +1,13 @@
-"""Run a ``gravac compare`` measurement: the network, then each mode's workers, then a summary.
+"""Run a ``gravac compare`` measurement: the network, then every job's workers, then a summary.
 
 :func:`run_compare` sets up the network (:mod:`gravac.compare.netns`: shaped links between
-namespaces, or loopback), measures a shaped link's throughput, then runs every mode one after
-another, each as a job of fresh worker processes (``python -m gravac.compare.worker``) on the
-same seeds, and returns the summary :func:`gravac.compare.report.format_table` lays out.
+namespaces, or loopback), measures a shaped link's throughput, then runs the study's jobs
+(:meth:`gravac.compare.study.Study.jobs`: every mode, gravac variant and seed) one after
+another, each as fresh worker processes (``python -m gravac.compare.worker``) on its own
+configuration, and returns the summary: every run's (:class:`gravac.compare.report.ModeSummary`)
+and every mode and variant's over the seeds (:mod:`gravac.compare.aggregate`), which
+:func:`gravac.compare.report.format_table` lays out. Every rank records the CF it sent each
+step; a run where a rank's differ from rank 0's is logged and marked (``ranks_agree``).
 
 Workers are started as subprocesses (inside ``ip netns exec`` when links are shaped), with
 ``GLOO_SOCKET_IFNAME`` naming their interface and their stdout sent to stderr, so that stdout
@@ -32,8 +36,10 @@ from typing import Any
 import torch
 
 from gravac.compare import modes, netns, workloads
+from gravac.compare.aggregate import aggregate
 from gravac.compare.config import CompareConfig
-from gravac.compare.report import summarise
+from gravac.compare.report import decisions_agree, summarise
+from gravac.compare.study import Study
 from gravac.compare.train import LINK_TEST_JOB
 
 __all__ = ["CompareError", "run_compare"]
@@ -44,9 +50,9 @@ _POLL_SECONDS = 0.1
 _STDERR_FD = 2
 #: the worker entry point
 _WORKER_MODULE = "gravac.compare.worker"
-#: in a run's working directory: the configuration (JSON) and the workload's data, loaded
-#: once here and the same for every rank and mode (each worker saves scikit-learn's import)
-_CONFIG_FILE = "config.json"
+#: in a run's working directory: the workload's data, loaded once here and the same for every
+#: rank and job (each worker saves scikit-learn's import); each job's configuration is
+#: ``job<index>.json`` beside it
 _DATA_FILE = "data.pt"
 #: signals that end a run as Ctrl-C does (cleaning up)
 _TERMINATING = (signal.SIGTERM, signal.SIGHUP)
@@ -93,11 +99,20 @@ def _failure(job: str, rank: int, proc: subprocess.Popen[bytes], result: Path) -
 
 
 def _run_job(
-    job: str, index: int, cfg: CompareConfig, network: netns.Network, workdir: Path
+    job: str,
+    index: int,
+    cfg: CompareConfig,
+    network: netns.Network,
+    workdir: Path,
+    *,
+    name: str | None = None,
 ) -> list[Any]:
-    """Run ``job`` on every rank; each rank's result, in rank order."""
+    """Run ``job`` (a mode, or the link test) with ``cfg`` on every rank; each rank's result, in
+    rank order. Errors name the job ``name`` (default: ``job``)."""
+    name = job if name is None else name
     master = f"{network.address(0)}:{network.port(index)}"
-    config, data = workdir / _CONFIG_FILE, workdir / _DATA_FILE
+    config, data = workdir / f"job{index}.json", workdir / _DATA_FILE
+    config.write_text(cfg.to_json())
     results = [workdir / f"job{index}-rank{rank}.json" for rank in range(cfg.workers)]
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -125,15 +140,15 @@ def _run_job(
         while any(p.poll() is None for p in procs):
             failed = next((r for r, p in enumerate(procs) if p.poll() not in (None, 0)), None)
             if failed is not None:
-                raise CompareError(_failure(job, failed, procs[failed], results[failed]))
+                raise CompareError(_failure(name, failed, procs[failed], results[failed]))
             if time.monotonic() > deadline:
                 raise CompareError(
-                    f"{job}: workers did not finish within --timeout {cfg.timeout:g} s"
+                    f"{name}: workers did not finish within --timeout {cfg.timeout:g} s"
                 )
             time.sleep(_POLL_SECONDS)
         for rank, p in enumerate(procs):
             if p.returncode != 0:
-                raise CompareError(_failure(job, rank, p, results[rank]))
+                raise CompareError(_failure(name, rank, p, results[rank]))
     finally:
         for p in procs:
             if p.poll() is None:
@@ -142,13 +157,21 @@ def _run_job(
     return [json.loads(path.read_text())["result"] for path in results]
 
 
-def run_compare(cfg: CompareConfig) -> dict[str, Any]:
-    """Run every mode of ``cfg``; the summary of the run (JSON-serialisable).
+def run_compare(study: Study | CompareConfig) -> dict[str, Any]:
+    """Run every job of ``study`` (a configuration alone: its modes, its compression options
+    and its seed); the summary of the run (JSON-serialisable): ``config`` (shared by every
+    job; a job's variant and seed replace its compression options and seed), ``study`` (the
+    variants and seeds), ``workload``, ``network``, ``runs`` (every job's
+    :class:`~gravac.compare.report.ModeSummary`), ``aggregates`` (every mode and variant's
+    :class:`~gravac.compare.aggregate.Aggregate`), ``host`` and ``seconds``.
 
     Raises:
         CompareError: a job failed.
         gravac.compare.netns.NetworkError: the shaped links could not be made or removed.
     """
+    if isinstance(study, CompareConfig):
+        study = Study(study)
+    cfg = study.config
     started = time.perf_counter()
     load_before = os.getloadavg()[0]
     workload = workloads.get(cfg.workload)
@@ -161,7 +184,6 @@ def run_compare(cfg: CompareConfig) -> dict[str, Any]:
         _network(cfg, unavailable) as network,
     ):
         workdir = Path(tmp)
-        (workdir / _CONFIG_FILE).write_text(cfg.to_json())
         torch.save(workload.data(), workdir / _DATA_FILE)
         _log(f"network: {network.description}")
         jobs = 0
@@ -172,15 +194,24 @@ def run_compare(cfg: CompareConfig) -> dict[str, Any]:
             jobs += 1
             _log(f"link: {link['gbit_per_s']:.3f} Gbit/s")
         summaries = []
-        for name in cfg.modes:
-            _log(f"mode {name}: {cfg.workers} workers, {cfg.steps} steps")
+        for job in study.jobs():
+            _log(f"{job.name}: {cfg.workers} workers, {cfg.steps} steps")
             job_started = time.perf_counter()
-            raw = _run_job(name, jobs, cfg, network, workdir)[0]
+            raws = _run_job(job.mode, jobs, job.config, network, workdir, name=job.name)
             jobs += 1
-            summaries.append(summarise(modes.get(name), cfg, raw))
-            _log(f"mode {name}: done in {time.perf_counter() - job_started:.1f} s")
+            agree = decisions_agree(raws)
+            if agree is False:
+                _log(f"{job.name}: the ranks sent at different CFs (gravac's decisions disagree)")
+            variant = None if job.variant is None else job.variant.label
+            summaries.append(
+                summarise(
+                    modes.get(job.mode), job.config, raws[0], variant=variant, ranks_agree=agree
+                )
+            )
+            _log(f"{job.name}: done in {time.perf_counter() - job_started:.1f} s")
     return {
-        "config": asdict(cfg),
+        "config": cfg.resolved(),
+        "study": study.to_dict(),
         "workload": {
             "name": workload.name,
             "summary": workload.summary,
@@ -197,7 +228,8 @@ def run_compare(cfg: CompareConfig) -> dict[str, Any]:
             "link_test": link,
             "note": None if unavailable is None else f"not shaped: {unavailable}",
         },
-        "modes": [asdict(s) for s in summaries],
+        "runs": [asdict(s) for s in summaries],
+        "aggregates": [asdict(a) for a in aggregate(summaries)],
         "host": {
             "cpus": os.cpu_count(),
             "load_before": load_before,

@@ -12,7 +12,8 @@ Per step, with :func:`time.perf_counter` around each part:
   (with overlap) and finishes in ``step()``. Evaluation and data selection are off this clock.
 * ``forward_backward_seconds``: ``zero_grad``, forward and backward only.
 * the mode's :class:`gravac.compare.modes.StepFigures`: wire bytes; compression and
-  communication seconds where the mode measures them.
+  communication seconds where the mode measures them; the CF sent and achieved where the mode
+  decides one (gravac's).
 
 After training, every rank times forward and backward of a bare copy of the model (no DDP, no
 hooks, the trained weights) on the same kind of batches, all ranks at once as in training:
@@ -117,6 +118,8 @@ def train_mode(
             "wire_bytes",
             "compress_seconds",
             "comm_seconds",
+            "cf_sent",
+            "cf_achieved",
             "evaluations",
         )
     }
@@ -138,6 +141,8 @@ def train_mode(
         out["wire_bytes"].append(figures.wire_bytes)
         out["compress_seconds"].append(figures.compress_seconds)
         out["comm_seconds"].append(figures.comm_seconds)
+        out["cf_sent"].append(figures.cf_sent)
+        out["cf_achieved"].append(figures.cf_achieved)
         if step % cfg.eval_every == 0 or step == cfg.steps:
             if rank == 0:
                 value = workload.metric(model, test_x, test_y)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gravac.cli import main
@@ -21,6 +23,15 @@ from gravac.cli import main
         (["--workers", "1"], "--workers"),
         (["--steps", "3", "--timing-warmup", "5"], "--steps"),
         (["--workload", "mnist"], "--workload"),
+        (["--variant", "topk"], "--variant 'topk': expected ':'"),
+        (["--variant", "x=foo:fixed"], "--variant 'x=foo:fixed': compressor must be one of"),
+        (["--variant", "topk:fixed"], "needs option 'cf'"),
+        (["--variant", "topk:exponential", "--variant", "topk:exponential"], "name more"),
+        (["--variant", "topk:exponential", "--modes", "ddp"], "--variant needs a mode"),
+        (["--variant", "topk:exponential", "--policy", "fixed"], "--policy applies only"),
+        (["--variant", "topk:exponential", "--compressor-options", "{}"], "--compressor-options"),
+        (["--seeds", "0,0"], "--seeds must be distinct integers >= 0"),
+        (["--seeds", "a"], "--seeds"),
     ],
 )
 def test_bad_option_exits_2_naming_it(
@@ -30,3 +41,12 @@ def test_bad_option_exits_2_naming_it(
         main(["compare", *argv])
     assert exc.value.code == 2
     assert option in capsys.readouterr().err
+
+
+def test_plots_must_name_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a_file = tmp_path / "plots"
+    a_file.write_text("")
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", "--plots", str(a_file)])
+    assert exc.value.code == 2
+    assert f"--plots must name a directory, got {str(a_file)!r}" in capsys.readouterr().err

@@ -48,7 +48,7 @@ def test_ddp_powersgd_runs_past_the_switch_over(tmp_path: Path) -> None:
              "--timing-warmup", "1", "--eval-every", str(STEPS), "--out", str(out)]
         )  # fmt: skip
     assert status == 0
-    (m,) = json.loads(out.read_text())["modes"]
+    (m,) = json.loads(out.read_text())["runs"]
     model = workloads.get("vgg-digits").model()
     dense = workloads.parameter_count(model)
     compressed = _powersgd_elements(model, RANK)

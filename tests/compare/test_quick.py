@@ -40,6 +40,12 @@ MODE_KEYS = {
     "steps_to_target",
     "evaluations",
     "options",
+    "variant",
+    "seed",
+    "ranks_agree",
+    "wire_bytes_by_step",
+    "cf_sent_by_step",
+    "cf_achieved_by_step",
 }
 
 
@@ -58,8 +64,8 @@ def quick(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str
 
 def test_quick_json_has_every_mode_and_field(quick: tuple[dict[str, Any], str]) -> None:
     summary, _ = quick
-    assert [m["mode"] for m in summary["modes"]] == MODES
-    for m in summary["modes"]:
+    assert [m["mode"] for m in summary["runs"]] == MODES
+    for m in summary["runs"]:
         assert set(m) >= MODE_KEYS, f"{m['mode']}: missing {sorted(MODE_KEYS - set(m))}"
     assert summary["workload"]["name"] == workloads.QUICK_WORKLOAD
     assert summary["config"]["workers"] == 2
@@ -72,7 +78,7 @@ def test_quick_values_are_sane(quick: tuple[dict[str, Any], str]) -> None:
     summary, _ = quick
     steps = summary["config"]["steps"]
     params = workloads.parameter_count(workloads.get(workloads.QUICK_WORKLOAD).model())
-    for m in summary["modes"]:
+    for m in summary["runs"]:
         assert m["steps"] == steps
         assert m["parameters"] == params
         assert m["dense_wire_bytes_per_step"] == 4 * params
@@ -80,15 +86,20 @@ def test_quick_values_are_sane(quick: tuple[dict[str, Any], str]) -> None:
         assert [e[0] for e in m["evaluations"]] == list(range(10, steps + 1, 10))
         assert 0.0 < m["compute_seconds"] < m["step_seconds"] * 10
         assert m["comm_seconds"] is not None and m["comm_seconds"] >= 0.0
-    by_mode = {m["mode"]: m for m in summary["modes"]}
+    by_mode = {m["mode"]: m for m in summary["runs"]}
     assert by_mode["ddp"]["comm_source"] == "exposed"
     assert by_mode["gravac"]["comm_source"] == "record"
     assert by_mode["gravac"]["compress_seconds"] > 0.0
+    # the single variant of --policy fixed --policy-options '{"cf": 100}', on every rank
+    assert by_mode["gravac"]["variant"] == "topk-fixed-cf100"
+    assert by_mode["gravac"]["cf_sent_by_step"] == [100.0] * steps
+    assert by_mode["gravac"]["ranks_agree"] is True
+    assert by_mode["ddp"]["cf_sent_by_step"] == [None] * steps
 
 
 def test_quick_wire_bytes(quick: tuple[dict[str, Any], str]) -> None:
     summary, _ = quick
-    by_mode = {m["mode"]: m for m in summary["modes"]}
+    by_mode = {m["mode"]: m for m in summary["runs"]}
     fp32 = by_mode["ddp"]["wire_bytes"]
     assert fp32 == summary["config"]["steps"] * by_mode["ddp"]["dense_wire_bytes_per_step"]
     assert by_mode["ddp-fp16"]["wire_bytes"] * 2 == fp32
@@ -99,5 +110,6 @@ def test_quick_prints_the_table(quick: tuple[dict[str, Any], str]) -> None:
     summary, stdout = quick
     assert stdout.strip() == summary["table"]
     assert "loopback (not shaped)" in stdout
-    for mode in MODES:
-        assert f"| {mode} |" in stdout
+    for mode in ("ddp", "ddp-fp16"):
+        assert f"| {mode} | – |" in stdout
+    assert "| gravac | topk-fixed-cf100 |" in stdout

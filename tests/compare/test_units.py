@@ -82,8 +82,9 @@ def test_config_rejects_naming_the_option(options: dict[str, object], option: st
         CompareConfig(**options)  # type: ignore[arg-type]
 
 
-def _raw(comm: float | None) -> dict[str, object]:
-    """A scripted rank-0 record of 4 steps, evaluated at steps 2 and 4."""
+def _raw(comm: float | None, cf: list[float | None] | None = None) -> dict[str, object]:
+    """A scripted rank-0 record of 4 steps, evaluated at steps 2 and 4 (``cf``: the CF sent
+    each step, none by default, as DDP)."""
     return {
         "step_seconds": [9.0, 1.0, 2.0, 3.0],
         "forward_backward_seconds": [9.0, 0.5, 0.75, 1.0],
@@ -91,6 +92,8 @@ def _raw(comm: float | None) -> dict[str, object]:
         "wire_bytes": [400, 100, 100, 120],
         "compress_seconds": [None, 0.1, 0.2, 0.3],
         "comm_seconds": [comm] * 4,
+        "cf_sent": [None] * 4 if cf is None else cf,
+        "cf_achieved": [None] * 4 if cf is None else [c and c * 0.5 for c in cf],
         "evaluations": [[2, 10.0, 0.5], [4, 15.0, 0.97]],
         "parameters": 100,
         "options": {},
@@ -120,6 +123,27 @@ def test_summarise_takes_medians_after_the_warmup_and_the_time_to_target() -> No
     gravac = report.summarise(modes.get("gravac"), cfg, _raw(0.125))
     assert (gravac.compress_seconds, gravac.comm_seconds) == (0.2, 0.125)
     assert gravac.other_seconds == 2.0 - 0.5 - 0.2 - 0.125
+
+
+def test_summarise_keeps_the_run_s_variant_seed_and_per_step_series() -> None:
+    cfg = CompareConfig(modes=("gravac",), steps=4, timing_warmup=1, seed=7)
+    cf = [1.0, 10.0, None, 20.0]  # dense, then a skipped step
+    summary = report.summarise(
+        modes.get("gravac"), cfg, _raw(0.125, cf), variant="exp", ranks_agree=True
+    )
+    assert (summary.variant, summary.seed, summary.ranks_agree) == ("exp", 7, True)
+    assert summary.wire_bytes_by_step == [400, 100, 100, 120]
+    assert summary.cf_sent_by_step == cf
+    assert summary.cf_achieved_by_step == [0.5, 5.0, None, 10.0]
+    ddp = report.summarise(modes.get("ddp"), cfg, _raw(None))
+    assert (ddp.variant, ddp.ranks_agree, ddp.cf_sent_by_step) == (None, None, [None] * 4)
+
+
+def test_decisions_agree_compares_every_rank_s_cf_with_rank_0_s() -> None:
+    cf = [10.0, 10.0, 20.0, None]
+    assert report.decisions_agree([_raw(0.1, cf), _raw(0.2, list(cf))]) is True
+    assert report.decisions_agree([_raw(0.1, cf), _raw(0.1, [10.0, 20.0, 20.0, None])]) is False
+    assert report.decisions_agree([_raw(None), _raw(None)]) is None  # DDP decides none
 
 
 def test_summarise_reports_a_target_never_reached_as_none() -> None:

@@ -175,6 +175,9 @@ class Step:
         closed_at: the clock at :meth:`Engine.close`; ``None`` before.
         scalars: every rank's scalars (set by :meth:`Engine.close`).
         flags: how many has-gradient flags this step's scalars carry (set by :meth:`Engine.close`).
+        values: how many controller values they carry (set by :meth:`Engine.close`).
+        stats: each unit's (or piece's) layers and local compressor statistics, to agree with
+            the scalars for the next step (compressors whose statistics may lag).
     """
 
     index: int
@@ -188,6 +191,8 @@ class Step:
     closed_at: float | None = None
     scalars: Future[list[Tensor]] | None = None
     flags: int = 0
+    values: int = 0
+    stats: list[tuple[tuple[int, ...], Tensor]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -262,6 +267,9 @@ class Engine:
         self.last_cf: float | None = None  # CF sent at the previous step (None: not searching)
         self.last_close: float | None = None  # the clock at the previous step's close()
         self._alone = 0  # steps this process took, or skipped, as a single worker
+        # compressor statistics agreed at the last step, by the layers of their unit or piece
+        # (compressors whose statistics may lag, under error feedback)
+        self._lagged: dict[tuple[int, ...], Tensor] = {}
 
     # ------------------------------------------------------------------ the group
     def join_group(self) -> None:
@@ -369,7 +377,7 @@ class Engine:
         cfs = [cf_min]
         if direct and plan.candidate is not None:
             cfs.append(plan.candidate)
-        r_min, *r_c = self._agree_stats(x, cfs, base)
+        r_min, *r_c = self._agree_stats(step, x, cfs, base, unit.layer_ids)
         p_min, ctx_min = c.compress(x, cf_min, r_min)
         chosen = (p_min, ctx_min)
         zero = torch.zeros((), dtype=torch.float64, device=x.device)
@@ -421,23 +429,40 @@ class Engine:
             key = _PIECE_KEY_BASE + unit.key * _PIECE_KEY_STRIDE + first
             base = Round(step.index, key, world, layout=unit.shapes[first:last])
             piece = x[start:end]
-            (rnd,) = self._agree_stats(piece, [cfs[first]], base)
+            (rnd,) = self._agree_stats(step, piece, [cfs[first]], base, unit.layer_ids[first:last])
             payload, ctx = c.compress(piece, cfs[first], rnd)
             pieces.append(_Piece(start, end, payload, ctx, self._send(payload)))
         arrived = collect([p.arrived for p in pieces])
         nbytes = sum(wire_bytes(p.payload) for p in pieces)
         return _Flight(unit, x, None, arrived, nbytes, out, pieces=tuple(pieces))
 
-    def _agree_stats(self, x: Tensor, cfs: list[float], base: Round) -> list[Round]:
-        """One round per CF, with the compressor's statistics reduced over ranks (one blocking
-        collective for all of them; none for compressors without statistics)."""
+    @property
+    def _stats_lag(self) -> bool:
+        """Whether the compressor's statistics may be the previous step's: it allows it, and
+        error feedback keeps what a stale scale clamps."""
+        return self.compressor.stats_may_lag and not isinstance(self.memory, NoMemory)
+
+    def _agree_stats(
+        self, step: Step, x: Tensor, cfs: list[float], base: Round, layers: tuple[int, ...]
+    ) -> list[Round]:
+        """One round per CF, with the compressor's statistics reduced over ranks: one blocking
+        collective for all of them; none for compressors without statistics, nor for those
+        whose statistics may lag once a step has agreed them (:attr:`_lagged`)."""
         c = self.compressor
         stats = [c.local_stats(x, cf, base) for cf in cfs]
         present = [s for s in stats if s is not None]
         if not present:
             return [base] * len(cfs)
         flat = torch.cat([s.reshape(-1).to(torch.float64) for s in present])
-        self.comm.all_reduce_([flat], op=c.stats_op)
+        stale = False
+        if self._stats_lag:
+            step.stats.append((layers, flat))
+            lagged = self._lagged.get(layers)
+            stale = lagged is not None and lagged.numel() == flat.numel()
+            if stale and lagged is not None:
+                flat = lagged
+        if not stale:
+            self.comm.all_reduce_([flat], op=c.stats_op)
         out, offset = [], 0
         for s in stats:
             if s is None:
@@ -445,7 +470,7 @@ class Engine:
                 continue
             agreed = flat[offset : offset + s.numel()].view(s.shape).to(s.dtype)
             offset += s.numel()
-            out.append(Round(base.step, base.key, base.world_size, agreed, base.layout))
+            out.append(dataclasses.replace(base, agreed=agreed, stale=stale))
         return out
 
     def close(self, step: Step, has_grad: Sequence[bool] = (), stale: bool = False) -> Future[Any]:
@@ -466,7 +491,9 @@ class Engine:
         local_bad = not _ends_finite(step.ends)
         head = torch.tensor([local_bad, stale, interval, *has_grad], dtype=torch.float64)
         values = torch.tensor(self.controller.local_values(), dtype=torch.float64)
-        local = torch.cat([head, step.terms.cpu(), values]).to(self.comm.device)
+        step.values = len(values)
+        stats = [s.cpu() for _, s in step.stats]
+        local = torch.cat([head, step.terms.cpu(), values, *stats]).to(self.comm.device)
         step.scalars = self.comm.all_gather_async(local)
         return collect([step.scalars, *(f.arrived for f in step.flights)])
 
@@ -518,7 +545,9 @@ class Engine:
             if interval > 0 and self.last_cf is not None:
                 samples = (self.batch_size or 1) * self.comm.world_size
                 self.controller.record_throughput(self.last_cf, samples / interval)
-            self.controller.observe_values(table[:, 3 + n_flags + _TERMS :])
+            start = 3 + n_flags + _TERMS
+            self.controller.observe_values(table[:, start : start + step.values])
+            self._keep_stats(step, table[:, start + step.values :])
             self.controller.observe(plan, gain_min, gain_c)
         n = self.comm.world_size
         step_bytes = sum(f.wire_bytes for f in step.flights)
@@ -548,6 +577,16 @@ class Engine:
         for f, g in zip(step.flights, grads, strict=True):
             f.result.set_result(g)
         return Outcome(False, grads, present, record, search=bool(compressed))
+
+    def _keep_stats(self, step: Step, table: Tensor) -> None:
+        """Reduce the step's lagging statistics over ranks (every rank's row of them), for the
+        next step."""
+        offset = 0
+        for layers, local in step.stats:
+            cols = table[:, offset : offset + local.numel()]
+            offset += local.numel()
+            op = self.compressor.stats_op
+            self._lagged[layers] = cols.amax(dim=0) if op == "max" else cols.sum(dim=0)
 
     def _aggregate(self, f: _Flight) -> Tensor:
         """The sum over ranks of what ``f`` sent, dense and flat, in ``f.out`` if given: the
@@ -657,6 +696,7 @@ class Engine:
             "total_wire_bytes": self.total_wire_bytes,
             "total_dense_wire_bytes": self.total_dense_wire_bytes,
             "last_cf": self.last_cf,
+            "lagged_stats": [(list(k), v.tolist()) for k, v in self._lagged.items()],
             **memory,
             "compressor": self.compressor.state_dict(),
             "controller": self.controller.state_dict(),
@@ -699,6 +739,8 @@ class Engine:
         self.total_dense_wire_bytes = int(state["total_dense_wire_bytes"])
         self.last_cf = state["last_cf"]
         self.last_close = None
+        lagged = state.get("lagged_stats", [])
+        self._lagged = {tuple(k): torch.tensor(v, dtype=torch.float64) for k, v in lagged}
 
 
 def _nbytes(t: Tensor) -> int:

@@ -259,8 +259,9 @@ SPIED = ("all_reduce", "all_gather", "broadcast", "barrier")
     [
         # one compressed bucket (values, indices), one dense bucket, the step's scalars
         ("topk", ["all_gather", "all_gather", "all_reduce", "all_gather"]),
-        # the 16-bit scale (a max) is agreed before the cast, then the payload, the dense bucket
-        ("fp16", ["all_reduce", "all_reduce", "all_reduce", "all_gather"]),
+        # the payload, the dense bucket, the step's scalars: the 16-bit scale (a max) was
+        # agreed with the previous step's scalars (the first step agrees it before the cast)
+        ("fp16", ["all_reduce", "all_reduce", "all_gather"]),
     ],
 )
 def test_a_step_issues_its_payloads_and_one_scalar_gather(

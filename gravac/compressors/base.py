@@ -80,6 +80,8 @@ class Round:
         layout: shapes of the tensors packed, in order, into a flat bucket ``x`` (their numels
             add up to ``x.numel()``); ``None`` when ``x`` is a single tensor of its own shape.
             Compressors that work per matrix (PowerSGD) read it.
+        stale: ``agreed`` holds the previous step's statistics, not this step's (only for a
+            compressor whose :attr:`Compressor.stats_may_lag`).
     """
 
     step: int = 0
@@ -87,6 +89,7 @@ class Round:
     world_size: int = 1
     agreed: Tensor | None = None
     layout: tuple[torch.Size, ...] | None = None
+    stale: bool = False
 
     def __post_init__(self) -> None:
         if self.step < 0:
@@ -167,6 +170,10 @@ class Compressor(ABC):
     supports_multilevel: bool = False
     #: how :meth:`local_stats` are reduced across ranks
     stats_op: ClassVar[StatsOp] = "sum"
+    #: whether :meth:`compress` stays exact under error feedback with the previous step's
+    #: statistics (:attr:`Round.stale`): the engine then agrees them beside the step's other
+    #: scalars instead of in a blocking collective before compressing
+    stats_may_lag: ClassVar[bool] = False
 
     def local_stats(self, x: Tensor, cf: float, rnd: Round) -> Tensor | None:
         """Values all ranks must agree on before compressing ``x`` (``None``: nothing)."""

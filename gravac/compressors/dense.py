@@ -11,6 +11,10 @@ finite value ``M``. Gradients above fp16's 65504 are then sent, not clamped (a c
 gain while the residual grew without bound), and small ones keep their precision instead of
 underflowing; the scaling is exact, undone after aggregation. Each contribution is still clamped
 to ``M`` (a no-op unless the agreed maximum is wrong), so a finite gradient never becomes Inf.
+Under error feedback ``m`` is the previous step's, agreed beside that step's scalars
+(:attr:`Compressor.stats_may_lag`), so that no blocking collective waits behind the payloads
+in flight; the scale then leaves room for ``m`` to grow 16 times, and what a larger jump clamps
+stays in the residual, sent at the next step.
 
 The cast, its inverse and the residual update run as one chunked pass each on the CPU
 (:mod:`gravac.kernels.cast`, bit-identical to the whole-tensor references), into payload and
@@ -49,6 +53,9 @@ __all__ = ["BF16Compressor", "DensePayload", "FP16Compressor", "NoneCompressor"]
 #: Largest power-of-two shift: fp16's subnormals end at 2^-24 and float32's range at 2^127, so
 #: shifts beyond 2^+-64 only meet zeros or values that no longer fit float32.
 _MAX_EXPONENT = 64
+#: with the previous step's largest magnitude, the scale leaves room for the largest value to
+#: grow this many times (4 of fp16's 40 binary orders of magnitude) before the clamp engages
+_LAG_HEADROOM = 16.0
 
 
 @dataclass(frozen=True)
@@ -110,6 +117,7 @@ class _HalfCompressor(Compressor):
 
     collective: Collective = "allreduce"
     stats_op: ClassVar[StatsOp] = "max"
+    stats_may_lag: ClassVar[bool] = True
     wire_dtype: ClassVar[torch.dtype]
 
     def __init__(self, *, backend: str | None = None) -> None:
@@ -136,6 +144,8 @@ class _HalfCompressor(Compressor):
         """
         stats = self.agreed_stats(x, 1.0, rnd)
         m = 0.0 if stats is None else float(stats.reshape(-1)[0])
+        if rnd.stale:
+            m *= _LAG_HEADROOM
         limit = torch.finfo(self.wire_dtype).max
         if not math.isfinite(m) or m <= 0.0:
             return 0

@@ -1,0 +1,77 @@
+"""The step engine (gravac.engine) below the front ends: compressor statistics that lag a step.
+
+The 16-bit casts scale by the largest magnitude over ranks; under error feedback the engine
+agrees it with the step's scalars and the next step uses it (no blocking collective before the
+cast), with 16x headroom; a larger jump is clamped and the excess kept in the residual.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gravac import GravacOptimizer, compressors
+from gravac.compressors.base import Round
+
+#: fp16's largest finite value
+FP16_MAX = 65504.0
+
+
+@pytest.mark.parametrize("m", [1e-3, 1.0, 3.0, 700.0])
+def test_a_stale_maximum_leaves_sixteen_times_headroom(m: float) -> None:
+    c = compressors.create("fp16")
+    x = torch.tensor([m, -m / 2])
+    agreed = torch.tensor([m])
+    fresh = c.exponent(x, Round(world_size=2, agreed=agreed))
+    stale = c.exponent(x, Round(world_size=2, agreed=agreed, stale=True))
+    assert stale == fresh - 4
+    assert math.ldexp(16 * m, stale) <= FP16_MAX < math.ldexp(16 * m, stale + 1)
+
+
+def single(grads: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """fp16 with error feedback on one parameter, one process: the aggregate (what was sent)
+    and the residual after each step of the given gradients."""
+    p = torch.nn.Parameter(torch.zeros(2, 4))
+    opt = GravacOptimizer(torch.optim.SGD([p], lr=0.0), compressor="fp16", overlap=False)
+    sent, residuals = [], []
+    for g in grads:
+        p.grad = g.clone()
+        opt.synchronize()
+        sent.append(p.grad.detach().clone())
+        e = opt.memory.residual(0)
+        assert e is not None
+        residuals.append(e.reshape(p.shape).clone())
+        opt.step()
+    return sent, residuals
+
+
+def test_a_jump_beyond_the_headroom_is_clamped_into_the_residual_and_sent_next() -> None:
+    ones = torch.ones(2, 4)
+    jump = ones.clone()
+    jump[0, 0] = 1e4  # 10^4 times the agreed maximum of 1
+    sent, residuals = single([ones, jump, torch.zeros(2, 4)])
+    assert torch.equal(sent[0], ones) and torch.equal(residuals[0], torch.zeros(2, 4))
+    # step 1 scales for 16 x 1: 2^11, so the largest value sent is 65504 / 2^11
+    clamp = FP16_MAX / 2**11
+    assert sent[1][0, 0] == clamp and torch.equal(sent[1].flatten()[1:], ones.flatten()[1:])
+    assert residuals[1][0, 0] == 1e4 - clamp
+    assert torch.equal(jump + residuals[0], sent[1] + residuals[1])  # error feedback exact
+    # step 2 scales for the agreed 10^4: the excess goes out
+    assert sent[2][0, 0] == pytest.approx(1e4 - clamp, rel=1e-3)
+    assert torch.equal(residuals[1], sent[2] + residuals[2])
+
+
+def test_without_error_feedback_the_maximum_is_agreed_at_every_step() -> None:
+    """Nothing would keep what a stale scale clamps: fresh statistics, nothing clamped."""
+    p = torch.nn.Parameter(torch.zeros(3))
+    p2 = torch.nn.Parameter(torch.zeros(2, 2))
+    opt = GravacOptimizer(
+        torch.optim.SGD([p, p2], lr=0.0), compressor="fp16", error_feedback=False, overlap=False
+    )
+    for value in (1.0, 1e4):
+        p2.grad = torch.full((2, 2), value)
+        opt.synchronize()
+        assert torch.equal(p2.grad, torch.full((2, 2), value))
+        opt.step()

@@ -197,6 +197,7 @@ SMOKE_MODES = ["ddp", "gravac"]
 SMOKE_STEPS = 6
 #: the metric's range after a few steps: accuracy, or a perplexity no worse than twice uniform
 METRIC_RANGE = {
+    "vgg-digits": (0.0, 1.0),
     "resnet-digits": (0.0, 1.0),
     "lstm-text": (1.0, UNTRAINED_PERPLEXITY_FACTOR * workloads.TEXT_VOCABULARY),
 }

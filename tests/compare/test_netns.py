@@ -16,6 +16,7 @@ import pytest
 
 from gravac.cli import main
 from gravac.compare import netns
+from gravac.compare.train import LINK_TEST_JOB
 
 RATE = "1gbit"
 #: a link shaped to 1 Gbit/s must measure below this (an unshaped veth moves 10+ Gbit/s) ...
@@ -64,6 +65,20 @@ def _pids_in(namespace: str) -> list[int]:
     """The processes inside ``namespace`` (none once it is gone)."""
     out = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
     return [int(p) for p in out.stdout.split()]
+
+
+def _training_pids_in(namespace: str) -> list[int]:
+    """The processes inside ``namespace`` that run a training job (not the short link test,
+    whose end races the start of the next job)."""
+    pids = []
+    for pid in _pids_in(namespace):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:  # it ended meanwhile
+            continue
+        if b"--job" in argv and argv[argv.index(b"--job") + 1] != LINK_TEST_JOB.encode():
+            pids.append(pid)
+    return pids
 
 
 def _alive(pid: int) -> bool:
@@ -116,10 +131,10 @@ def test_interrupted_run_kills_its_workers_and_removes_its_namespaces(signum: in
         stderr=subprocess.DEVNULL,
     )
     try:
-        # interrupt once a worker runs inside its namespace (the link test's, first)
+        # interrupt once a training worker runs inside its namespace (after the link test)
         namespace = f"{netns.prefix(proc.pid)}w0"
         deadline = time.monotonic() + APPEAR_TIMEOUT
-        while not (workers := _pids_in(namespace)):
+        while not (workers := _training_pids_in(namespace)):
             assert proc.poll() is None, "the run ended before starting its workers"
             assert time.monotonic() < deadline, "no worker started in the run's namespace"
             time.sleep(0.1)

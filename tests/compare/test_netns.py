@@ -81,6 +81,13 @@ def _training_pids_in(namespace: str) -> list[int]:
     return pids
 
 
+def _sigint_as_from_a_terminal() -> None:
+    """In the run's process, before it starts: SIGINT's default action, as under a terminal.
+    A shell's background job (a CI run started with ``&``) ignores SIGINT and its children
+    inherit that, so Python would install no ``KeyboardInterrupt`` and ignore the signal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -129,6 +136,7 @@ def test_interrupted_run_kills_its_workers_and_removes_its_namespaces(signum: in
         [sys.executable, "-m", "gravac", *_tiny(ENDLESS)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        preexec_fn=_sigint_as_from_a_terminal,
     )
     try:
         # interrupt once a training worker runs inside its namespace (after the link test)

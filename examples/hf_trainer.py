@@ -124,7 +124,8 @@ def main() -> None:
         report_dir=args.report,
     )
     if dist.is_initialized():
-        dist.barrier()  # tear down together (see examples/train_digits.py)
+        del trainer  # it holds the DDP model, which holds the process group
+        gravac.release_group()  # free that and leave together (see gravac.launch)
         dist.destroy_process_group()
 
 

@@ -2,6 +2,7 @@
 
 from gravac import compressors, policies
 from gravac.gain import compression_gain
+from gravac.launch import release_group
 from gravac.memory import Memory, NoMemory, ResidualMemory
 from gravac.monitor import StepRecord, TensorBoardMonitor
 from gravac.optimizer import GravacOptimizer, broadcast_parameters
@@ -19,6 +20,7 @@ __all__ = [
     "compression_gain",
     "compressors",
     "policies",
+    "release_group",
     "simulate",
 ]
 

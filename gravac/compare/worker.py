@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from gravac.compare.config import CompareConfig
 from gravac.compare.train import LINK_TEST_JOB, link_throughput, train_mode
+from gravac.launch import release_group
 
 __all__ = ["main"]
 
@@ -49,9 +50,7 @@ def _run(job: str, cfg: CompareConfig, rank: int, world_size: int, master: str, 
             out: Any = link_throughput(cfg, world_size)
         else:
             out = train_mode(job, cfg, rank, world_size, torch.load(data, weights_only=True))
-        # leave together: a gloo rank that tears its group down while another still
-        # communicates can abort the other
-        dist.barrier()
+        release_group()  # leave together, nothing left holding the group
     finally:
         dist.destroy_process_group()
     return out

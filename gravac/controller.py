@@ -98,11 +98,13 @@ class ControllerConfig:
     Attributes:
         theta_min: the lowest CF ever sent compressed (it may escalate during training).
         theta_max: the highest CF the search may reach.
-        epsilon: minimum smoothed gain for a compressed gradient to be sent.
+        epsilon: minimum gain for a compressed CF to be sent (Algorithm 1: smoothed per-step
+            gain) or kept (the search by trial: window gain).
         omega: relative tolerance for "gains close enough to escalate theta_min" and for
-            "compression throughput saturated".
+            "compression throughput saturated" (the trial search: "as good").
         window: steps each candidate CF is evaluated for.
-        warmup_steps: steps at theta_min before the search starts.
+        warmup_steps: steps at theta_min before the search starts (the trial search: theta_min's
+            window).
         ewma_alpha: gain and throughput smoothing; ``None`` picks ``min(1, N / 100)``.
 
     Defaults: the CF range 10..1000 is the paper's; omega 0.05 and window 25 are the reference
@@ -111,7 +113,11 @@ class ControllerConfig:
     energy ratio (0.75 of the norm is 0.56 of the energy); Top-k at CF 10 keeps a smoothed gain
     of 0.68-0.9 on the demo's CNN (``gravac demo``, TensorBoard tag ``gravac/gain_min``), so
     0.5 sends it and falls back to dense only when a CF keeps less than half the gradient's
-    energy. The warm-up equals one window, as in the reference code.
+    energy. The same 0.5 of the *window* gain keeps Top-k at CF 100 on that CNN (0.72,
+    ``docs/CONTROLLER.md``), whose progress per step is 0.67 of dense's, and rejects CF 1000
+    (0.2; 0.4 of dense's progress). The warm-up is 10 steps, shorter than the reference code's
+    one window: every warm-up step sends at theta_min, which on a slow link is the most
+    expensive CF (on that CNN at 100 Mbit/s a step at CF 10 takes several times one at CF 1000).
     """
 
     theta_min: float = 10.0
@@ -119,7 +125,7 @@ class ControllerConfig:
     epsilon: float = 0.5
     omega: float = 0.05
     window: int = 25
-    warmup_steps: int = 25
+    warmup_steps: int = 10
     ewma_alpha: float | None = None
 
     def __post_init__(self) -> None:
@@ -170,6 +176,8 @@ class Plan:
     ``layer_cfs``: CFs by layer (a tensor's stable id, :attr:`gravac.engine.Unit.layers`),
     sent instead of ``theta_min``; other layers use ``theta_min``. ``per_layer``: the plan
     decides per layer (Accordion's), so the CF sent is reported as the one achieved.
+    ``window_terms``: the step carries the gain of the window that ended before it
+    (:mod:`gravac.window`), and starts the next window.
     """
 
     theta_min: float
@@ -177,6 +185,7 @@ class Plan:
     measure: bool = True
     layer_cfs: Mapping[int, float] = field(default_factory=dict)
     per_layer: bool = False
+    window_terms: bool = False
 
     def cfs_for(self, layers: tuple[int, ...]) -> tuple[float, ...]:
         """The CF of each of ``layers``."""
@@ -221,6 +230,8 @@ class Controller:
         self.window_step = 0  # steps into the current window (or warm-up)
         self.gain: dict[float, float] = {}
         self.tsys: dict[float, float] = {}
+        # steps since the last window gain was measured (here it is only logged)
+        self.window_clock = 0
         if policy.static_cf is not None:
             self.phase = Phase.FIXED
         elif config.warmup_steps > 0:
@@ -270,11 +281,13 @@ class Controller:
     def plan(self) -> Plan:
         """The CFs to compress at this step."""
         static = self.policy.static_cf
+        due = self.window_clock >= self.config.window
         if static is not None:
-            return Plan(theta_min=self.snap(static), candidate=None, measure=False)
+            measure = self.policy.measure
+            return Plan(self.snap(static), candidate=None, measure=measure, window_terms=due)
         if self.phase is Phase.WARMUP or self.theta_c <= self.theta_min:
-            return Plan(theta_min=self.theta_min, candidate=None)
-        return Plan(theta_min=self.theta_min, candidate=self.theta_c)
+            return Plan(theta_min=self.theta_min, candidate=None, window_terms=due)
+        return Plan(theta_min=self.theta_min, candidate=self.theta_c, window_terms=due)
 
     def decide(self, plan: Plan) -> Decision:
         """What to send at the step ``plan`` was made for, from the gains agreed before it.
@@ -307,6 +320,12 @@ class Controller:
                 raise ValueError(f"a gain for candidate CF {plan.candidate} is required")
             self._update_gain(plan.candidate, gain_candidate)
 
+    def observe_window(self, plan: Plan, gain: float) -> None:
+        """The agreed gain of the window that ended before the step of ``plan`` (NaN if it
+        could not be measured); a new window starts. Algorithm 1 does not read it (the engine
+        logs it)."""
+        self.window_clock = 0
+
     def smoothed_gain(self, cf: float) -> float | None:
         """The EWMA gain of ``cf`` (1 for dense), ``None`` before its first sample."""
         return 1.0 if cf == 1.0 else self.gain.get(cf_key(cf))
@@ -318,6 +337,10 @@ class Controller:
         k = cf_key(cf)
         self.tsys[k] = ewma(self.tsys.get(k), samples_per_second, self.alpha)
 
+    def record_comm(self, cf: float, seconds_per_sample: float) -> None:
+        """An agreed sample of the communication a step waited for while sending at ``cf``
+        (beyond what backward hid), per sample; Algorithm 1 does not read it."""
+
     def tput(self) -> dict[float, float]:
         """Compression throughput ``tsys[cf] * gain[cf]`` of every CF with both known."""
         gains = {**self.gain, 1.0: 1.0}
@@ -325,6 +348,7 @@ class Controller:
 
     def end_step(self) -> None:
         """Advance the window; at a window's end apply the search rules."""
+        self.window_clock += 1
         if self.phase is Phase.FIXED:
             return
         self.window_step += 1
@@ -386,6 +410,7 @@ class Controller:
             "window_step": self.window_step,
             "gain": sorted(self.gain.items()),
             "tsys": sorted(self.tsys.items()),
+            "window_clock": self.window_clock,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -410,3 +435,4 @@ class Controller:
         self.window_step = int(state["window_step"])
         self.gain = {float(k): float(v) for k, v in state["gain"]}
         self.tsys = {float(k): float(v) for k, v in state["tsys"]}
+        self.window_clock = int(state.get("window_clock", 0))

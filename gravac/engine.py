@@ -48,11 +48,18 @@ from gravac.gain import gain_from_terms, squared_norm
 from gravac.memory import Memory, NoMemory
 from gravac.monitor import Monitor, StepRecord, TensorBoardMonitor
 from gravac.policies.base import ScalingPolicy
+from gravac.window import WindowSums
 
 __all__ = ["Engine", "Outcome", "Step", "Unit", "all_finite"]
 
-#: the step's local gain terms: <c_min, x>, ||c_min||^2, <c_c, x>, ||c_c||^2, ||x||^2
-_TERMS = 5
+#: the step's local gain terms: <c_min, x>, ||c_min||^2, <c_c, x>, ||c_c||^2, ||x||^2, then
+#: the window's <S, X>, ||S||^2, ||X||^2 (:mod:`gravac.window`, at a step that closes a window)
+_TERMS = 8
+#: where the window's terms start among them
+_WINDOW_TERMS = 5
+#: the scalars before the has-gradient flags: non-finite, stale, step interval, and the
+#: previous step's exposed communication seconds
+_HEAD = 4
 #: what a step that compresses nothing sends
 _DENSE = Decision(cf=1.0, which="dense")
 #: keys of the pieces of a unit sent at per-layer CFs (:meth:`Engine._launch_layers`), apart
@@ -266,10 +273,13 @@ class Engine:
         self.last_record: StepRecord | None = None  # the last step taken
         self.last_cf: float | None = None  # CF sent at the previous step (None: not searching)
         self.last_close: float | None = None  # the clock at the previous step's close()
+        self.last_comm = -1.0  # the previous step's exposed communication seconds (-1: none)
         self._alone = 0  # steps this process took, or skipped, as a single worker
         # compressor statistics agreed at the last step, by the layers of their unit or piece
         # (compressors whose statistics may lag, under error feedback)
         self._lagged: dict[tuple[int, ...], Tensor] = {}
+        # what each compressed tensor sent over the controller's current window (sampled)
+        self.windows = WindowSums()
 
     # ------------------------------------------------------------------ the group
     def join_group(self) -> None:
@@ -401,7 +411,15 @@ class Engine:
         else:
             step.ends.append(_ends(x))
             terms.append(zero)
-        step.terms = step.terms.to(x.device) + torch.stack(terms)
+        numels = tuple(math.prod(s) for s in unit.shapes)
+        if plan.window_terms and self._windowed:
+            e = self.memory.residual(unit.key)  # still the previous step's, until commit
+            if carry is not None:
+                e = carry if e is None else e + carry
+            window = self.windows.terms(unit.layer_ids, numels, e).to(x.device)
+        else:
+            window = torch.zeros(3, dtype=torch.float64, device=x.device)
+        step.terms = step.terms.to(x.device) + torch.cat([torch.stack(terms), window])
         if step.decision.which == "dense":
             total = x.clone()
             reduced = self.comm.all_reduce_async(total)
@@ -435,6 +453,12 @@ class Engine:
         arrived = collect([p.arrived for p in pieces])
         nbytes = sum(wire_bytes(p.payload) for p in pieces)
         return _Flight(unit, x, None, arrived, nbytes, out, pieces=tuple(pieces))
+
+    @property
+    def _windowed(self) -> bool:
+        """Whether window gains are measured: under error feedback (without it, what a step
+        does not send is lost, and the per-step gain is the window's)."""
+        return not isinstance(self.memory, NoMemory)
 
     @property
     def _stats_lag(self) -> bool:
@@ -489,7 +513,8 @@ class Engine:
         step.closed_at = now
         step.flags = len(has_grad)
         local_bad = not _ends_finite(step.ends)
-        head = torch.tensor([local_bad, stale, interval, *has_grad], dtype=torch.float64)
+        scalars = [local_bad, stale, interval, self.last_comm, *has_grad]
+        head = torch.tensor(scalars, dtype=torch.float64)
         values = torch.tensor(self.controller.local_values(), dtype=torch.float64)
         step.values = len(values)
         stats = [s.cpu() for _, s in step.stats]
@@ -526,12 +551,16 @@ class Engine:
         totals = [self._aggregate(f) for f in step.flights]
         if not all_finite(totals):
             return self._skip(step)
+        self.last_comm = comm_seconds  # agreed with the next step's scalars
         n_flags = step.flags
-        present = tuple(bool(v) for v in (table[:, 3 : 3 + n_flags].max(dim=0).values > 0))
-        terms = table[:, 3 + n_flags : 3 + n_flags + _TERMS].sum(dim=0)
+        flags = _HEAD + n_flags
+        present = tuple(bool(v) for v in (table[:, _HEAD:flags].max(dim=0).values > 0))
+        terms = table[:, flags : flags + _TERMS].sum(dim=0)
         for f in step.flights:
             if f.unit.compressed:
-                self._update_residual(f, present)
+                self._update_residual(f, present, step.plan)
+        if step.plan.window_terms:
+            self.windows.clear()
         compressed = [f for f in step.flights if f.unit.compressed]
         plan, decision = step.plan, step.decision
         if not compressed:  # nothing to compress: no gains, no search
@@ -540,14 +569,21 @@ class Engine:
         gain_c = None
         if plan.candidate is not None and plan.measure:
             gain_c = gain_from_terms(terms[[2, 3, 4]])
+        gain_w = math.nan
+        if plan.window_terms and self._windowed:
+            gain_w = gain_from_terms(terms[_WINDOW_TERMS:])
         if compressed:
-            interval = float(table[:, 2].max())
+            interval, exposed = float(table[:, 2].max()), float(table[:, 3].max())
+            samples = (self.batch_size or 1) * self.comm.world_size
             if interval > 0 and self.last_cf is not None:
-                samples = (self.batch_size or 1) * self.comm.world_size
                 self.controller.record_throughput(self.last_cf, samples / interval)
-            start = 3 + n_flags + _TERMS
+            if exposed >= 0 and self.last_cf is not None:
+                self.controller.record_comm(self.last_cf, exposed / samples)
+            start = flags + _TERMS
             self.controller.observe_values(table[:, start : start + step.values])
             self._keep_stats(step, table[:, start + step.values :])
+            if plan.window_terms:
+                self.controller.observe_window(plan, gain_w)
             self.controller.observe(plan, gain_min, gain_c)
         n = self.comm.world_size
         step_bytes = sum(f.wire_bytes for f in step.flights)
@@ -565,6 +601,7 @@ class Engine:
             gain_candidate=None if plan.candidate is None else ctl.smoothed_gain(plan.candidate),
             gain_min_step=gain_min,
             gain_candidate_step=gain_c,
+            gain_window=gain_w if plan.window_terms else None,
             system_throughput=ctl.tsys.get(cf_key(cf)),
             compression_throughput=ctl.tput().get(cf_key(cf)),
             wire_bytes=step_bytes,
@@ -602,7 +639,20 @@ class Engine:
             return arrived if f.out is None or f.out is arrived else f.out.copy_(arrived)
         return self.compressor.combine(arrived, f.sent[1], out=f.out).reshape(-1)
 
-    def _update_residual(self, f: _Flight, present: tuple[bool, ...]) -> None:
+    def _update_residual(self, f: _Flight, present: tuple[bool, ...], plan: Plan) -> None:
+        """``e <- x - D(sent)``, and what was sent (``x - e``) added to the window's sums
+        (not at the step that closes a window, which starts the next one)"""
+        sums = self._windowed and not plan.window_terms and not plan.per_layer
+        if not sums:
+            self._update_memory(f, present)
+            return
+        numels = tuple(math.prod(s) for s in f.unit.shapes)
+        taken = self.windows.taken(f.x, numels)
+        self._update_memory(f, present)
+        residual = self.memory.residual(f.unit.key)
+        self.windows.add(f.unit.layer_ids, numels, taken, residual)
+
+    def _update_memory(self, f: _Flight, present: tuple[bool, ...]) -> None:
         """``e <- x - D(sent)``; what belongs to a tensor with a gradient on no rank stays in
         the residual (it is applied to nothing); after a dense send, ``e <- 0``."""
         absent = self._absent_mask(f, present)
@@ -671,7 +721,7 @@ class Engine:
             f.result.set_result(nan.fill_(math.nan))
         self.skipped_steps += 1
         self._alone += not self.comm.distributed
-        self.last_cf = None
+        self.last_cf, self.last_comm = None, -1.0
         if self.skipped_steps & (self.skipped_steps - 1) == 0:  # 1, 2, 4, 8, ...: rate-limited
             warnings.warn(
                 f"gravac skipped step {step.index}: a gradient or aggregate was not finite on "
@@ -697,6 +747,7 @@ class Engine:
             "total_dense_wire_bytes": self.total_dense_wire_bytes,
             "last_cf": self.last_cf,
             "lagged_stats": [(list(k), v.tolist()) for k, v in self._lagged.items()],
+            "window_sums": self.windows.state_dict(),
             **memory,
             "compressor": self.compressor.state_dict(),
             "controller": self.controller.state_dict(),
@@ -738,9 +789,10 @@ class Engine:
         self.total_wire_bytes = int(state["total_wire_bytes"])
         self.total_dense_wire_bytes = int(state["total_dense_wire_bytes"])
         self.last_cf = state["last_cf"]
-        self.last_close = None
+        self.last_close, self.last_comm = None, -1.0
         lagged = state.get("lagged_stats", [])
         self._lagged = {tuple(k): torch.tensor(v, dtype=torch.float64) for k, v in lagged}
+        self.windows.load_state_dict(state.get("window_sums", {"sent": []}))
 
 
 def _nbytes(t: Tensor) -> int:

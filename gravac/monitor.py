@@ -37,6 +37,8 @@ TAG_DESCRIPTIONS: dict[str, str] = {
     "gain_candidate": "smoothed compression gain at the candidate CF",
     "gain_min_step": "this step's gain at theta_min (agreed across ranks)",
     "gain_candidate_step": "this step's gain at the candidate CF",
+    "gain_window": "the gain error feedback delivered over the window that ended before this "
+    "step, at the CF it sent (gravac.window; logged once a window)",
     "system_throughput": "smoothed samples/s measured while sending at cf_sent",
     "compression_throughput": "gain x system throughput at cf_sent (what the search maximises)",
     "wire_bytes": "bytes this rank sent this step",
@@ -72,6 +74,7 @@ class StepRecord:
     compress_seconds: float
     comm_seconds: float
     skipped: bool = False
+    gain_window: float | None = None
     bytes_saved: int = 0
     skipped_steps: int = 0
 
@@ -101,6 +104,7 @@ class StepRecord:
             "gain_candidate",
             "gain_min_step",
             "gain_candidate_step",
+            "gain_window",
             "system_throughput",
             "compression_throughput",
             "wire_bytes",

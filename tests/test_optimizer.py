@@ -246,22 +246,35 @@ def test_mixed_dtypes_go_to_separate_buckets() -> None:
     assert b.weight.grad is not None and b.weight.grad.dtype == torch.float64
 
 
-def test_tensorboard_event_file_holds_the_tags(tmp_path: object) -> None:
+@pytest.mark.parametrize(
+    ("search", "tags", "windows"),
+    [
+        # windows of 3 steps after a warm-up of 2 (its own window): each next step carries
+        # the window's gain
+        ("trial", ("cf_sent", "theta_min", "gain_min", "gain_window", "wire_bytes"), [2, 6]),
+        # Algorithm 1 does not read it: logged every window of 3 steps from the first
+        ("paper", ("cf_sent", "cf_candidate", "theta_min", "gain_min", "comm_seconds"), [3, 6]),
+    ],
+)
+def test_tensorboard_event_file_holds_the_tags(
+    tmp_path: object, search: str, tags: tuple[str, ...], windows: list[int]
+) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     model = tiny_model()
     monitor = TensorBoardMonitor(tmp_path)
-    opt = make(model, monitor=monitor)
+    opt = make(model, monitor=monitor, policy_options={"search": search})
     for step in range(8):
         train_step(model, opt, 0, step)
     opt.close()
     acc = EventAccumulator(str(tmp_path))
     acc.Reload()
-    tags = set(acc.Tags()["scalars"])
-    for tag in ("cf_sent", "cf_candidate", "theta_min", "gain_min", "wire_bytes", "comm_seconds"):
-        assert f"gravac/{tag}" in tags
+    found = set(acc.Tags()["scalars"])
+    for tag in tags:
+        assert f"gravac/{tag}" in found
     assert len(acc.Scalars("gravac/cf_sent")) == 8
     assert acc.Scalars("gravac/theta_min")[0].value == 10.0
+    assert [e.step for e in acc.Scalars("gravac/gain_window")] == windows
 
 
 @pytest.mark.parametrize(
@@ -285,16 +298,28 @@ def test_wrapping_a_non_optimizer_raises() -> None:
         GravacOptimizer(object())  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("policy", ["exponential", "geometric", "fixed"])
+@pytest.mark.parametrize(
+    ("policy", "search"),
+    [
+        ("exponential", "trial"),
+        ("geometric", "trial"),
+        ("exponential", "paper"),
+        ("geometric", "paper"),
+        ("fixed", None),
+    ],
+)
 @pytest.mark.parametrize("compressor", __import__("gravac").compressors.names())
-def test_every_compressor_under_every_policy(compressor: str, policy: str) -> None:
-    """Each compressor trains under each policy: candidates are evaluated, nothing goes NaN."""
+def test_every_compressor_under_every_policy(
+    compressor: str, policy: str, search: str | None
+) -> None:
+    """Each compressor trains under each policy and search: candidates are evaluated (and
+    sent), nothing goes NaN."""
     model = tiny_model()
     opt = make(
         model,
         compressor=compressor,
         policy=policy,
-        policy_options={"cf": 20.0} if policy == "fixed" else None,
+        policy_options={"cf": 20.0} if search is None else {"search": search},
         warmup_steps=1,
         window=2,
         epsilon=0.0,  # always send the candidate, so every CF path really runs
@@ -313,7 +338,8 @@ def test_every_compressor_under_every_policy(compressor: str, policy: str) -> No
         assert all(r is not None and r.cf_sent == deliverable(20.0) for r in records)
     elif deliverable(1000.0) > deliverable(10.0):  # the compressor has CFs to search
         sent = [(r.sent, r.cf_sent) for r in records if r is not None]
-        assert any(which == "candidate" and cf > deliverable(10.0) for which, cf in sent)
+        candidate = "candidate" if search == "paper" else "min"  # a trial sends its candidate
+        assert any(which == candidate and cf > deliverable(10.0) for which, cf in sent)
     else:  # one deliverable CF (none, fp16, bf16, THC's uint8 all-reduce lanes): no search
         assert all(r is not None and r.cf_sent == deliverable(10.0) for r in records)
     assert losses[-1] < losses[1]  # the same two batches repeat: training makes progress

@@ -101,6 +101,10 @@ class StepFigures:
             step gravac skipped.
         cf_achieved: the compression factor the compressor delivered (gravac's
             ``StepRecord.cf_achieved``), where the mode knows it.
+        gain_step: the step's compression gain of what it sent (gravac's
+            ``StepRecord.gain_min_step``), where it was measured.
+        gain_window: the gain of the window that ended before the step (gravac's
+            ``StepRecord.gain_window``), at the steps that carry one.
     """
 
     wire_bytes: int
@@ -108,6 +112,8 @@ class StepFigures:
     comm_seconds: float | None = None
     cf_sent: float | None = None
     cf_achieved: float | None = None
+    gain_step: float | None = None
+    gain_window: float | None = None
 
 
 class Session(ABC):
@@ -308,6 +314,8 @@ def _figures(record: Any) -> StepFigures:
         _finite(float(record.comm_seconds)),
         _finite(float(record.cf_sent)),
         _finite(float(record.cf_achieved)),
+        _finite(float(record.gain_min_step)),
+        None if record.gain_window is None else _finite(float(record.gain_window)),
     )
 
 

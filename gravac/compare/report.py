@@ -73,6 +73,8 @@ class ModeSummary:
         cf_sent_by_step, cf_achieved_by_step: the CF each step sent at and the CF its
             compressor delivered, per step (``None`` where the mode decides none, or for a step
             gravac skipped).
+        gain_step_by_step, gain_window_by_step: gravac's per-step gain of what was sent and
+            the window gains (``gravac.window``), per step (``None`` where not measured).
     """
 
     mode: str
@@ -101,6 +103,8 @@ class ModeSummary:
     wire_bytes_by_step: list[int] = field(default_factory=list)
     cf_sent_by_step: list[float | None] = field(default_factory=list)
     cf_achieved_by_step: list[float | None] = field(default_factory=list)
+    gain_step_by_step: list[float | None] = field(default_factory=list)
+    gain_window_by_step: list[float | None] = field(default_factory=list)
 
 
 def _median(values: Sequence[float | None]) -> float | None:
@@ -169,6 +173,8 @@ def summarise(
         wire_bytes_by_step=[int(b) for b in raw["wire_bytes"]],
         cf_sent_by_step=list(raw["cf_sent"]),
         cf_achieved_by_step=list(raw["cf_achieved"]),
+        gain_step_by_step=list(raw.get("gain_step", [])),
+        gain_window_by_step=list(raw.get("gain_window", [])),
     )
 
 

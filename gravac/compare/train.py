@@ -120,6 +120,8 @@ def train_mode(
             "comm_seconds",
             "cf_sent",
             "cf_achieved",
+            "gain_step",
+            "gain_window",
             "evaluations",
         )
     }
@@ -143,6 +145,8 @@ def train_mode(
         out["comm_seconds"].append(figures.comm_seconds)
         out["cf_sent"].append(figures.cf_sent)
         out["cf_achieved"].append(figures.cf_achieved)
+        out["gain_step"].append(figures.gain_step)
+        out["gain_window"].append(figures.gain_window)
         if step % cfg.eval_every == 0 or step == cfg.steps:
             if rank == 0:
                 value = workload.metric(model, test_x, test_y)

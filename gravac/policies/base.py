@@ -17,7 +17,19 @@ from gravac.registry import Registry
 if TYPE_CHECKING:
     from gravac.controller import Controller, ControllerConfig
 
-__all__ = ["ScalingPolicy", "create", "get", "names", "register"]
+__all__ = ["SEARCHES", "ScalingPolicy", "check_search", "create", "get", "names", "register"]
+
+#: how an adaptive policy's candidates are judged: each sent for a window and judged by the
+#: gain error feedback delivered over it (:mod:`gravac.trial`), or GraVAC's Algorithm 1 as the
+#: paper states it, by each step's gain (:class:`gravac.controller.Controller`)
+SEARCHES = ("trial", "paper")
+
+
+def check_search(search: object, policy: str) -> str:
+    """A search must be one of :data:`SEARCHES`."""
+    if search not in SEARCHES:
+        raise ValueError(f"{policy} policy option search must be one of {SEARCHES}, got {search!r}")
+    return str(search)
 
 
 class ScalingPolicy(ABC):
@@ -26,6 +38,10 @@ class ScalingPolicy(ABC):
     name: ClassVar[str]
     #: a CF sent at every step, with no search; ``None`` for adaptive policies
     static_cf: float | None = None
+    #: the search that runs the policy (:data:`SEARCHES`)
+    search: str = "trial"
+    #: a static CF's steps still measure their gain (for studies; adaptive policies always do)
+    measure: bool = False
 
     @abstractmethod
     def first(self) -> float:
@@ -38,11 +54,16 @@ class ScalingPolicy(ABC):
     def make_controller(
         self, config: ControllerConfig, world_size: int, snap: Callable[[float], float]
     ) -> Controller:
-        """The controller that runs this policy: GraVAC's Algorithm 1
-        (:class:`gravac.controller.Controller`) unless the policy needs its own."""
-        from gravac.controller import Controller  # here: gravac.controller imports this module
+        """The controller that runs this policy, unless the policy needs its own: the search
+        by trial (:class:`gravac.trial.TrialController`) or GraVAC's Algorithm 1
+        (:class:`gravac.controller.Controller`), as :attr:`search` says."""
+        # imported here: gravac.controller imports this module
+        from gravac.controller import Controller
+        from gravac.trial import TrialController
 
-        return Controller(config, self, world_size, snap=snap)
+        searched = self.static_cf is None and self.search == "trial"
+        kind = TrialController if searched else Controller
+        return kind(config, self, world_size, snap=snap)
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())

@@ -1,0 +1,155 @@
+"""Which compression gain predicts time to accuracy: the evidence from static-CF runs.
+
+The controller ranks CFs by compression throughput, system throughput times gain (GraVAC,
+section III). That ranks them by time to accuracy exactly when the gain is the fraction of a
+dense step's progress a compressed step makes: the steps dense needs to reach the target over
+the steps the CF needs. From ``gravac compare`` studies that ran static CFs with
+``measure=True`` (``topk:fixed{"cf": 100, "measure": true}``) beside dense DDP, on the same
+workload and seed, :func:`evidence` sets each static run's measured gains beside that progress:
+
+* ``gain_step``: the median per-step gain, the squared cosine of what a step sent and its
+  error-fed gradient (Algorithm 1's; :mod:`gravac.gain`);
+* ``gain_window``: the median window gain, the same for the sums of what a window of steps
+  sent and of everything it had to send (:mod:`gravac.window`, the trial search's);
+* ``progress``: ``steps_to_target(dense) / steps_to_target(cf)`` (1: as fast per step as
+  dense; the evaluations' spacing bounds its resolution).
+
+A gain that predicts time to accuracy lies on the diagonal ``gain = progress``;
+:func:`write_evidence_plot` draws both gains against it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["EvidenceRow", "evidence", "markdown", "write_evidence_plot"]
+
+#: the modes whose runs are the dense reference
+_DENSE_MODES = ("ddp",)
+#: inches of the evidence figure (two panels side by side)
+_FIGSIZE = (10.0, 4.5)
+
+
+@dataclass(frozen=True)
+class EvidenceRow:
+    """One static-CF run beside its dense reference (see the module docstring)."""
+
+    workload: str
+    label: str
+    seed: int
+    cf: float
+    steps_to_target: int | None
+    dense_steps_to_target: int | None
+    gain_step: float | None
+    gain_window: float | None
+
+    @property
+    def progress(self) -> float | None:
+        """Dense's steps to the target over this run's; 0 if this run never reached it."""
+        if self.dense_steps_to_target is None:
+            return None
+        if self.steps_to_target is None:
+            return 0.0
+        return self.dense_steps_to_target / self.steps_to_target
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def evidence(summaries: Sequence[dict[str, Any]]) -> list[EvidenceRow]:
+    """A row for every gravac run of a ``fixed`` policy variant in ``summaries`` (``gravac
+    compare`` JSON outputs), beside the dense run of its workload and seed."""
+    rows = []
+    for summary in summaries:
+        workload = summary["config"]["workload"]
+        variants = (summary.get("study") or {}).get("variants") or []
+        static = {v["label"] for v in variants if v["policy"] == "fixed"}
+        dense = {
+            r["seed"]: r["steps_to_target"] for r in summary["runs"] if r["mode"] in _DENSE_MODES
+        }
+        for run in summary["runs"]:
+            sent = {cf for cf in run.get("cf_sent_by_step", []) if cf is not None}
+            if run["variant"] not in static or len(sent) != 1:
+                continue
+            rows.append(
+                EvidenceRow(
+                    workload=workload,
+                    label=run["variant"],
+                    seed=run["seed"],
+                    cf=sent.pop(),
+                    steps_to_target=run["steps_to_target"],
+                    dense_steps_to_target=dense.get(run["seed"]),
+                    gain_step=_median(run.get("gain_step_by_step", [])),
+                    gain_window=_median(run.get("gain_window_by_step", [])),
+                )
+            )
+    return rows
+
+
+def _cell(value: float | int | None, digits: int = 3) -> str:
+    if value is None:
+        return "–"
+    return str(value) if isinstance(value, int) else f"{value:.{digits}f}"
+
+
+def markdown(rows: Sequence[EvidenceRow]) -> str:
+    """The rows as a markdown table."""
+    lines = [
+        "| workload | variant | seed | CF | steps to target | dense's | progress | "
+        "per-step gain | window gain |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.workload} | {r.label} | {r.seed} | {r.cf:g} | {_cell(r.steps_to_target)} | "
+            f"{_cell(r.dense_steps_to_target)} | {_cell(r.progress, 2)} | "
+            f"{_cell(r.gain_step)} | {_cell(r.gain_window)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_evidence_plot(rows: Sequence[EvidenceRow], path: Path) -> Path:
+    """Both gains of every row against its progress, one marker a workload, the diagonal
+    where a gain predicts time to accuracy; written as a PNG to ``path``."""
+    from matplotlib.figure import Figure  # the demo and dev extras
+
+    fig = Figure(figsize=_FIGSIZE)
+    axes = fig.subplots(1, 2, sharey=True)
+    markers = dict(zip(sorted({r.workload for r in rows}), "os^Dv<>", strict=False))
+    for ax, field, title in (
+        (axes[0], "gain_step", "per-step gain (Algorithm 1)"),
+        (axes[1], "gain_window", "window gain (the trial search)"),
+    ):
+        for workload, marker in markers.items():
+            points = [
+                (getattr(r, field), r.progress)
+                for r in rows
+                if r.workload == workload
+                and getattr(r, field) is not None
+                and r.progress is not None
+            ]
+            if points:
+                xs, ys = zip(*points, strict=True)
+                ax.scatter(xs, ys, marker=marker, label=workload)
+            for r in rows:
+                g = getattr(r, field)
+                if r.workload == workload and g is not None and r.progress is not None:
+                    ax.annotate(f"{r.cf:g}", (g, r.progress), fontsize=7)
+        ax.plot([0, 1], [0, 1], color="grey", linewidth=0.8, linestyle="--")
+        ax.set_xlim(0, 1.05)
+        ax.set_ylim(0, 1.25)
+        ax.set_title(title)
+        ax.set_xlabel("gain (median over the run)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("progress per step against dense (steps to target)")
+    axes[1].legend(loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path

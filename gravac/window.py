@@ -1,0 +1,108 @@
+"""The compression gain over a window of steps under error feedback.
+
+With error feedback, what a window of steps sends adds up to the gradients of the window plus
+the residual it started with, less the residual it ends with (``sent_t = x_t - e_t`` and
+``x_t = g_t + e_{t-1}``)::
+
+    S = sum_t sent_t = sum_t g_t + e_0 - e_W,        X = S + e_W = sum_t g_t + e_0
+
+``X`` is everything the window had to send and ``S`` what it delivered; what a single step
+holds back is delivered at later steps. The window gain is the squared cosine of the two,
+``<S, X>^2 / (||S||^2 ||X||^2)`` (:func:`gravac.gain.gain_from_terms`), which for a window of
+one step is the per-step gain of :mod:`gravac.gain` (``S = C(x)``, ``X = x``). A per-step gain
+of 0.25 (top-k at CF 1000 on the VGG-style digits CNN) says nothing about how much of the
+gradient error feedback delivers over a window; this gain measures exactly that.
+
+``S`` is kept for a fixed sample of every compressed tensor's elements (every
+:data:`WINDOW_STRIDE`-th, from the first), by the tensor's stable layer id
+(:attr:`gravac.engine.Unit.layer_ids`), so that it survives bucket rebuilds and checkpoints;
+``e`` is the residual the step after the window starts from. The window gain of every rank is
+summed term by term (as the per-step terms are) before it reaches the controller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gravac.gain import inner
+
+__all__ = ["WINDOW_STRIDE", "WindowSums", "sample", "window_terms"]
+
+#: every WINDOW_STRIDE-th element of a tensor is sampled: the sums cost 1/16 of a gradient's
+#: memory, and energies over a few thousand sampled elements estimate those over all of them
+#: to a few percent (the gain is a ratio of such energies)
+WINDOW_STRIDE = 16
+
+
+def sample(t: Tensor) -> Tensor:
+    """The sampled elements of a flat tensor ``t`` (a view)."""
+    return t.reshape(-1)[::WINDOW_STRIDE]
+
+
+def window_terms(sent: Tensor, residual: Tensor) -> Tensor:
+    """``[<S, X>, ||S||^2, ||X||^2]`` for ``X = S + e``, in float64: the terms of
+    :func:`gravac.gain.gain_from_terms` for the window that sent ``S`` and ends holding ``e``."""
+    total = sent + residual
+    return torch.stack([inner(sent, total), inner(sent, sent), inner(total, total)])
+
+
+def _split(flat: Tensor, numels: Sequence[int]) -> list[Tensor]:
+    return list(flat.reshape(-1).split(list(numels)))
+
+
+class WindowSums:
+    """What each compressed tensor sent over the current window, sampled (see the module
+    docstring), by layer id."""
+
+    def __init__(self) -> None:
+        self.sent: dict[int, Tensor] = {}  # sampled sum of what was sent, by layer id
+
+    def terms(
+        self, layers: Sequence[int], numels: Sequence[int], residual: Tensor | None
+    ) -> Tensor:
+        """The local window terms of one unit at the step after its window, whose ``residual``
+        (flat; ``None``: zero) the window ended with. A tensor with nothing sent yet
+        contributes its residual alone."""
+        parts = [None] * len(numels) if residual is None else _split(residual, numels)
+        total = torch.zeros(3, dtype=torch.float64)
+        for layer, n, e in zip(layers, numels, parts, strict=True):
+            s = self.sent.get(layer)
+            es = torch.zeros(-(-n // WINDOW_STRIDE)) if e is None else sample(e).float()
+            if s is None:
+                s = torch.zeros_like(es)
+            total = total.to(s.device) + window_terms(s, es.to(s.device))
+        return total
+
+    def taken(self, x: Tensor, numels: Sequence[int]) -> list[Tensor]:
+        """The sampled elements of a unit's error-fed gradient ``x``, per tensor (copies: the
+        residual update may consume ``x``)."""
+        return [sample(xs).clone() for xs in _split(x, numels)]
+
+    def add(
+        self,
+        layers: Sequence[int],
+        numels: Sequence[int],
+        taken: Sequence[Tensor],
+        residual: Tensor | None,
+    ) -> None:
+        """Add what a committed step sent, ``x - e`` (``taken`` from :meth:`taken`, ``e`` the
+        unit's new residual; ``None``: zero, after a dense send)."""
+        parts = [None] * len(taken) if residual is None else _split(residual, numels)
+        for layer, xs, e in zip(layers, taken, parts, strict=True):
+            sent = (xs if e is None else xs - sample(e)).float()
+            old = self.sent.get(layer)
+            self.sent[layer] = sent if old is None else old.add_(sent)
+
+    def clear(self) -> None:
+        """Start a new window."""
+        self.sent.clear()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sent": [(k, v.clone()) for k, v in sorted(self.sent.items())]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sent = {int(k): torch.as_tensor(v).float().clone() for k, v in state["sent"]}

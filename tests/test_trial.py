@@ -1,0 +1,359 @@
+"""The search by trial (gravac.trial) on scripted window gains and throughputs, and the window
+gain (gravac.window) against its definition."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from gravac import compressors, policies
+from gravac.compressors.base import Round
+from gravac.controller import Controller, ControllerConfig, Phase
+from gravac.gain import gain_from_terms
+from gravac.memory import ResidualMemory
+from gravac.options import build_engine
+from gravac.trial import MIN_WARMUP_STEPS, PROBE_EVERY, TrialController, link_seconds
+from gravac.window import WindowSums, sample, window_terms
+
+WINDOW = 3
+
+
+def make(policy: str = "exponential", warmup: int = 2, **config: float) -> TrialController:
+    cfg = ControllerConfig(
+        theta_min=10.0, window=WINDOW, warmup_steps=warmup, ewma_alpha=1.0, **config
+    )
+    c = policies.create(policy).make_controller(cfg, 2, snap=lambda cf: cf)
+    assert isinstance(c, TrialController)
+    return c
+
+
+@dataclass(frozen=True)
+class Link:
+    """A scripted link: ``a + b / cf`` seconds per sample, ``b / cf`` of them communication."""
+
+    a: float
+    b: float
+
+    def tsys(self, cf: float) -> float:
+        return 1.0 / (self.a + self.b / cf)
+
+    def comm(self, cf: float) -> float:
+        return self.b / cf
+
+
+#: a slow link: communication is nearly all of a step up to CF 100
+SLOW = Link(0.001, 1.0)
+#: a link where every CF up to 160 pays a little, and 1000 no more than 160
+MODERATE = Link(0.01, 0.05)
+#: compute-bound: the communication is 1/10000 of a step at CF 10
+COMPUTE_BOUND = Link(0.01, 0.0001)
+
+
+def run(
+    c: TrialController,
+    steps: int,
+    gain: Callable[[float], float],
+    tsys: Callable[[float], float],
+    comm: Callable[[float], float] = lambda cf: 0.0,
+) -> list[float]:
+    """``steps`` steps in the documented call order; the CF sent at each."""
+    sent = []
+    for _ in range(steps):
+        plan = c.plan()
+        d = c.decide(plan)
+        if plan.window_terms:
+            c.observe_window(plan, gain(c.current))
+        c.record_throughput(d.cf, tsys(d.cf))
+        c.record_comm(d.cf, comm(d.cf))
+        c.observe(plan, gain(d.cf), None)
+        c.end_step()
+        sent.append(d.cf)
+    return sent
+
+
+def run_link(
+    c: TrialController, steps: int, gain: Callable[[float], float], link: Link
+) -> list[float]:
+    return run(c, steps, gain, link.tsys, link.comm)
+
+
+def windows(sent: list[float]) -> list[float]:
+    """The CFs in the order they were sent (runs collapsed)."""
+    return [cf for i, cf in enumerate(sent) if i == 0 or sent[i - 1] != cf]
+
+
+def test_link_seconds_scale_the_communication_with_the_bytes() -> None:
+    # 0.4 s a sample at CF 10, 0.34 of it communication: at CF 1000, 0.06 + 0.0034
+    assert link_seconds(1000.0, 10.0, 0.4, 0.34) == pytest.approx(0.0634)
+    c = make()
+    run_link(c, 3, lambda cf: 0.9, MODERATE)  # theta_min's window, measured
+    assert c.predicted_tsys(160.0) == pytest.approx(MODERATE.tsys(160.0))
+
+
+def test_on_a_slow_link_the_search_goes_straight_to_the_cf_that_can_pay() -> None:
+    """Warm-up (theta_min's window) measures the link: CFs 20, 40 and 160 are beaten by 1000
+    even at epsilon's gain, so 1000 is tried next and kept."""
+    c = make()
+    sent = run_link(c, 20, lambda cf: 0.9, SLOW)
+    assert windows(sent) == [10.0, 1000.0]
+    assert c.phase is Phase.SETTLED and c.theta_ideal == 1000.0
+
+
+def test_explores_while_the_link_model_says_a_higher_cf_can_pay() -> None:
+    """Every candidate pays a little more, until the model says that 1000 cannot beat 160 by
+    omega: the search stops there and keeps the best (the windows of 3 steps + a bridge)."""
+    c = make()
+    sent = run_link(c, 40, lambda cf: 0.9, MODERATE)
+    assert windows(sent) == [10.0, 20.0, 40.0, 160.0]
+    assert sent[:3] == [10.0] * 3 and sent[3:7] == [20.0] * 4
+    assert c.phase is Phase.SETTLED and c.theta_ideal == 160.0
+
+
+def test_a_window_gain_below_epsilon_rejects_the_cf_and_settles_on_the_best_kept() -> None:
+    gains = {10.0: 0.95, 20.0: 0.9, 40.0: 0.8, 160.0: 0.3}
+    c = make()
+    sent = run_link(c, 40, lambda cf: gains.get(cf, 0.1), MODERATE)
+    assert windows(sent) == [10.0, 20.0, 40.0, 160.0, 40.0]
+    assert c.theta_ideal == 40.0 and 160.0 not in c.kept_tput()
+
+
+def test_of_cfs_within_omega_of_the_best_throughput_the_largest_is_chosen() -> None:
+    """As fast to the target for fewer bytes: CF 40's compression throughput is 3% under CF
+    20's (omega 5%); CF 160 is rejected."""
+    tsys = {10.0: 100.0, 20.0: 110.0, 40.0: 115.0, 160.0: 130.0}
+    comm = {10.0: 0.004, 20.0: 0.002, 40.0: 0.001, 160.0: 0.0005}
+    gains = {10.0: 0.95, 20.0: 0.95, 40.0: 0.88, 160.0: 0.3}
+    c = make()
+    sent = run(c, 40, gains.__getitem__, tsys.__getitem__, comm.__getitem__)
+    assert windows(sent) == [10.0, 20.0, 40.0, 160.0, 40.0]
+    assert c.theta_ideal == 40.0
+    assert c.kept_tput()[40.0] == pytest.approx(0.97 * c.kept_tput()[20.0], rel=0.01)
+
+
+def test_a_rejected_cf_backs_off_to_the_skipped_ones_and_a_settled_search_probes_up() -> None:
+    """The link model skips 20 and 40 for 160, whose gain is rejected: the search backs off to
+    40 and keeps it. Later CF 80's gain has grown: a probe every PROBE_EVERY windows finds it."""
+    link = Link(0.002, 0.2)
+    state = {"late": False}
+
+    def gain(cf: float) -> float:
+        if cf == 80.0 and state["late"]:
+            return 0.85
+        return {10.0: 0.95, 20.0: 0.9, 40.0: 0.8}.get(cf, 0.3)
+
+    c = make()
+    sent = run_link(c, 12, gain, link)
+    assert windows(sent) == [10.0, 160.0, 40.0]
+    assert c.theta_ideal == 40.0 and c.skipped == [20.0]
+    sent = run_link(c, PROBE_EVERY * (WINDOW + 1) - 1, gain, link)
+    assert set(sent) == {40.0}  # no probe before PROBE_EVERY windows at theta_ideal
+    state["late"] = True
+    sent = run_link(c, 3 * (WINDOW + 1), gain, link)
+    assert 80.0 in sent and c.theta_ideal == 80.0
+
+
+def test_on_a_slow_link_the_warm_up_ends_early() -> None:
+    """Each warm-up step at theta_min costs most there: once the link model (two agreed step
+    times) says a candidate beats it even at epsilon's gain, the warm-up ends."""
+    slow, moderate = make(warmup=10), make(warmup=10)
+    sent_slow = run_link(slow, 12, lambda cf: 0.9, SLOW)
+    sent_moderate = run_link(moderate, 12, lambda cf: 0.9, MODERATE)
+    assert sent_slow[: MIN_WARMUP_STEPS + 1] == [10.0] * (MIN_WARMUP_STEPS + 1)
+    assert sent_slow[MIN_WARMUP_STEPS + 1] == 1000.0  # after the bridge step
+    assert sent_moderate[:11] == [10.0] * 11  # the whole warm-up and its bridge
+
+
+def test_when_compute_bound_the_search_stays_at_theta_min() -> None:
+    """The link model says no CF can beat theta_min by omega: nothing else is tried."""
+    c = make()
+    sent = run_link(c, 20, lambda cf: 0.95, COMPUTE_BOUND)
+    assert windows(sent) == [10.0]
+    assert c.theta_ideal == 10.0
+    predicted = c.predicted_tsys(1000.0)
+    assert predicted is not None and predicted == pytest.approx(1 / 0.01, rel=0.02)
+
+
+def test_settled_cf_whose_gain_drops_reopens_the_search_from_theta_min() -> None:
+    c = make()
+    state = {"drop": False}
+
+    def gain(cf: float) -> float:
+        return 0.2 if state["drop"] and cf == 1000.0 else 0.9
+
+    run_link(c, 20, gain, SLOW)
+    assert c.theta_ideal == 1000.0
+    state["drop"] = True
+    sent = run_link(c, WINDOW + 2, gain, SLOW)
+    assert c.phase is Phase.SEARCH and c.current == 10.0 and sent[-1] == 10.0
+
+
+def test_theta_min_rejected_sends_dense_for_a_window_then_tries_again() -> None:
+    c = make(warmup=0)
+    sent = run_link(c, 2 * (WINDOW + 1) + 1, lambda cf: 0.1, SLOW)
+    assert sent[: WINDOW + 1] == [10.0] * (WINDOW + 1)
+    assert sent[WINDOW + 1 : 2 * (WINDOW + 1)] == [1.0] * (WINDOW + 1)
+    assert sent[-1] == 10.0  # the dense window ended: theta_min is tried again
+    plan = c.plan()
+    assert plan.theta_min == 10.0
+
+
+def test_without_a_window_gain_the_per_step_gain_judges() -> None:
+    """No error feedback (the engine reports NaN): the smoothed per-step gain decides."""
+    c = make()
+    per_step = {10.0: 0.9, 20.0: 0.9, 40.0: 0.2}
+    for _ in range(30):
+        plan = c.plan()
+        d = c.decide(plan)
+        if plan.window_terms:
+            c.observe_window(plan, math.nan)
+        c.record_throughput(d.cf, MODERATE.tsys(d.cf))
+        c.record_comm(d.cf, MODERATE.comm(d.cf))
+        c.observe(plan, per_step.get(plan.theta_min, 0.1), None)
+        c.end_step()
+    assert c.theta_ideal == 20.0
+
+
+def test_a_skipped_bridge_step_is_repeated() -> None:
+    c = make(warmup=1)
+    run_link(c, 1, lambda cf: 0.9, MODERATE)
+    assert c.plan().window_terms
+    c.discard_step()  # the bridge step was skipped on every rank
+    assert c.plan().window_terms and c.current == 10.0
+    run_link(c, 1, lambda cf: 0.9, MODERATE)
+    assert not c.plan().window_terms and c.current == 20.0
+
+
+def test_resume_gives_the_same_decisions() -> None:
+    gains = {10.0: 0.95, 20.0: 0.9, 40.0: 0.8, 160.0: 0.6}
+
+    def go(c: TrialController, steps: int) -> list[float]:
+        return run_link(c, steps, lambda cf: gains.get(cf, 0.3), MODERATE)
+
+    a = make()
+    go(a, 9)
+    b = make()
+    b.load_state_dict(a.state_dict())
+    assert go(a, 30) == go(b, 30)
+
+
+@pytest.mark.parametrize("policy", ["exponential", "geometric"])
+def test_search_option_picks_the_controller_and_is_checked(policy: str) -> None:
+    paper = policies.create(policy, search="paper")
+    c = paper.make_controller(ControllerConfig(), 2, snap=lambda cf: cf)
+    assert type(c) is Controller
+    trial = policies.create(policy).make_controller(ControllerConfig(), 2, snap=lambda cf: cf)
+    assert type(trial) is TrialController
+    static = policies.create("fixed", cf=100)
+    assert type(static.make_controller(ControllerConfig(), 2, snap=lambda cf: cf)) is Controller
+    with pytest.raises(ValueError, match="needs an adaptive policy"):
+        TrialController(ControllerConfig(), static, 2)
+    with pytest.raises(ValueError, match=f"{policy} policy option search must be one of"):
+        build_engine(policy=policy, policy_options={"search": "guess"})
+
+
+# --------------------------------------------------------------------------- window gain
+def test_window_sums_give_the_gain_of_what_error_feedback_delivered() -> None:
+    """Top-k with a residual over a window: the terms are those of the sampled sum of what
+    was sent ``S`` and everything there was to send ``X = S + e_W = sum g + e_0``."""
+    gen = torch.Generator().manual_seed(0)
+    c, memory, sums = compressors.create("topk"), ResidualMemory(), WindowSums()
+    numels, layers = (300, 500), (7, 9)
+    e0 = torch.zeros(800)
+    total_g = torch.zeros(800)
+    sent_total = torch.zeros(800)
+    signal = torch.randn(800, generator=gen)  # a direction every step shares, and noise
+    for t in range(5):
+        g = signal + 0.3 * torch.randn(800, generator=gen)
+        total_g += g
+        x = memory.compensate(0, g)
+        payload, ctx = c.compress(x, 50.0, Round(step=t, key=0, world_size=1))
+        sent_total += c.decompress(payload, ctx)
+        taken = sums.taken(x, numels)
+        memory.update_sent(0, x, c, payload, ctx)
+        sums.add(layers, numels, taken, memory.residual(0))
+    got = sums.terms(layers, numels, memory.residual(0))
+    e = memory.residual(0)
+    assert e is not None
+    assert torch.allclose(sent_total + e, total_g + e0, atol=1e-5)  # the EF identity
+    want = sum(
+        window_terms(sample(s), sample(r))
+        for s, r in zip(sent_total.split(numels), e.split(numels), strict=True)
+    )
+    assert torch.allclose(got, want, rtol=1e-5)
+    gain = gain_from_terms(got)
+    # over a window of a shared direction, error feedback delivers more than one step keeps
+    x = memory.compensate(0, signal + 0.3 * torch.randn(800, generator=gen))
+    per_step = float(c.decompress(*c.compress(x, 50.0, Round(5, 0, 1))).square().sum())
+    assert gain > per_step / float(x.square().sum())
+
+
+def test_window_of_one_step_is_the_per_step_gain_on_the_sample() -> None:
+    gen = torch.Generator().manual_seed(1)
+    c, memory, sums = compressors.create("topk"), ResidualMemory(), WindowSums()
+    x = torch.randn(4096, generator=gen)
+    payload, ctx = c.compress(x, 20.0, Round(0, 0, 1))
+    sent = c.decompress(payload, ctx)
+    taken = sums.taken(x, (4096,))
+    memory.update_sent(0, x.clone(), c, payload, ctx)
+    sums.add((0,), (4096,), taken, memory.residual(0))
+    terms = sums.terms((0,), (4096,), memory.residual(0))
+    s, xs = sample(sent), sample(x)
+    want = float(s.dot(xs)) ** 2 / (float(s.dot(s)) * float(xs.dot(xs)))
+    assert gain_from_terms(terms) == pytest.approx(want, rel=1e-5)
+
+
+def test_engine_logs_a_window_gain_once_a_window_and_resumes_it() -> None:
+    """One process, the optimizer front end: every window + 1 steps a record carries the
+    window gain; a resumed optimizer gives the same gains and CFs."""
+    import gravac
+    from tests.helpers import counter_clock, tiny_model
+
+    class Records:
+        def __init__(self) -> None:
+            self.items: list[gravac.StepRecord] = []
+
+        def log(self, record: gravac.StepRecord) -> None:
+            self.items.append(record)
+
+        def close(self) -> None:
+            pass
+
+    def build(monitor: Records) -> tuple[torch.nn.Module, gravac.GravacOptimizer]:
+        torch.manual_seed(0)
+        model = tiny_model()
+        sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+        opt = gravac.GravacOptimizer(
+            sgd, window=WINDOW, warmup_steps=2, monitor=monitor, clock=counter_clock()
+        )
+        return model, opt
+
+    def train(model: torch.nn.Module, opt: gravac.GravacOptimizer, steps: range) -> None:
+        for step in steps:
+            gen = torch.Generator().manual_seed(step)
+            x = torch.randn(8, 1, 8, 8, generator=gen)
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+
+    full = Records()
+    model, opt = build(full)
+    train(model, opt, range(20))
+    gains = [(r.step, r.gain_window) for r in full.items if r.gain_window is not None]
+    assert [s for s, _ in gains] == [2, 6, 10, 14, 18]
+    assert all(0.0 <= g <= 1.0 for _, g in gains)
+
+    part = Records()
+    model_a, opt_a = build(part)
+    train(model_a, opt_a, range(9))
+    state = opt_a.state_dict()
+    model_b, opt_b = build(part)
+    model_b.load_state_dict(model_a.state_dict())
+    opt_b.load_state_dict(state)
+    train(model_b, opt_b, range(9, 20))
+    assert [(r.cf_sent, r.gain_window) for r in part.items] == [
+        (r.cf_sent, r.gain_window) for r in full.items
+    ]

@@ -47,7 +47,7 @@ def release_group(group: dist.ProcessGroup | None = None) -> None:
     reference cycle: once deleted it is freed only by the garbage collector, at the latest
     during interpreter shutdown, after the group was destroyed, and gloo's threads then abort
     the exit ("terminate called without an active exception": 5 of 37 torchrun runs of
-    ``examples/train_digits.py --ddp-hook`` before, 0 of 24 with the collection here). And a
+    ``examples/train_digits.py --ddp-hook`` before, 0 of 50 with it). And a
     rank that destroys its group while another still communicates can abort the other.
     """
     gc.collect()

@@ -124,7 +124,12 @@ class Unit:
     @property
     def numel(self) -> int:
         """Elements in the unit."""
-        return sum(math.prod(s) for s in self.shapes)
+        return sum(self.numels)
+
+    @property
+    def numels(self) -> tuple[int, ...]:
+        """Elements in each of its tensors."""
+        return tuple(math.prod(s) for s in self.shapes)
 
 
 @dataclass(frozen=True)
@@ -375,7 +380,7 @@ class Engine:
         self, step: Step, unit: Unit, flat: Tensor, out: Tensor | None, carry: Tensor | None
     ) -> _Flight:
         c, plan = self.compressor, step.plan
-        self.controller.track(unit.layer_ids, flat, tuple(math.prod(s) for s in unit.shapes))
+        self.controller.track(unit.layer_ids, flat, unit.numels)
         x = self.memory.compensate(unit.key, flat if carry is None else flat + carry)
         layer_cfs = plan.cfs_for(unit.layer_ids)
         if len(set(layer_cfs)) > 1:
@@ -411,12 +416,11 @@ class Engine:
         else:
             step.ends.append(_ends(x))
             terms.append(zero)
-        numels = tuple(math.prod(s) for s in unit.shapes)
         if plan.window_terms and self._windowed:
             e = self.memory.residual(unit.key)  # still the previous step's, until commit
             if carry is not None:
                 e = carry if e is None else e + carry
-            window = self.windows.terms(unit.layer_ids, numels, e).to(x.device)
+            window = self.windows.terms(unit.layer_ids, unit.numels, e).to(x.device)
         else:
             window = torch.zeros(3, dtype=torch.float64, device=x.device)
         step.terms = step.terms.to(x.device) + torch.cat([torch.stack(terms), window])
@@ -646,11 +650,10 @@ class Engine:
         if not sums:
             self._update_memory(f, present)
             return
-        numels = tuple(math.prod(s) for s in f.unit.shapes)
-        taken = self.windows.taken(f.x, numels)
+        taken = self.windows.taken(f.x, f.unit.numels)
         self._update_memory(f, present)
         residual = self.memory.residual(f.unit.key)
-        self.windows.add(f.unit.layer_ids, numels, taken, residual)
+        self.windows.add(f.unit.layer_ids, f.unit.numels, taken, residual)
 
     def _update_memory(self, f: _Flight, present: tuple[bool, ...]) -> None:
         """``e <- x - D(sent)``; what belongs to a tensor with a gradient on no rank stays in

@@ -42,7 +42,14 @@ from torch import Tensor
 from torch.futures import Future
 
 from gravac.comm import Communicator, collect
-from gravac.compressors.base import Compressor, Context, Payload, Round, wire_bytes
+from gravac.compressors.base import (
+    Compressor,
+    Context,
+    Payload,
+    Round,
+    payload_tensors,
+    wire_bytes,
+)
 from gravac.controller import Controller, ControllerConfig, Decision, Plan, cf_key
 from gravac.gain import gain_from_terms, squared_norm
 from gravac.memory import Memory, NoMemory
@@ -155,6 +162,9 @@ class _Flight:
     out: Tensor | None  # where the aggregate is written (None: a new tensor)
     result: Future[Tensor] = field(default_factory=Future)  # the aggregate, set at commit
     pieces: tuple[_Piece, ...] = ()  # per-layer CFs: what each piece sent
+    # the new residual, settled at launch in x's storage (Memory.settle; None: made at commit)
+    residual: Tensor | None = None
+    taken: list[Tensor] | None = None  # the window's sample of x, taken before settling
 
     @property
     def dense(self) -> bool:
@@ -349,6 +359,7 @@ class Engine:
         flat: Tensor,
         out: Tensor | None = None,
         carry: Tensor | None = None,
+        complete: bool = True,
     ) -> Future[Tensor]:
         """Compensate, compress and start aggregating one unit's flat gradient ``flat`` (not
         modified before the collective has completed).
@@ -360,6 +371,9 @@ class Engine:
             carry: residual pieces carried over from units that no longer exist (the DDP
                 hook's, after a bucket rebuild or a resume), added to a compressed unit's
                 gradient before compensation; per-layer statistics see the gradient alone.
+            complete: every tensor of the unit has a gradient on this rank, so none can be
+                absent on every rank (the residual update is then settled before the send,
+                :meth:`Memory.settle`); ``False``: a missing one is zeros in ``flat``.
 
         Returns:
             A future that :meth:`commit` completes with the unit's aggregate (the sum over
@@ -371,13 +385,20 @@ class Engine:
             x = flat if out is flat else flat.clone()  # all-reduced in place
             flight = _Flight(unit, x, None, self.comm.all_reduce_async(x), _nbytes(x), out)
         else:
-            flight = self._launch_compressed(step, unit, flat, out, carry)
+            flight = self._launch_compressed(step, unit, flat, out, carry, settle=complete)
         step.flights.append(flight)
         step.compress_seconds += self.clock() - t0
         return flight.result
 
     def _launch_compressed(
-        self, step: Step, unit: Unit, flat: Tensor, out: Tensor | None, carry: Tensor | None
+        self,
+        step: Step,
+        unit: Unit,
+        flat: Tensor,
+        out: Tensor | None,
+        carry: Tensor | None,
+        *,
+        settle: bool,
     ) -> _Flight:
         c, plan = self.compressor, step.plan
         self.controller.track(unit.layer_ids, flat, unit.numels)
@@ -424,19 +445,36 @@ class Engine:
         else:
             window = torch.zeros(3, dtype=torch.float64, device=x.device)
         step.terms = step.terms.to(x.device) + torch.cat([torch.stack(terms), window])
+        # every tensor has a gradient here: nothing reads x after the send (the residual update
+        # is settled now, or a dense send zeroes it), so the window's sample is taken first
+        early = settle and carry is None
+        taken = self.windows.taken(x, unit.numels) if early and self._sums(plan) else None
         if step.decision.which == "dense":
-            total = x.clone()
+            total = x if early else x.clone()  # all-reduced in place
             reduced = self.comm.all_reduce_async(total)
-            return _Flight(unit, x, None, reduced, _nbytes(total), out)
-        payload = chosen[0]
-        gathered = self._send(payload)
-        return _Flight(unit, x, chosen, gathered, wire_bytes(payload), out)
+            flight = _Flight(unit, x, None, reduced, _nbytes(total), out)
+            flight.taken = taken
+            return flight
+        payload, ctx = chosen
+        residual = None
+        if early and not _aliases(payload, x):
+            residual = self.memory.settle(unit.key, x, c, payload, ctx)
+        gathered = self._send(payload, read_later=residual is None)
+        flight = _Flight(unit, x, chosen, gathered, wire_bytes(payload), out)
+        flight.residual, flight.taken = residual, taken
+        return flight
 
-    def _send(self, payload: Payload) -> Future[Any]:
-        """Start the compressor's collective of ``payload``."""
-        # without error feedback nothing reads the payload again: no copy to sum into
-        in_place = isinstance(self.memory, NoMemory)
+    def _send(self, payload: Payload, *, read_later: bool = True) -> Future[Any]:
+        """Start the compressor's collective of ``payload``; an all-reduce sums into the payload
+        itself unless the residual update still reads it at commit (``read_later``, under error
+        feedback)."""
+        in_place = not read_later or isinstance(self.memory, NoMemory)
         return self.comm.send_payload(payload, self.compressor.collective, in_place=in_place)
+
+    def _sums(self, plan: Plan) -> bool:
+        """Whether what a unit sends this step is added to the window's sums (not at the step
+        that closes a window, which starts the next one; not with per-layer CFs)."""
+        return self._windowed and not plan.window_terms and not plan.per_layer
 
     def _launch_layers(
         self, step: Step, unit: Unit, x: Tensor, cfs: tuple[float, ...], out: Tensor | None
@@ -553,7 +591,9 @@ class Engine:
         if table[:, 0].max() > 0:
             return self._skip(step)
         totals = [self._aggregate(f) for f in step.flights]
-        if not all_finite(totals):
+        known = [self._sum_is_finite(f) for f in step.flights]
+        unknown = [t for t, k in zip(totals, known, strict=True) if k is None]
+        if False in known or not all_finite(unknown):
             return self._skip(step)
         self.last_comm = comm_seconds  # agreed with the next step's scalars
         n_flags = step.flags
@@ -643,14 +683,20 @@ class Engine:
             return arrived if f.out is None or f.out is arrived else f.out.copy_(arrived)
         return self.compressor.combine(arrived, f.sent[1], out=f.out).reshape(-1)
 
+    def _sum_is_finite(self, f: _Flight) -> bool | None:
+        """Whether ``f``'s aggregate is finite, from its payloads when the compressor can tell
+        (:meth:`Compressor.sum_is_finite`); ``None``: the aggregate itself must be checked."""
+        if f.sent is None:
+            return None
+        return self.compressor.sum_is_finite(f.arrived.value(), f.sent[1])
+
     def _update_residual(self, f: _Flight, present: tuple[bool, ...], plan: Plan) -> None:
         """``e <- x - D(sent)``, and what was sent (``x - e``) added to the window's sums
-        (not at the step that closes a window, which starts the next one)"""
-        sums = self._windowed and not plan.window_terms and not plan.per_layer
-        if not sums:
+        (:meth:`_sums`)"""
+        if not self._sums(plan):
             self._update_memory(f, present)
             return
-        taken = self.windows.taken(f.x, f.unit.numels)
+        taken = f.taken if f.taken is not None else self.windows.taken(f.x, f.unit.numels)
         self._update_memory(f, present)
         residual = self.memory.residual(f.unit.key)
         self.windows.add(f.unit.layer_ids, f.unit.numels, taken, residual)
@@ -658,6 +704,9 @@ class Engine:
     def _update_memory(self, f: _Flight, present: tuple[bool, ...]) -> None:
         """``e <- x - D(sent)``; what belongs to a tensor with a gradient on no rank stays in
         the residual (it is applied to nothing); after a dense send, ``e <- 0``."""
+        if f.residual is not None:  # settled at launch, where every tensor had a gradient
+            self.memory.keep(f.unit.key, f.residual)
+            return
         absent = self._absent_mask(f, present)
         if f.dense and absent is None:
             self.memory.reset(f.unit.key)
@@ -796,6 +845,13 @@ class Engine:
         lagged = state.get("lagged_stats", [])
         self._lagged = {tuple(k): torch.tensor(v, dtype=torch.float64) for k, v in lagged}
         self.windows.load_state_dict(state.get("window_sums", {"sent": []}))
+
+
+def _aliases(payload: Payload, x: Tensor) -> bool:
+    """Whether a tensor of ``payload`` shares ``x``'s storage (``none`` sends ``x`` itself),
+    so that updating the residual in ``x`` before the send would change what is sent."""
+    ptr = x.untyped_storage().data_ptr()
+    return any(t.untyped_storage().data_ptr() == ptr for t in payload_tensors(payload))
 
 
 def _nbytes(t: Tensor) -> int:

@@ -42,6 +42,26 @@ class Memory:
         residual avoid (:meth:`Compressor.residual_`); ``x`` is consumed."""
         self.update(key, x, compressor.decompress(payload, ctx))
 
+    def settle(
+        self, key: int, x: Tensor, compressor: Compressor, payload: Payload, ctx: Context
+    ) -> Tensor | None:
+        """The residual that sending ``payload`` for ``x`` leaves, computed *before* it is sent
+        (``x`` is consumed) but kept only by :meth:`keep`, once the step is committed; ``None``:
+        this memory reads the payload at commit instead (:meth:`update_sent`).
+
+        Computing it before the send lets an all-reduce sum into the payload itself (nothing
+        reads it afterwards) and keeps a skipped step's residual untouched.
+        """
+        return None
+
+    def keep(self, key: int, residual: Tensor) -> None:
+        """Make ``residual``, returned by :meth:`settle`, bucket ``key``'s residual.
+
+        Raises:
+            NotImplementedError: a memory whose :meth:`settle` returns ``None``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} keeps no residual from settle()")
+
     def reset(self, key: int | None = None) -> None:
         """Forget the residual of ``key`` (all keys when ``None``), e.g. after a dense step."""
 
@@ -100,9 +120,20 @@ class ResidualMemory(Memory):
     def update_sent(
         self, key: int, x: Tensor, compressor: Compressor, payload: Payload, ctx: Context
     ) -> None:
+        self.keep(key, compressor.residual_(x, payload, ctx))
+
+    def settle(
+        self, key: int, x: Tensor, compressor: Compressor, payload: Payload, ctx: Context
+    ) -> Tensor:
+        """``x - D(payload)`` in ``x``'s storage (:meth:`Compressor.residual_`)."""
+        return compressor.residual_(x, payload, ctx)
+
+    def keep(self, key: int, residual: Tensor) -> None:
+        """The new residual replaces the old one, whose storage the next :meth:`compensate`
+        reuses."""
         old = self.residuals.get(key)
-        self.residuals[key] = compressor.residual_(x, payload, ctx)
-        if old is not None and old is not self.residuals[key]:
+        self.residuals[key] = residual
+        if old is not None and old is not residual:
             self._spare[key] = old
 
     def reset(self, key: int | None = None) -> None:

@@ -508,9 +508,10 @@ class GravacOptimizer(torch.optim.Optimizer):
             # bucket, so the switch never holds a second copy of them all
             buf = torch.empty(bucket.numel, dtype=bucket.dtype, device=bucket.params[0].device)
             self._flats[self._next] = buf
+        complete = all(p.grad is not None for p in bucket.params)
         flat = gather_grads(bucket, buf)
         # the aggregate lands in the gradients' own buffer: no gradient-sized temporary
-        self.engine.launch(step, self._units[self._next], flat, out=flat)
+        self.engine.launch(step, self._units[self._next], flat, out=flat, complete=complete)
         self._stamps += [(p, _stamp(p)) for p in bucket.params]
         self._next += 1
 

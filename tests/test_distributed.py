@@ -185,11 +185,12 @@ def test_resume_across_two_ranks_is_bit_exact() -> None:
     assert all(r["same"] for r in results)
 
 
-def nan_on_one_rank(rank: int, world_size: int) -> dict[str, Any]:
-    """Rank 1 alone produces a NaN gradient at step 3, its buckets launched during backward:
-    every rank must skip that step, residuals untouched."""
+def nan_on_one_rank(rank: int, world_size: int, compressor: str) -> dict[str, Any]:
+    """Rank 1 alone produces a NaN gradient at step 3, its buckets launched during backward
+    (rank 0's residuals settled before their sends): every rank must skip that step, residuals
+    untouched."""
     model = tiny_model(seed=0)
-    opt = make(model, "topk")
+    opt = make(model, compressor)
     assert opt.overlap
     skipped, params, residuals = [], [], []
     for step in range(6):
@@ -212,8 +213,9 @@ def nan_on_one_rank(rank: int, world_size: int) -> dict[str, Any]:
     return {"skipped": skipped, "unchanged": params, "residuals": residuals, "steps": opt.steps}
 
 
-def test_nonfinite_gradient_on_one_rank_skips_the_step_on_all() -> None:
-    results = spawn_workers(nan_on_one_rank, 2, timeout=SPAWN_TIMEOUT)
+@pytest.mark.parametrize("compressor", ["topk", "fp16"])
+def test_nonfinite_gradient_on_one_rank_skips_the_step_on_all(compressor: str) -> None:
+    results = spawn_workers(nan_on_one_rank, 2, compressor, timeout=SPAWN_TIMEOUT)
     for r in results:
         assert r["skipped"] == [0, 0, 0, 1, 1, 1]
         assert r["unchanged"] == [False, False, False, True, False, False]

@@ -1,4 +1,5 @@
-"""The step engine (gravac.engine) below the front ends: compressor statistics that lag a step.
+"""The step engine (gravac.engine) below the front ends: compressor statistics that lag a step,
+and the residual update settled before the send.
 
 The 16-bit casts scale by the largest magnitude over ranks; under error feedback the engine
 agrees it with the step's scalars and the next step uses it (no blocking collective before the
@@ -14,6 +15,8 @@ import torch
 
 from gravac import GravacOptimizer, compressors
 from gravac.compressors.base import Round
+from gravac.engine import Engine, Step, Unit
+from gravac.options import build_engine
 
 #: fp16's largest finite value
 FP16_MAX = 65504.0
@@ -75,3 +78,44 @@ def test_without_error_feedback_the_maximum_is_agreed_at_every_step() -> None:
         opt.synchronize()
         assert torch.equal(p2.grad, torch.full((2, 2), value))
         opt.step()
+
+
+def launch_one(compressor: str, *, complete: bool) -> tuple[Engine, Step, torch.Tensor]:
+    """One unit of a 4 x 8 gradient launched on one process at a fixed CF, after a first step
+    that leaves a residual; returns the engine, the launched step and the gradient."""
+    engine = build_engine(compressor=compressor, policy="fixed", policy_options={"cf": 4})
+    unit = Unit(key=0, shapes=(torch.Size([4, 8]),), compressed=True)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(2):
+        g = torch.randn(32, generator=gen)
+        step = engine.begin()
+        engine.launch(step, unit, g.clone(), complete=complete)
+        if engine.memory.residual(0) is None:  # the first step: commit it, launch another
+            engine.close(step).wait()
+            engine.finish(engine.commit(step))
+    return engine, step, g
+
+
+@pytest.mark.parametrize("compressor", ["topk", "fp16", "thc"])
+def test_the_residual_is_settled_before_the_send_and_kept_at_commit(compressor: str) -> None:
+    """Where every tensor has a gradient, ``e <- x - D(sent)`` is computed at launch (so an
+    all-reduce may sum into the payload itself) but becomes the residual only at commit."""
+    engine, step, g = launch_one(compressor, complete=True)
+    old = engine.memory.residual(0)
+    assert old is not None
+    old = old.clone()
+    (flight,) = step.flights
+    assert flight.residual is not None and flight.sent is not None
+    sent = engine.compressor.decompress(*flight.sent).reshape(-1)
+    assert torch.equal(flight.residual, g + old - sent)  # error feedback, bit for bit
+    assert torch.equal(engine.memory.residual(0), old)  # not yet kept
+    engine.close(step).wait()
+    engine.finish(engine.commit(step))
+    assert engine.memory.residual(0) is flight.residual
+
+
+def test_a_unit_with_a_missing_gradient_updates_its_residual_at_commit() -> None:
+    """A tensor may have a gradient on no rank (its residual must stay): that is known only
+    from the agreed flags, so such a unit keeps ``x`` until commit."""
+    _, step, _ = launch_one("topk", complete=False)
+    assert step.flights[0].residual is None

@@ -298,9 +298,9 @@ def _residuals(opt: GravacOptimizer) -> dict[int, torch.Tensor]:
     return {k: v.clone() for k, v in opt.memory.state_dict().get("residuals", {}).items()}
 
 
-def _overflowing_sum(rank: int, world_size: int) -> dict[str, Any]:
+def _overflowing_sum(rank: int, world_size: int, compressor: str) -> dict[str, Any]:
     model = tiny_model()
-    opt = make(model, compressor="none")
+    opt = make(model, compressor=compressor)
     train_step(model, opt, rank, 0)
     before = [p.detach().clone() for p in model.parameters()]
     residuals, controller = _residuals(opt), copy.deepcopy(opt.controller.state_dict())
@@ -320,8 +320,11 @@ def _overflowing_sum(rank: int, world_size: int) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-def test_a_non_finite_aggregate_skips_the_step_on_every_rank() -> None:
-    out = spawn_workers(_overflowing_sum, 2, timeout=240.0)
+@pytest.mark.parametrize("compressor", ["none", "topk"])
+def test_a_non_finite_aggregate_skips_the_step_on_every_rank(compressor: str) -> None:
+    """The sum of finite contributions overflows: a dense all-reduce, and a sparse gather whose
+    payloads cannot vouch for their sum (their absolute sum is too large)."""
+    out = spawn_workers(_overflowing_sum, 2, compressor, timeout=240.0)
     for o in out:
         assert o == {"skipped": 1, "unchanged": True, "residuals": True, "controller": True}
 

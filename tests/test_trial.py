@@ -17,7 +17,14 @@ from gravac.gain import gain_from_terms
 from gravac.memory import ResidualMemory
 from gravac.options import build_engine
 from gravac.trial import MIN_WARMUP_STEPS, PROBE_EVERY, TrialController, link_seconds
-from gravac.window import WindowSums, sample, window_terms
+from gravac.window import (
+    WINDOW_BLOCK,
+    WINDOW_STRIDE,
+    WindowSums,
+    sample,
+    sample_size,
+    window_terms,
+)
 
 WINDOW = 3
 
@@ -304,6 +311,28 @@ def test_window_of_one_step_is_the_per_step_gain_on_the_sample() -> None:
     s, xs = sample(sent), sample(x)
     want = float(s.dot(xs)) ** 2 / (float(s.dot(s)) * float(xs.dot(xs)))
     assert gain_from_terms(terms) == pytest.approx(want, rel=1e-5)
+
+
+@pytest.mark.parametrize("numel", [0, 5, 16, 255, 256, 257, 300, 4096 + 20])
+def test_the_sample_is_one_block_of_sixteen_in_every_sixteen(numel: int) -> None:
+    """Blocks of consecutive elements (whole cache lines), the last one cut by the tensor's end."""
+    t = torch.arange(numel, dtype=torch.float32)
+    want = [i for i in range(numel) if i % (WINDOW_BLOCK * WINDOW_STRIDE) < WINDOW_BLOCK]
+    assert sample(t).tolist() == want
+    assert sample_size(numel) == len(want)
+
+
+def test_window_sums_of_another_sampling_are_dropped_on_load() -> None:
+    """A checkpoint whose sums were sampled otherwise (an older gravac) restarts the window
+    rather than adding sums of other elements."""
+    sums = WindowSums()
+    sums.add((3,), (512,), [torch.ones(32)], None)
+    state = sums.state_dict()
+    again = WindowSums()
+    again.load_state_dict(state)
+    assert torch.equal(again.sent[3], torch.ones(32))
+    again.load_state_dict({"sent": state["sent"]})  # saved before the sampling was versioned
+    assert again.sent == {}
 
 
 def test_engine_logs_a_window_gain_once_a_window_and_resumes_it() -> None:

@@ -127,7 +127,14 @@ def _measure(name: str, params: int, steps: int, threads: int) -> MemoryResult:
     sgd_peak = peak_rss_above(_steps, model, sgd, x, steps)
     base = _status_kib("VmRSS") * _KIB
     opt = GravacOptimizer(
-        sgd, compressor=name, theta_min=CF, warmup_steps=0, window=1, dense_bytes=0
+        sgd,
+        compressor=name,
+        theta_min=CF,
+        warmup_steps=0,
+        window=1,
+        dense_bytes=0,
+        epsilon=0.0,  # every gain is enough: compressed sends, never a dense fallback
+        policy_options={"search": "paper"},  # a candidate compressed at every step
     )
     first = peak_rss_above(_steps, model, opt, x, steps)
     held = _status_kib("VmRSS") * _KIB - base  # what the optimizer keeps between steps

@@ -266,6 +266,12 @@ class Compressor(ABC):
             total = total + self.decompress(p, ctx)
         return total if out is None else out.copy_(total.reshape(-1)).view(ctx.shape)
 
+    def sum_is_finite(self, payloads: Sequence[Payload], ctx: Context) -> bool | None:
+        """Whether :meth:`combine` of ``payloads`` is finite, read off the payloads where that
+        is cheaper than a pass over the dense sum; ``None`` (the default): unknown, the caller
+        checks the sum."""
+        return None
+
     def decompress_into(self, payload: Payload, ctx: Context, out: Tensor | None) -> Tensor:
         """:meth:`decompress` written into ``out`` (as in :meth:`combine`) when given. The
         default copies; compressors that build the dense tensor themselves override it."""

@@ -171,6 +171,30 @@ def test_combine_matches_sum_of_decompressed(name: str, workers: int) -> None:
 
 
 @pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("case", ["small", "nan", "overflowing"])
+def test_sum_is_finite_agrees_with_the_combined_sum(name: str, case: str) -> None:
+    """What a compressor reads off the payloads about its aggregate's finiteness is never
+    wrong: ``True`` only for a finite sum, ``False`` only for a non-finite one (``None``:
+    the engine checks the sum). The gathering sparsifiers know for small values and for NaN."""
+    torch.manual_seed(6)
+    c = compressors.create(name)
+    grads = [torch.randn(20, 30) for _ in range(2)]
+    if case == "nan":
+        grads[1][3, 4] = math.nan
+    if case == "overflowing":  # finite on each worker, their sum overflows float32
+        for g in grads:
+            g[0, 0] = 0.75 * torch.finfo(torch.float32).max
+    rnd = _round(2)
+    payloads = [_compress(c, g, 5.0, rnd)[0] for g in grads]
+    ctx = _compress(c, grads[0], 5.0, rnd)[1]
+    known = c.sum_is_finite(payloads, ctx)
+    if known is not None:
+        assert known == bool(torch.isfinite(c.combine(payloads, ctx)).all())
+    if name in {"topk", "dgc", "redsync"} and case != "overflowing":
+        assert known is (case == "small")
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_multilevel_keeps_fewer_elements(name: str) -> None:
     """Where supported, the theta_2 result reached through theta_1 has theta_2's CF."""
     c = compressors.create(name)

@@ -9,15 +9,18 @@ as each is ready; the engine does the rest. For every step::
     launch:  x = g + e                                      (error feedback, per unit)
              X_min = C(x, theta_min); X_c = C(X_min, theta_c / theta_min)   (multi-level)
              local gain terms <c, x>, ||c||^2 (from the payload), ||x||^2
-             start the collective of what the decision names (a future completes with the
-             unit's aggregate at commit)
+             e' = x - D(sent), in x's storage (settled now, kept at commit; where a tensor of
+             the unit has no gradient, at commit), so nothing reads x or the payload later
+             start the collective of what the decision names, an all-reduce in place (a
+             future completes with the unit's aggregate at commit)
     close:   one small all-gather of the step's scalars [non-finite flag, step time,
              has-gradient flags, gain terms], overlapped with the payloads still in flight
-    commit:  any rank non-finite: skip; else combine every unit's payloads into its ``out``
-             buffer (the front end's gradient buffer: no gradient-sized temporary); a
-             non-finite aggregate: skip. A skip leaves residuals, compressor and controller
-             untouched on every rank (aggregates NaN); else e <- x - D(sent), fold the agreed
-             gains and step time into the controller
+    commit:  any rank non-finite: skip; else combine every unit's payloads into the mean
+             over ranks in its ``out`` buffer (the front end's gradient buffer: no gradient-
+             sized temporary); a non-finite mean (known from the payloads where the compressor
+             can tell): skip. A skip leaves residuals, compressor and controller untouched on
+             every rank (aggregates NaN); else e <- e', fold the agreed gains and step time
+             into the controller
     finish:  count and log the step; the controller's window rules
 
 Units must be launched in the same order on every rank (collectives pair up by order). The
@@ -629,7 +632,6 @@ class Engine:
             if plan.window_terms:
                 self.controller.observe_window(plan, gain_w)
             self.controller.observe(plan, gain_min, gain_c)
-        n = self.comm.world_size
         step_bytes = sum(f.wire_bytes for f in step.flights)
         dense_bytes = 4 * sum(f.unit.numel for f in step.flights)
         ctl, cf = self.controller, decision.cf
@@ -654,10 +656,9 @@ class Engine:
             comm_seconds=comm_seconds,
             skipped_steps=self.skipped_steps,
         )
-        grads = tuple(t.div_(n) if n > 1 else t for t in totals)  # the totals are ours
-        for f, g in zip(step.flights, grads, strict=True):
+        for f, g in zip(step.flights, totals, strict=True):
             f.result.set_result(g)
-        return Outcome(False, grads, present, record, search=bool(compressed))
+        return Outcome(False, tuple(totals), present, record, search=bool(compressed))
 
     def _keep_stats(self, step: Step, table: Tensor) -> None:
         """Reduce the step's lagging statistics over ranks (every rank's row of them), for the
@@ -670,18 +671,19 @@ class Engine:
             self._lagged[layers] = cols.amax(dim=0) if op == "max" else cols.sum(dim=0)
 
     def _aggregate(self, f: _Flight) -> Tensor:
-        """The sum over ranks of what ``f`` sent, dense and flat, in ``f.out`` if given: the
-        all-reduced tensor, or the compressor's combination of every rank's payload (once a
-        step: it advances the compressor's shared state)."""
-        arrived = f.arrived.value()
+        """The mean over ranks of what ``f`` sent, dense and flat, in ``f.out`` if given: the
+        all-reduced tensor divided, or the compressor's combination of every rank's payload
+        (once a step: it advances the compressor's shared state)."""
+        arrived, c, n = f.arrived.value(), self.compressor, self.comm.world_size
         if f.pieces:
             total = f.out if f.out is not None else torch.empty_like(f.x.reshape(-1))
             for p, payloads in zip(f.pieces, arrived, strict=True):
-                self.compressor.combine(payloads, p.ctx, out=total[p.start : p.end])
+                c.combine_mean(payloads, p.ctx, n, out=total[p.start : p.end])
             return total
         if f.sent is None:
-            return arrived if f.out is None or f.out is arrived else f.out.copy_(arrived)
-        return self.compressor.combine(arrived, f.sent[1], out=f.out).reshape(-1)
+            total = arrived if f.out is None or f.out is arrived else f.out.copy_(arrived)
+            return total.div_(n) if n > 1 else total
+        return c.combine_mean(arrived, f.sent[1], n, out=f.out).reshape(-1)
 
     def _sum_is_finite(self, f: _Flight) -> bool | None:
         """Whether ``f``'s aggregate is finite, from its payloads when the compressor can tell

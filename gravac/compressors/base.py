@@ -266,10 +266,24 @@ class Compressor(ABC):
             total = total + self.decompress(p, ctx)
         return total if out is None else out.copy_(total.reshape(-1)).view(ctx.shape)
 
+    def combine_mean(
+        self,
+        payloads: Sequence[Payload],
+        ctx: Context,
+        world_size: int,
+        out: Tensor | None = None,
+    ) -> Tensor:
+        """:meth:`combine` divided by ``world_size``: the mean over ranks that the optimizer
+        applies. The default divides the sum (a pass over it); compressors that can fold the
+        division into work they do anyway override it (a sparsifier divides the gathered
+        values, a 16-bit cast its scale)."""
+        total = self.combine(payloads, ctx, out)
+        return total.div_(world_size) if world_size > 1 else total
+
     def sum_is_finite(self, payloads: Sequence[Payload], ctx: Context) -> bool | None:
-        """Whether :meth:`combine` of ``payloads`` is finite, read off the payloads where that
-        is cheaper than a pass over the dense sum; ``None`` (the default): unknown, the caller
-        checks the sum."""
+        """Whether :meth:`combine` (and :meth:`combine_mean`) of ``payloads`` is finite, read
+        off the payloads where that is cheaper than a pass over the dense result; ``None`` (the
+        default): unknown, the caller checks the result."""
         return None
 
     def decompress_into(self, payload: Payload, ctx: Context, out: Tensor | None) -> Tensor:

@@ -24,6 +24,7 @@ BufferPool`): a fresh 32 MiB payload costs more in page faults than the cast its
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -181,6 +182,18 @@ class _HalfCompressor(Compressor):
         if out is None:
             out = self._buffers.empty(ctx.numel, ctx.dtype, values[0].device, "decompressed")
         return scaled_widen(values, cast(ScaledContext, ctx).scale, out).view(ctx.shape)
+
+    def combine_mean(
+        self,
+        payloads: Sequence[Payload],
+        ctx: Context,
+        world_size: int,
+        out: Tensor | None = None,
+    ) -> Tensor:
+        """As :meth:`combine` with the scale divided by ``world_size``: ``s = N / 2^k`` becomes
+        ``2^-k`` exactly, so the division costs no pass of its own."""
+        c = cast(ScaledContext, ctx)
+        return self.combine(payloads, dataclasses.replace(c, scale=c.scale / world_size), out)
 
     def residual_(self, x: Tensor, payload: Payload, ctx: Context) -> Tensor:
         """``x - s v`` in place, without the scaled copy (``s v`` is exact: ``s`` is a power of

@@ -121,9 +121,29 @@ class SparseCompressor(Compressor):
         self, payloads: Sequence[Payload], ctx: Context, out: Tensor | None = None
     ) -> Tensor:
         """Sum of all gathered payloads in one scatter-add, rank order preserved."""
+        return self._scatter(payloads, ctx, out, 1)
+
+    def combine_mean(
+        self,
+        payloads: Sequence[Payload],
+        ctx: Context,
+        world_size: int,
+        out: Tensor | None = None,
+    ) -> Tensor:
+        """The gathered values divided by ``world_size`` (``k N`` elements, not a pass over the
+        dense result), then scatter-added: ``sum_r v_r / N``, bit for bit the sum divided
+        for a power-of-two ``N`` (barring subnormals), within a rounding otherwise."""
+        return self._scatter(payloads, ctx, out, world_size)
+
+    @staticmethod
+    def _scatter(
+        payloads: Sequence[Payload], ctx: Context, out: Tensor | None, divisor: int
+    ) -> Tensor:
         if not payloads:
             raise ValueError("combine() needs at least one payload, got none")
         ps = [cast(SparsePayload, p) for p in payloads]
-        values = torch.cat([p.values.reshape(-1) for p in ps]).to(ctx.dtype)
+        values = torch.cat([p.values.reshape(-1) for p in ps]).to(ctx.dtype)  # ours: a copy
+        if divisor > 1:
+            values.div_(divisor)
         indices = torch.cat([p.indices.reshape(-1) for p in ps])
         return scatter_add(ctx.numel, indices, values, out=out).view(ctx.shape)

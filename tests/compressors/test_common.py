@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from gravac import compressors
 from gravac.compressors import Round, payload_tensors, wire_bytes
+from gravac.compressors.base import sum_payloads
 from gravac.gain import compression_gain, gain_terms, squared_norm
 from gravac.memory import ResidualMemory
 from gravac.simulation import simulate
@@ -168,6 +169,28 @@ def test_combine_matches_sum_of_decompressed(name: str, workers: int) -> None:
     half = any(t.element_size() == 2 for t in payload_tensors(payload) if t.is_floating_point())
     tol = 1e-2 if half else 1e-5
     torch.testing.assert_close(res.mean, expected, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("workers", [2, 3])
+def test_combine_mean_is_the_sum_divided(name: str, workers: int) -> None:
+    """The mean the engine applies: bit for bit the sum divided by a power-of-two world size,
+    within a rounding for another (where the division is folded into the values or the scale)."""
+    torch.manual_seed(9)
+    c = compressors.create(name)
+    rnd = _round(workers)
+    compressed = [_compress(c, torch.randn(20, 30), 5.0, rnd) for _ in range(workers)]
+    payloads, ctx = [p for p, _ in compressed], compressed[0][1]
+    if c.collective == "allreduce":  # what the all-reduce delivers: one summed payload
+        payloads = [sum_payloads(payloads)]
+    state = c.state_dict()
+    total = c.combine(payloads, ctx).clone()
+    c.load_state_dict(state)  # PowerSGD's combine advances its basis: combine again from it
+    mean = c.combine_mean(payloads, ctx, workers)
+    if workers == 2:
+        assert torch.equal(mean, total / 2)
+    else:
+        torch.testing.assert_close(mean, total / workers, rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -98,13 +98,13 @@ def simulate(
     compressed: list[tuple[Payload, Context]] = [compressor.compress(x, cf, rnd) for x in xs]
     payloads = [p for p, _ in compressed]
     ctx = compressed[0][1]
-    total = compressor.combine(payloads, ctx)
+    mean = compressor.combine_mean(payloads, ctx, n)  # as the engine averages
     sent = [compressor.decompress(p, c) for p, c in compressed]
     if memories:
         for m, x, s in zip(memories, xs, sent, strict=True):
             m.update(key, x, s)
     return SimulationResult(
-        mean=total / n,
+        mean=mean,
         sent=sent,
         compensated=xs,
         wire_bytes=[wire_bytes(p) for p in payloads],

@@ -383,8 +383,8 @@ class Engine:
             ranks of what was sent), or with NaN where the step is skipped.
         """
         t0 = self.clock()
-        if not unit.compressed:
-            step.ends.append(_ends(flat))
+        if not unit.compressed:  # no local check: the all-reduced sum, checked at commit, is
+            # non-finite on every rank where an element is on one (NaN and Inf propagate)
             x = flat if out is flat else flat.clone()  # all-reduced in place
             flight = _Flight(unit, x, None, self.comm.all_reduce_async(x), _nbytes(x), out)
         else:
@@ -438,7 +438,8 @@ class Engine:
             step.ends.append(xx.reshape(1))
             terms.append(xx)
         else:
-            step.ends.append(_ends(x))
+            if not c.sends_input:  # else its aggregate, a plain sum, is checked at commit
+                step.ends.append(_ends(x))
             terms.append(zero)
         if plan.window_terms and self._windowed:
             e = self.memory.residual(unit.key)  # still the previous step's, until commit

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 from typing import Any
 
 import pytest
@@ -221,6 +222,49 @@ def test_nonfinite_gradient_on_one_rank_skips_the_step_on_all(compressor: str) -
         assert r["unchanged"] == [False, False, False, True, False, False]
         assert r["residuals"] == [False, False, False, True, False, False]
         assert r["steps"] == 5
+
+
+def nonfinite_bias_on_one_rank(
+    rank: int, world_size: int, compressor: str, value: float
+) -> dict[str, Any]:
+    """Rank 1 alone has one non-finite element, in a 1-D (dense, uncompressed) gradient, at
+    step 2: no rank checks such a gradient locally, the all-reduced sum carries it to all."""
+    model = tiny_model(seed=0)
+    opt = make(model, compressor)
+    bias = next(p for p in model.parameters() if p.dim() == 1)
+    skipped, unchanged = [], []
+    for step in range(4):
+        opt.zero_grad()
+        x, y = batch(rank, step)
+        hook = None
+        if step == 2 and rank == 1:
+
+            def poison(g: torch.Tensor) -> torch.Tensor:
+                g = g.clone()
+                g[0] = value
+                return g
+
+            hook = bias.register_hook(poison)
+        before = [p.detach().clone() for p in model.parameters()]
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        if hook is not None:
+            hook.remove()
+        skipped.append(opt.skipped_steps)
+        unchanged.append(
+            all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+        )
+    return {"skipped": skipped, "unchanged": unchanged}
+
+
+@pytest.mark.parametrize("compressor", ["topk", "none"])
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_a_nonfinite_dense_gradient_on_one_rank_skips_the_step_on_all(
+    compressor: str, value: float
+) -> None:
+    results = spawn_workers(nonfinite_bias_on_one_rank, 2, compressor, value, timeout=SPAWN_TIMEOUT)
+    for r in results:
+        assert r == {"skipped": [0, 0, 1, 1], "unchanged": [False, False, True, False]}
 
 
 def collectives_per_step(rank: int, world_size: int, compressor: str) -> list[list[str]]:

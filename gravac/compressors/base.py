@@ -174,6 +174,9 @@ class Compressor(ABC):
     #: statistics (:attr:`Round.stale`): the engine then agrees them beside the step's other
     #: scalars instead of in a blocking collective before compressing
     stats_may_lag: ClassVar[bool] = False
+    #: whether the payload is the input itself, summed as it is: the aggregate is then
+    #: non-finite on every rank wherever an input is on one, and the engine checks only it
+    sends_input: ClassVar[bool] = False
 
     def local_stats(self, x: Tensor, cf: float, rnd: Round) -> Tensor | None:
         """Values all ranks must agree on before compressing ``x`` (``None``: nothing)."""

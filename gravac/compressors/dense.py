@@ -79,6 +79,7 @@ class NoneCompressor(Compressor):
 
     name: ClassVar[str] = "none"
     collective: Collective = "allreduce"
+    sends_input: ClassVar[bool] = True
 
     def deliverable_cf(self, cf: float, world_size: int = 1) -> float:
         """Always 1: the values travel as they are."""

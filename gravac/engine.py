@@ -194,7 +194,8 @@ class Step:
         decision: what is sent (controller's decision, from earlier steps' values).
         snapshot: the compressor's state before the step, restored if it is skipped.
         flights: the launched units, in launch order.
-        ends: each gradient's [min, max], for the non-finite flag.
+        ends: each gradient's [min, max] (or the compressor's statistics of it, where they
+            show a non-finite value), for the non-finite flag.
         terms: the local gain terms, summed over the compressed units (float64).
         compress_seconds: time spent compensating, compressing and computing gain terms.
         closed_at: the clock at :meth:`Engine.close`; ``None`` before.
@@ -379,7 +380,7 @@ class Engine:
                 :meth:`Memory.settle`); ``False``: a missing one is zeros in ``flat``.
 
         Returns:
-            A future that :meth:`commit` completes with the unit's aggregate (the sum over
+            A future that :meth:`commit` completes with the unit's aggregate (the mean over
             ranks of what was sent), or with NaN where the step is skipped.
         """
         t0 = self.clock()
@@ -438,7 +439,8 @@ class Engine:
             step.ends.append(xx.reshape(1))
             terms.append(xx)
         else:
-            if not c.sends_input:  # else its aggregate, a plain sum, is checked at commit
+            # else its aggregate, a plain sum, is checked at commit, or its statistics were
+            if not (c.sends_input or c.stats_show_nonfinite):
                 step.ends.append(_ends(x))
             terms.append(zero)
         if plan.window_terms and self._windowed:
@@ -524,6 +526,8 @@ class Engine:
         if not present:
             return [base] * len(cfs)
         flat = torch.cat([s.reshape(-1).to(torch.float64) for s in present])
+        if c.stats_show_nonfinite:  # the non-finite check of x, without a pass of its own
+            step.ends.append(flat.clone())
         stale = False
         if self._stats_lag:
             step.stats.append((layers, flat))

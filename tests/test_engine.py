@@ -119,3 +119,19 @@ def test_a_unit_with_a_missing_gradient_updates_its_residual_at_commit() -> None
     from the agreed flags, so such a unit keeps ``x`` until commit."""
     _, step, _ = launch_one("topk", complete=False)
     assert step.flights[0].residual is None
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
+def test_a_sixteen_bit_cast_skips_a_non_finite_gradient_its_statistics_show(value: float) -> None:
+    """fp16 clamps what it sends, so its aggregate would hide an Inf: the largest magnitude it
+    computes anyway for its scale is the step's non-finite check."""
+    p = torch.nn.Parameter(torch.zeros(2, 4))
+    opt = GravacOptimizer(torch.optim.SGD([p], lr=1.0), compressor="fp16", overlap=False)
+    p.grad = torch.ones(2, 4)
+    opt.step()
+    before = p.detach().clone()
+    p.grad = torch.ones(2, 4)
+    p.grad[1, 2] = value
+    with pytest.warns(RuntimeWarning, match="skipped step"):
+        opt.step()
+    assert opt.skipped_steps == 1 and torch.equal(p.detach(), before)

@@ -177,6 +177,9 @@ class Compressor(ABC):
     #: whether the payload is the input itself, summed as it is: the aggregate is then
     #: non-finite on every rank wherever an input is on one, and the engine checks only it
     sends_input: ClassVar[bool] = False
+    #: whether :meth:`local_stats` is non-finite exactly when ``x`` holds a non-finite value:
+    #: the engine then takes them as the non-finite check, without a pass of its own
+    stats_show_nonfinite: ClassVar[bool] = False
 
     def local_stats(self, x: Tensor, cf: float, rnd: Round) -> Tensor | None:
         """Values all ranks must agree on before compressing ``x`` (``None``: nothing)."""

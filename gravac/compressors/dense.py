@@ -120,6 +120,7 @@ class _HalfCompressor(Compressor):
     collective: Collective = "allreduce"
     stats_op: ClassVar[StatsOp] = "max"
     stats_may_lag: ClassVar[bool] = True
+    stats_show_nonfinite: ClassVar[bool] = True  # the largest magnitude: NaN or Inf with x
     wire_dtype: ClassVar[torch.dtype]
 
     def __init__(self, *, backend: str | None = None) -> None:

@@ -47,10 +47,12 @@ class _StatefulFake(Compressor):
     def decompress(self, payload: Payload, ctx: Context) -> Tensor:
         return cast(DensePayload, payload).values.view(ctx.shape)
 
-    def combine(self, payloads: Sequence[Payload], ctx: Context) -> Tensor:
+    def combine(
+        self, payloads: Sequence[Payload], ctx: Context, out: Tensor | None = None
+    ) -> Tensor:
         self.seen.append(("combine", self.rounds))
         self.rounds += 1
-        return super().combine(payloads, ctx)
+        return super().combine(payloads, ctx, out)
 
     def state_dict(self) -> dict[str, Any]:
         return {"rounds": self.rounds}

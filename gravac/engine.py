@@ -458,17 +458,14 @@ class Engine:
         if step.decision.which == "dense":
             total = x if early else x.clone()  # all-reduced in place
             reduced = self.comm.all_reduce_async(total)
-            flight = _Flight(unit, x, None, reduced, _nbytes(total), out)
-            flight.taken = taken
-            return flight
+            return _Flight(unit, x, None, reduced, _nbytes(total), out, taken=taken)
         payload, ctx = chosen
         residual = None
         if early and not _aliases(payload, x):
             residual = self.memory.settle(unit.key, x, c, payload, ctx)
         gathered = self._send(payload, read_later=residual is None)
-        flight = _Flight(unit, x, chosen, gathered, wire_bytes(payload), out)
-        flight.residual, flight.taken = residual, taken
-        return flight
+        nbytes = wire_bytes(payload)
+        return _Flight(unit, x, chosen, gathered, nbytes, out, residual=residual, taken=taken)
 
     def _send(self, payload: Payload, *, read_later: bool = True) -> Future[Any]:
         """Start the compressor's collective of ``payload``; an all-reduce sums into the payload

@@ -120,7 +120,7 @@ class ResidualMemory(Memory):
     def update_sent(
         self, key: int, x: Tensor, compressor: Compressor, payload: Payload, ctx: Context
     ) -> None:
-        self.keep(key, compressor.residual_(x, payload, ctx))
+        self.keep(key, self.settle(key, x, compressor, payload, ctx))
 
     def settle(
         self, key: int, x: Tensor, compressor: Compressor, payload: Payload, ctx: Context

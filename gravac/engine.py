@@ -13,14 +13,18 @@ as each is ready; the engine does the rest. For every step::
              the unit has no gradient, at commit), so nothing reads x or the payload later
              start the collective of what the decision names, an all-reduce in place (a
              future completes with the unit's aggregate at commit)
-    close:   one small all-gather of the step's scalars [non-finite flag, step time,
-             has-gradient flags, gain terms], overlapped with the payloads still in flight
+    close:   one small all-gather of the step's scalars [non-finite flag, step time, bound
+             on |x|, has-gradient flags, gain terms], overlapped with the payloads in flight
     commit:  any rank non-finite: skip; else combine every unit's payloads into the mean
              over ranks in its ``out`` buffer (the front end's gradient buffer: no gradient-
-             sized temporary); a non-finite mean (known from the payloads where the compressor
-             can tell): skip. A skip leaves residuals, compressor and controller untouched on
-             every rank (aggregates NaN); else e <- e', fold the agreed gains and step time
-             into the controller
+             sized temporary); a non-finite mean: skip (a mean that the compressor bounds well
+             inside the range, from the agreed bound on every rank's |x|, is not looked at:
+             Compressor.mean_bound). A skip leaves residuals, compressor and controller
+             untouched on every rank (aggregates NaN); else e <- e', fold the agreed gains and
+             step time into the controller. A front end that hands its buffer over
+             (``launch(own=True)``, the optimizer) has x formed in it; it becomes the residual
+             and the mean lands in the old residual's storage: two gradient-sized buffers a
+             unit, where a buffer of x's own would make three
     finish:  count and log the step; the controller's window rules
 
 Units must be launched in the same order on every rank (collectives pair up by order). The
@@ -67,9 +71,15 @@ __all__ = ["Engine", "Outcome", "Step", "Unit", "all_finite"]
 _TERMS = 8
 #: where the window's terms start among them
 _WINDOW_TERMS = 5
-#: the scalars before the has-gradient flags: non-finite, stale, step interval, and the
-#: previous step's exposed communication seconds
-_HEAD = 4
+#: the scalars before the has-gradient flags: non-finite, stale, step interval, the previous
+#: step's exposed communication seconds, and the bound on the magnitude of the step's inputs
+_HEAD = 5
+#: where the bound is among them
+_BOUND = 4
+#: an aggregate is known finite, without a pass over it, when the compressor bounds every value
+#: it computes (:meth:`Compressor.mean_bound`) by the dtype's largest finite value over this:
+#: the bounds leave out rounding (a factor ``1 + 2^-24`` per addition in float32, far from 2)
+_BOUND_MARGIN = 2.0
 #: what a step that compresses nothing sends
 _DENSE = Decision(cf=1.0, which="dense")
 #: keys of the pieces of a unit sent at per-layer CFs (:meth:`Engine._launch_layers`), apart
@@ -168,6 +178,9 @@ class _Flight:
     # the new residual, settled at launch in x's storage (Memory.settle; None: made at commit)
     residual: Tensor | None = None
     taken: list[Tensor] | None = None  # the window's sample of x, taken before settling
+    # x is in the front end's buffer and becomes the residual: the aggregate goes into the old
+    # residual's storage at commit (out, still x's, receives a skipped step's NaN)
+    rotate: bool = False
 
     @property
     def dense(self) -> bool:
@@ -196,6 +209,7 @@ class Step:
         flights: the launched units, in launch order.
         ends: each gradient's [min, max] (or the compressor's statistics of it, where they
             show a non-finite value), for the non-finite flag.
+        bounds: per compressed unit, a bound on ``max |x|`` (float64; ``inf``: none known).
         terms: the local gain terms, summed over the compressed units (float64).
         compress_seconds: time spent compensating, compressing and computing gain terms.
         closed_at: the clock at :meth:`Engine.close`; ``None`` before.
@@ -212,6 +226,7 @@ class Step:
     snapshot: dict[str, Any]
     flights: list[_Flight] = field(default_factory=list)
     ends: list[Tensor] = field(default_factory=list)
+    bounds: list[Tensor] = field(default_factory=list)
     terms: Tensor = field(default_factory=lambda: torch.zeros(_TERMS, dtype=torch.float64))
     compress_seconds: float = 0.0
     closed_at: float | None = None
@@ -364,9 +379,10 @@ class Engine:
         out: Tensor | None = None,
         carry: Tensor | None = None,
         complete: bool = True,
+        own: bool = False,
     ) -> Future[Tensor]:
-        """Compensate, compress and start aggregating one unit's flat gradient ``flat`` (not
-        modified before the collective has completed).
+        """Compensate, compress and start aggregating one unit's flat gradient ``flat`` (which
+        the engine does not modify, unless ``own``).
 
         Args:
             out: a flat tensor of the unit's size and ``flat``'s dtype to receive the aggregate
@@ -378,18 +394,29 @@ class Engine:
             complete: every tensor of the unit has a gradient on this rank, so none can be
                 absent on every rank (the residual update is then settled before the send,
                 :meth:`Memory.settle`); ``False``: a missing one is zeros in ``flat``.
+            own: the front end gives ``flat`` (which must be ``out``) to the engine until
+                commit: a compressed unit's error-fed gradient is formed in it
+                (:meth:`Memory.compensate_`) and, where a compressed payload is sent and the
+                residual settled, ``flat`` becomes the residual and the aggregate is written
+                into the old residual's storage (a new tensor at the first step). The front
+                end then keeps the future's tensor as its gradient buffer: one
+                gradient-sized buffer fewer than a residual, a buffer for ``x`` and ``flat``.
 
         Returns:
             A future that :meth:`commit` completes with the unit's aggregate (the mean over
             ranks of what was sent), or with NaN where the step is skipped.
         """
+        if own and out is not flat:
+            raise ValueError("Engine.launch(own=True) needs out to be flat itself")
         t0 = self.clock()
         if not unit.compressed:  # no local check: the all-reduced sum, checked at commit, is
             # non-finite on every rank where an element is on one (NaN and Inf propagate)
             x = flat if out is flat else flat.clone()  # all-reduced in place
             flight = _Flight(unit, x, None, self.comm.all_reduce_async(x), _nbytes(x), out)
         else:
-            flight = self._launch_compressed(step, unit, flat, out, carry, settle=complete)
+            flight = self._launch_compressed(
+                step, unit, flat, out, carry, settle=complete, own=own
+            )
         step.flights.append(flight)
         step.compress_seconds += self.clock() - t0
         return flight.result
@@ -403,12 +430,20 @@ class Engine:
         carry: Tensor | None,
         *,
         settle: bool,
+        own: bool,
     ) -> _Flight:
         c, plan = self.compressor, step.plan
         self.controller.track(unit.layer_ids, flat, unit.numels)
-        x = self.memory.compensate(unit.key, flat if carry is None else flat + carry)
+        # every tensor has a gradient here: nothing reads x after the send (the residual update
+        # is settled now, or a dense send zeroes it), so the window's sample is taken first
+        early = settle and carry is None
         layer_cfs = plan.cfs_for(unit.layer_ids)
-        if len(set(layer_cfs)) > 1:
+        per_layer = len(set(layer_cfs)) > 1
+        x = self.memory.compensate_(unit.key, flat) if own and early and not per_layer else None
+        in_flat = x is not None
+        if x is None:
+            x = self.memory.compensate(unit.key, flat if carry is None else flat + carry)
+        if per_layer:
             return self._launch_layers(step, unit, x, layer_cfs, out)
         cf_min = layer_cfs[0]
         world = self.comm.world_size
@@ -437,11 +472,15 @@ class Engine:
         if plan.measure:
             xx = squared_norm(x)
             step.ends.append(xx.reshape(1))
+            step.bounds.append(xx.sqrt().reshape(1))  # ||x||_inf <= ||x||_2
             terms.append(xx)
-        else:
-            # else its aggregate, a plain sum, is checked at commit, or its statistics were
-            if not (c.sends_input or c.stats_show_nonfinite):
-                step.ends.append(_ends(x))
+        elif not (c.sends_input or c.stats_show_nonfinite):
+            ends = _ends(x)
+            step.ends.append(ends)
+            step.bounds.append(ends.abs().amax(dim=0, keepdim=True) if ends.numel() else ends)
+            terms.append(zero)
+        else:  # its aggregate, a plain sum, is checked at commit, or its statistics were
+            step.bounds.append(torch.full((1,), math.inf, dtype=torch.float64))
             terms.append(zero)
         if plan.window_terms and self._windowed:
             e = self.memory.residual(unit.key)  # still the previous step's, until commit
@@ -451,9 +490,6 @@ class Engine:
         else:
             window = torch.zeros(3, dtype=torch.float64, device=x.device)
         step.terms = step.terms.to(x.device) + torch.cat([torch.stack(terms), window])
-        # every tensor has a gradient here: nothing reads x after the send (the residual update
-        # is settled now, or a dense send zeroes it), so the window's sample is taken first
-        early = settle and carry is None
         taken = self.windows.taken(x, unit.numels) if early and self._sums(plan) else None
         if step.decision.which == "dense":
             total = x if early else x.clone()  # all-reduced in place
@@ -465,7 +501,12 @@ class Engine:
             residual = self.memory.settle(unit.key, x, c, payload, ctx)
         gathered = self._send(payload, read_later=residual is None)
         nbytes = wire_bytes(payload)
-        return _Flight(unit, x, chosen, gathered, nbytes, out, residual=residual, taken=taken)
+        if in_flat and residual is None:  # x, in flat, is read at commit: the aggregate goes
+            out = None  # into a new tensor
+        rotate = in_flat and residual is not None
+        return _Flight(
+            unit, x, chosen, gathered, nbytes, out, residual=residual, taken=taken, rotate=rotate
+        )
 
     def _send(self, payload: Payload, *, read_later: bool = True) -> Future[Any]:
         """Start the compressor's collective of ``payload``; an all-reduce sums into the payload
@@ -560,7 +601,8 @@ class Engine:
         step.closed_at = now
         step.flags = len(has_grad)
         local_bad = not _ends_finite(step.ends)
-        scalars = [local_bad, stale, interval, self.last_comm, *has_grad]
+        bound = max((float(b.max()) for b in step.bounds if b.numel()), default=0.0)
+        scalars = [local_bad, stale, interval, self.last_comm, bound, *has_grad]
         head = torch.tensor(scalars, dtype=torch.float64)
         values = torch.tensor(self.controller.local_values(), dtype=torch.float64)
         step.values = len(values)
@@ -595,11 +637,20 @@ class Engine:
             raise error
         if table[:, 0].max() > 0:
             return self._skip(step)
-        totals = [self._aggregate(f) for f in step.flights]
-        known = [self._sum_is_finite(f) for f in step.flights]
-        unknown = [t for t, k in zip(totals, known, strict=True) if k is None]
-        if False in known or not all_finite(unknown):
+        bound = float(table[:, _BOUND].max())
+        vouched = [self._vouched(f, bound) for f in step.flights]
+        # first the aggregates that must be checked, into buffers a skip may overwrite
+        checked = {
+            i: self._aggregate(f, None if f.rotate else f.out)
+            for i, (f, v) in enumerate(zip(step.flights, vouched, strict=True))
+            if not v
+        }
+        if not all_finite(list(checked.values())):
             return self._skip(step)
+        totals = [
+            checked[i] if i in checked else self._aggregate(f, self._target(f))
+            for i, f in enumerate(step.flights)
+        ]
         self.last_comm = comm_seconds  # agreed with the next step's scalars
         n_flags = step.flags
         flags = _HEAD + n_flags
@@ -672,27 +723,40 @@ class Engine:
             op = self.compressor.stats_op
             self._lagged[layers] = cols.amax(dim=0) if op == "max" else cols.sum(dim=0)
 
-    def _aggregate(self, f: _Flight) -> Tensor:
-        """The mean over ranks of what ``f`` sent, dense and flat, in ``f.out`` if given: the
+    def _aggregate(self, f: _Flight, out: Tensor | None) -> Tensor:
+        """The mean over ranks of what ``f`` sent, dense and flat, in ``out`` if given: the
         all-reduced tensor divided, or the compressor's combination of every rank's payload
         (once a step: it advances the compressor's shared state)."""
         arrived, c, n = f.arrived.value(), self.compressor, self.comm.world_size
         if f.pieces:
-            total = f.out if f.out is not None else torch.empty_like(f.x.reshape(-1))
+            total = out if out is not None else torch.empty_like(f.x.reshape(-1))
             for p, payloads in zip(f.pieces, arrived, strict=True):
                 c.combine_mean(payloads, p.ctx, n, out=total[p.start : p.end])
             return total
         if f.sent is None:
-            total = arrived if f.out is None or f.out is arrived else f.out.copy_(arrived)
+            total = arrived if out is None or out is arrived else out.copy_(arrived)
             return total.div_(n) if n > 1 else total
-        return c.combine_mean(arrived, f.sent[1], n, out=f.out).reshape(-1)
+        return c.combine_mean(arrived, f.sent[1], n, out=out).reshape(-1)
 
-    def _sum_is_finite(self, f: _Flight) -> bool | None:
-        """Whether ``f``'s aggregate is finite, from its payloads when the compressor can tell
-        (:meth:`Compressor.sum_is_finite`); ``None``: the aggregate itself must be checked."""
+    def _vouched(self, f: _Flight, bound: float) -> bool:
+        """Whether ``f``'s aggregate is finite without a look at it: the compressor bounds
+        every value aggregating it computes (:meth:`Compressor.mean_bound`), given the
+        agreed ``bound`` on every rank's ``max |x|``, well inside the dtype's range."""
         if f.sent is None:
-            return None
-        return self.compressor.sum_is_finite(f.arrived.value(), f.sent[1])
+            return False
+        limit = torch.finfo(f.x.dtype).max / _BOUND_MARGIN
+        b = self.compressor.mean_bound(f.sent[1], self.comm.world_size, bound)
+        return b is not None and b <= limit
+
+    def _target(self, f: _Flight) -> Tensor | None:
+        """Where ``f``'s vouched aggregate goes: ``f.out``; where ``f`` rotates, the old
+        residual's storage, given up by the memory as ``x``'s becomes the residual (a new
+        tensor when there was none)."""
+        if not f.rotate:
+            return f.out
+        assert f.residual is not None  # rotate: settled at launch
+        old = self.memory.swap(f.unit.key, f.residual)
+        return old if old is not None else torch.empty_like(f.residual.reshape(-1))
 
     def _update_residual(self, f: _Flight, present: tuple[bool, ...], plan: Plan) -> None:
         """``e <- x - D(sent)``, and what was sent (``x - e``) added to the window's sums
@@ -709,7 +773,10 @@ class Engine:
         """``e <- x - D(sent)``; what belongs to a tensor with a gradient on no rank stays in
         the residual (it is applied to nothing); after a dense send, ``e <- 0``."""
         if f.residual is not None:  # settled at launch, where every tensor had a gradient
-            self.memory.keep(f.unit.key, f.residual)
+            if f.rotate:  # the old residual's storage is the aggregate's, or is dropped
+                self.memory.swap(f.unit.key, f.residual)
+            else:
+                self.memory.keep(f.unit.key, f.residual)
             return
         absent = self._absent_mask(f, present)
         if f.dense and absent is None:

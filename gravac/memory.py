@@ -31,6 +31,12 @@ class Memory:
         """The tensor to compress this step for the gradient ``g`` of bucket ``key``."""
         return g
 
+    def compensate_(self, key: int, g: Tensor) -> Tensor | None:
+        """:meth:`compensate` in ``g``'s own storage, for a caller that gives ``g`` up (the
+        optimizer's gradient buffer); ``None``: this memory cannot (it keeps more than a
+        residual), the caller uses :meth:`compensate`."""
+        return None
+
     def update(self, key: int, x: Tensor, sent: Tensor) -> None:
         """Record that ``sent`` (dense, ``D(C(x))``) was sent for the compensated ``x``."""
 
@@ -56,6 +62,15 @@ class Memory:
 
     def keep(self, key: int, residual: Tensor) -> None:
         """Make ``residual``, returned by :meth:`settle`, bucket ``key``'s residual.
+
+        Raises:
+            NotImplementedError: a memory whose :meth:`settle` returns ``None``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} keeps no residual from settle()")
+
+    def swap(self, key: int, residual: Tensor) -> Tensor | None:
+        """As :meth:`keep`, but the old residual is handed back for the caller to reuse, not
+        kept (``None``: there was none, or ``residual`` already is it).
 
         Raises:
             NotImplementedError: a memory whose :meth:`settle` returns ``None``.
@@ -101,18 +116,27 @@ class ResidualMemory(Memory):
         self._spare: dict[int, Tensor] = {}
 
     def compensate(self, key: int, g: Tensor) -> Tensor:
-        e = self.residuals.get(key)
+        e = self._matching(key, g)
         if e is None:
             return g.clone()
-        if e.shape != g.shape or e.dtype != g.dtype:
-            raise ValueError(
-                f"residual of bucket {key} has shape {tuple(e.shape)} and dtype {e.dtype}, "
-                f"gradient has {tuple(g.shape)} and {g.dtype}"
-            )
         spare = self._spare.pop(key, None)
         if spare is None or spare.shape != g.shape or spare.dtype != g.dtype:
             return g + e
         return torch.add(g, e, out=spare)
+
+    def compensate_(self, key: int, g: Tensor) -> Tensor:
+        """``g += e``: ``x`` in ``g``'s storage."""
+        e = self._matching(key, g)
+        return g if e is None else g.add_(e)
+
+    def _matching(self, key: int, g: Tensor) -> Tensor | None:
+        e = self.residuals.get(key)
+        if e is not None and (e.shape != g.shape or e.dtype != g.dtype):
+            raise ValueError(
+                f"residual of bucket {key} has shape {tuple(e.shape)} and dtype {e.dtype}, "
+                f"gradient has {tuple(g.shape)} and {g.dtype}"
+            )
+        return e
 
     def update(self, key: int, x: Tensor, sent: Tensor) -> None:
         self.residuals[key] = x - sent
@@ -135,6 +159,12 @@ class ResidualMemory(Memory):
         self.residuals[key] = residual
         if old is not None and old is not residual:
             self._spare[key] = old
+
+    def swap(self, key: int, residual: Tensor) -> Tensor | None:
+        old = self.residuals.get(key)
+        self.residuals[key] = residual
+        self._spare.pop(key, None)
+        return old if old is not residual else None
 
     def reset(self, key: int | None = None) -> None:
         if key is None:

@@ -109,7 +109,9 @@ class GravacOptimizer(torch.optim.Optimizer):
         overlap: launch each bucket during ``backward()`` as soon as its gradients are ready
             (default); ``False`` launches every bucket in :meth:`step`. The results are
             bit-identical either way. With overlap, accumulate gradients over several
-            backward passes inside :meth:`no_sync` (as with DDP).
+            backward passes inside :meth:`no_sync` (as with DDP), and read gradients after
+            :meth:`synchronize` only: a launched bucket's buffer holds the engine's work
+            (:meth:`gravac.engine.Engine.launch` with ``own``) until the aggregate is written.
         clock: seconds for step timing (tests inject a deterministic one).
     """
 
@@ -187,8 +189,8 @@ class GravacOptimizer(torch.optim.Optimizer):
         self.overlap = overlap
         self._layout: Layout | None = None
         self._units: list[Unit] = []  # the layout's units, in launch order
-        # per unit, the flat buffer its gradients are views of, reused every step (None: not
-        # made yet)
+        # per unit, the flat buffer its gradients are views of: the last aggregate's, which
+        # alternates with the residual's storage (Engine.launch(own=True)); None: not made yet
         self._flats: list[Tensor | None] = []
         self._unit_of: dict[int, int] = {}  # parameter id -> index of its unit
         self._ready: list[set[int]] = []  # per unit: ids of parameters whose gradient is ready
@@ -463,7 +465,8 @@ class GravacOptimizer(torch.optim.Optimizer):
                     else:
                         p.grad.fill_(math.nan)
             return _SKIPPED
-        for b, flat in zip(layout.buckets, outcome.grads, strict=True):
+        for i, (b, flat) in enumerate(zip(layout.buckets, outcome.grads, strict=True)):
+            self._flats[i] = flat  # the engine's buffer for this aggregate (launch(own=True))
             scatter_grads(b, flat)
         # A parameter without a gradient on every rank keeps grad None (torch.optim leaves it
         # alone); one that has a gradient on some rank counts as zeros on the others (as DDP).
@@ -510,8 +513,11 @@ class GravacOptimizer(torch.optim.Optimizer):
             self._flats[self._next] = buf
         complete = all(p.grad is not None for p in bucket.params)
         flat = gather_grads(bucket, buf)
-        # the aggregate lands in the gradients' own buffer: no gradient-sized temporary
-        self.engine.launch(step, self._units[self._next], flat, out=flat, complete=complete)
+        # the buffer is the engine's until commit: x = g + e is formed in it, and it becomes
+        # the residual while the aggregate lands in the old residual's storage, which becomes
+        # the gradients' buffer (no gradient-sized temporary, no buffer of x's own)
+        unit = self._units[self._next]
+        self.engine.launch(step, unit, flat, out=flat, complete=complete, own=True)
         self._stamps += [(p, _stamp(p)) for p in bucket.params]
         self._next += 1
 

@@ -82,10 +82,12 @@ def train_many(rank: int, world_size: int, variants: dict[str, Any]) -> dict[str
 def _aggregate_check(
     model: torch.nn.Module, opt: GravacOptimizer, rank: int, step: int
 ) -> dict[str, Any]:
-    """Run one step, returning this rank's x = g + e, the CF sent and the aggregate."""
+    """Run one step, returning this rank's x = g + e, the CF sent and the aggregate (the
+    gradient read before it is launched: once launched, its buffer is the engine's)."""
     opt.zero_grad()
     xb, yb = batch(rank, step)
-    torch.nn.functional.cross_entropy(model(xb), yb).backward()
+    with opt.no_sync():
+        torch.nn.functional.cross_entropy(model(xb), yb).backward()
     layout = opt._current_layout()
     (bucket,) = layout.compressed
     g = torch.cat([p.grad.reshape(-1) for p in bucket.params])  # type: ignore[union-attr]

@@ -9,12 +9,14 @@ cast), with 16x headroom; a larger jump is clamped and the excess kept in the re
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
 
 from gravac import GravacOptimizer, compressors
 from gravac.compressors.base import Round
+from gravac.controller import Decision
 from gravac.engine import Engine, Step, Unit
 from gravac.options import build_engine
 
@@ -30,7 +32,8 @@ def test_a_stale_maximum_leaves_sixteen_times_headroom(m: float) -> None:
     fresh = c.exponent(x, Round(world_size=2, agreed=agreed))
     stale = c.exponent(x, Round(world_size=2, agreed=agreed, stale=True))
     assert stale == fresh - 4
-    assert math.ldexp(16 * m, stale) <= FP16_MAX < math.ldexp(16 * m, stale + 1)
+    # the largest value lands in (M/4, M/2]: the sum of the ranks' values has room to round
+    assert math.ldexp(16 * m, stale) <= FP16_MAX / 2 < math.ldexp(16 * m, stale + 1)
 
 
 def single(grads: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -56,7 +59,7 @@ def test_a_jump_beyond_the_headroom_is_clamped_into_the_residual_and_sent_next()
     jump[0, 0] = 1e4  # 10^4 times the agreed maximum of 1
     sent, residuals = single([ones, jump, torch.zeros(2, 4)])
     assert torch.equal(sent[0], ones) and torch.equal(residuals[0], torch.zeros(2, 4))
-    # step 1 scales for 16 x 1: 2^11, so the largest value sent is 65504 / 2^11
+    # step 1 scales for 16 x 1: 2^10, and each value is clamped to (65504 / 2) / 2^10
     clamp = FP16_MAX / 2**11
     assert sent[1][0, 0] == clamp and torch.equal(sent[1].flatten()[1:], ones.flatten()[1:])
     assert residuals[1][0, 0] == 1e4 - clamp
@@ -135,3 +138,63 @@ def test_a_sixteen_bit_cast_skips_a_non_finite_gradient_its_statistics_show(valu
     with pytest.warns(RuntimeWarning, match="skipped step"):
         opt.step()
     assert opt.skipped_steps == 1 and torch.equal(p.detach(), before)
+
+
+def through_engine(
+    compressor: str, cf: float, grads: list[torch.Tensor], *, own: bool
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[tuple[int, int, int]]]:
+    """One 4 x 8 unit on one process, its buffer handed over as the optimizer does with
+    ``own``: the buffer kept after a step is the aggregate's. Returns each step's aggregate and
+    residual, and the storage of the buffer given, the aggregate and the residual. CF 1: the
+    unit is sent dense (an Algorithm-1 decision)."""
+    engine = build_engine(compressor=compressor, policy="fixed", policy_options={"cf": 4.0})
+    unit = Unit(key=0, shapes=(torch.Size([4, 8]),), compressed=True)
+    buf = torch.empty(32)
+    means, residuals, ptrs = [], [], []
+    for g in grads:
+        buf.copy_(g)
+        step = engine.begin()
+        if cf == 1.0:
+            step.decision = Decision(cf=1.0, which="dense")
+        given = buf.untyped_storage().data_ptr()
+        future = engine.launch(step, unit, buf, out=buf, own=own)
+        engine.close(step).wait()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # the skipped step's warning
+            outcome = engine.commit(step)
+        engine.finish(outcome)
+        mean = future.value()
+        e = engine.memory.residual(0)
+        e = torch.zeros(32) if e is None else e
+        means.append(mean.clone())
+        residuals.append(e.clone())
+        ptrs.append((given, mean.untyped_storage().data_ptr(), e.untyped_storage().data_ptr()))
+        buf = outcome.grads[0] if not outcome.skipped else buf
+    return means, residuals, ptrs
+
+
+@pytest.mark.parametrize(
+    "compressor", ["topk", "redsync", "randomk", "topkc", "fp16", "bf16", "thc", "powersgd"]
+)
+@pytest.mark.parametrize("cf", [1.0, 4.0])  # 1: sent dense
+def test_a_buffer_handed_over_gives_the_same_steps_and_swaps_with_the_residual(
+    compressor: str, cf: float
+) -> None:
+    """``launch(own=True)`` (the optimizer's): the same aggregates and residuals, bit for bit,
+    as with a buffer the engine leaves alone, through a skipped step (NaN) too; from the
+    second compressed step on, the residual is the buffer given and the aggregate lands in the
+    old residual's storage (no third buffer); a dense send (CF 1) sums the buffer in place."""
+    gen = torch.Generator().manual_seed(4)
+    grads = [torch.randn(32, generator=gen) for _ in range(5)]
+    grads[3][7] = math.nan
+    mine, theirs = (through_engine(compressor, cf, grads, own=own) for own in (True, False))
+    for a, b in zip(mine[0], theirs[0], strict=True):
+        assert torch.equal(a, b) or (a.isnan().all() and b.isnan().all())
+    assert all(torch.equal(a, b) for a, b in zip(mine[1], theirs[1], strict=True))
+    ptrs = mine[2]
+    if cf == 1.0:
+        assert all(mean == given for given, mean, _ in ptrs)
+        return
+    for t in (1, 2, 4):  # step 3 is skipped: its residual stays the one before
+        given, mean, residual = ptrs[t]
+        assert residual == given and mean == ptrs[t - 1 if t != 4 else 2][2]

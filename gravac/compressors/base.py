@@ -286,10 +286,16 @@ class Compressor(ABC):
         total = self.combine(payloads, ctx, out)
         return total.div_(world_size) if world_size > 1 else total
 
-    def sum_is_finite(self, payloads: Sequence[Payload], ctx: Context) -> bool | None:
-        """Whether :meth:`combine` (and :meth:`combine_mean`) of ``payloads`` is finite, read
-        off the payloads where that is cheaper than a pass over the dense result; ``None`` (the
-        default): unknown, the caller checks the result."""
+    def mean_bound(self, ctx: Context, world_size: int, x_bound: float) -> float | None:
+        """A bound on the magnitude of every value that aggregating ``world_size`` payloads
+        compressed with context ``ctx`` computes (the collective's sums, :meth:`combine_mean`
+        and its result), when every rank's input ``x`` has ``max |x| <= x_bound``; ``None``
+        (the default): no bound is known.
+
+        Where the bound is finite with room to spare, the aggregate is finite without a pass
+        over it, and the engine can write it where a skipped step could not be undone (a
+        residual's storage).
+        """
         return None
 
     def decompress_into(self, payload: Payload, ctx: Context, out: Tensor | None) -> Tensor:

@@ -483,6 +483,17 @@ class PowerSGDCompressor(Compressor):
         )
         return payload, ctx
 
+    def mean_bound(self, ctx: Context, world_size: int, x_bound: float) -> float:
+        """``N sqrt(r max(m, n)) x_bound``: a factor's row is a row or column of ``M`` (at most
+        ``sqrt(max(m, n)) x_bound`` long) times the orthonormal basis, summed over ``N``
+        ranks, and an entry of ``P Q^T`` is the product of a factor's row and a basis row (at
+        most ``sqrt(r)`` long); dense tensors travel as they are."""
+        c = cast(PowerSGDContext, ctx)
+        spread = max(
+            (math.sqrt(max(1, p.rank) * max(p.rows, p.cols)) for p in c.plans), default=1.0
+        )
+        return world_size * max(1.0, spread) * x_bound
+
     def decompress(self, payload: Payload, ctx: Context) -> Tensor:
         """Dense values as sent; ``P Q^T`` with the context's shared basis for each matrix."""
         return self.decompress_into(payload, ctx, None)

@@ -175,6 +175,11 @@ class RandomKCompressor(Compressor):
             ctx.shape, ctx.dtype, ctx.numel, c.indices.index_select(0, sub)
         )
 
+    def mean_bound(self, ctx: Context, world_size: int, x_bound: float) -> float:
+        """``x_bound`` times the decompression's scale (and ``world_size`` for the summed
+        values): the values sent are entries of ``x``."""
+        return world_size * x_bound * max(1.0, cast(RandomKContext, ctx).scale)
+
     def decompress(self, payload: Payload, ctx: Context) -> Tensor:
         return self.decompress_into(payload, ctx, None)
 

@@ -8,7 +8,6 @@ payload, decompression, fused aggregation and multi-level compression are common
 
 from __future__ import annotations
 
-import math
 from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,10 +28,6 @@ from gravac.compressors.base import (
 from gravac.kernels import index_dtype, scatter_add
 
 __all__ = ["SparseCompressor", "SparsePayload"]
-
-#: the values' absolute sum must stay under the largest finite value over this: the float32
-#: partial sums of a scatter-add round up by at most a factor (1 + 2^-24) per term, far from 2
-_OVERFLOW_MARGIN = 2.0
 
 
 @dataclass(frozen=True)
@@ -104,18 +99,10 @@ class SparseCompressor(Compressor):
         x.view(-1).index_fill_(0, cast(SparsePayload, payload).indices.long(), 0)
         return x
 
-    def sum_is_finite(self, payloads: Sequence[Payload], ctx: Context) -> bool | None:
-        """From the ``k N`` values gathered, not the dense sum: non-finite values make it
-        non-finite; values whose absolute sum ``A`` (float64) is at most the largest finite
-        value over :data:`_OVERFLOW_MARGIN` cannot overflow in it (every element of the sum is
-        a sum of some of them); a larger ``A``: unknown."""
-        values = [cast(SparsePayload, p).values.reshape(-1) for p in payloads]
-        if not values:
-            return None
-        total = float(torch.cat(values).to(torch.float64).abs().sum())
-        if not math.isfinite(total):
-            return False
-        return True if total <= torch.finfo(ctx.dtype).max / _OVERFLOW_MARGIN else None
+    def mean_bound(self, ctx: Context, world_size: int, x_bound: float) -> float:
+        """``x_bound``: the values sent are entries of ``x``, and :meth:`combine_mean` divides
+        them by ``world_size`` before summing the ``world_size`` values of one position."""
+        return x_bound
 
     def combine(
         self, payloads: Sequence[Payload], ctx: Context, out: Tensor | None = None

@@ -1007,6 +1007,15 @@ class THCCompressor(Compressor):
             payload = THCPackedPayload(indices=sent)
         return payload, ctx
 
+    def mean_bound(self, ctx: Context, world_size: int, x_bound: float) -> float:
+        """``N t sqrt(B) l``, ``l`` the largest agreed norm: a rotated coordinate decodes to at
+        most ``N t l / sqrt(B)`` (``N`` ranks' levels, each within the clamp ``t``), and the
+        inverse rotation sums ``B`` of them. Independent of ``x``: the scale is agreed."""
+        c = cast(THCContext, ctx)
+        if c.numel == 0:
+            return 0.0
+        return world_size * c.clamp * math.sqrt(c.block) * float(c.norms.max())
+
     def decompress(self, payload: Payload, ctx: Context) -> Tensor:
         """The estimate a (possibly all-reduced) payload stands for: the *sum* over its ranks."""
         c = cast(THCContext, ctx)

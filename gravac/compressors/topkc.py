@@ -225,6 +225,11 @@ class TopKCCompressor(Compressor):
         ids = _cover(c.chunk_ids, k, c.numel, c.chunk_size)
         return TopKCPayload(values=p.values[:k]), self._context(c.shape, c.dtype, c.numel, ids, k)
 
+    def mean_bound(self, ctx: Context, world_size: int, x_bound: float) -> float:
+        """``world_size x_bound``: the values sent are entries of ``x``, summed by the
+        all-reduce."""
+        return world_size * x_bound
+
     def decompress(self, payload: Payload, ctx: Context) -> Tensor:
         return self.decompress_into(payload, ctx, None)
 

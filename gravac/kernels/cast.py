@@ -1,11 +1,13 @@
 """16-bit casts fused with the world-size scaling (the fp16 / bf16 compressors), and their inverse.
 
-``scaled_cast(x, dtype, divisor, exponent) = (clamp(float32(x), -B, B) * fl32(2^exponent /
-divisor)).to(dtype)`` with ``B = M * divisor / 2^exponent`` (capped at float32's largest value),
-the pre-image of the format's largest finite value ``M``: a finite value never becomes Inf, NaN
-stays NaN, the all-reduced sum of ``divisor`` contributions stays in range (as PyTorch's
-``fp16_compress_hook``, which divides before the cast), and the power-of-two ``exponent`` moves
-the values into the format's range exactly (:class:`gravac.compressors.dense.FP16Compressor`).
+``scaled_cast(x, dtype, divisor, exponent, limit) = (clamp(float32(x), -B, B) * fl32(2^exponent /
+divisor)).to(dtype)`` with ``B = limit / fl32(2^exponent / divisor)`` (capped at float32's
+largest value), the pre-image of ``limit``, by default the format's largest finite value ``M``:
+a finite value never becomes Inf and NaN stays NaN. The division by ``divisor`` before the cast
+(as PyTorch's ``fp16_compress_hook``) keeps the all-reduced sum of ``divisor`` contributions in
+range when their inputs are, and a ``limit`` of ``M / (2 divisor)`` keeps it there whatever they
+are; the power-of-two ``exponent`` moves the values into the format's range exactly
+(:class:`gravac.compressors.dense.FP16Compressor`).
 Multiplying by the rounded reciprocal, not dividing, is what torch's CUDA division by a scalar
 computes, so the torch reference and the CuPy kernel (one fused pass,
 :mod:`gravac.kernels.cupy_cast`) agree bit for bit on every device.
@@ -60,10 +62,21 @@ def _check(dtype: torch.dtype, divisor: int) -> None:
         raise ValueError(f"divisor must be an int >= 1, got {divisor!r}")
 
 
-def _scale_and_bound(dtype: torch.dtype, divisor: int, exponent: int) -> tuple[float, float]:
-    """``(2^exponent / divisor, B)``, ``B`` the pre-image of ``dtype``'s largest finite value."""
+def _scale_and_bound(
+    dtype: torch.dtype, divisor: int, exponent: int, limit: float | None
+) -> tuple[float, float]:
+    """``(2^exponent / divisor, B)``, ``B`` the pre-image of ``limit`` (``None``: ``dtype``'s
+    largest finite value).
+
+    Raises:
+        ValueError: ``limit`` is not a positive number.
+    """
+    if limit is None:
+        limit = torch.finfo(dtype).max
+    elif not (isinstance(limit, (int, float)) and 0 < limit < math.inf):
+        raise ValueError(f"limit must be a positive finite number or None, got {limit!r}")
     scale = math.ldexp(1.0, exponent) / divisor
-    return scale, min(torch.finfo(dtype).max / scale, torch.finfo(torch.float32).max)
+    return scale, min(limit / scale, torch.finfo(torch.float32).max)
 
 
 def _chunk_size(t: Tensor) -> int:
@@ -83,11 +96,16 @@ def _work(like: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 def scaled_cast_reference(
-    x: Tensor, dtype: torch.dtype, *, divisor: int = 1, exponent: int = 0
+    x: Tensor,
+    dtype: torch.dtype,
+    *,
+    divisor: int = 1,
+    exponent: int = 0,
+    limit: float | None = None,
 ) -> Tensor:
     """:func:`scaled_cast` in whole-tensor torch operations: the reference."""
     _check(dtype, divisor)
-    scale, bound = _scale_and_bound(dtype, divisor, exponent)
+    scale, bound = _scale_and_bound(dtype, divisor, exponent, limit)
     return x.detach().reshape(-1).float().clamp(-bound, bound).mul_(scale).to(dtype)
 
 
@@ -97,21 +115,23 @@ def scaled_cast(
     *,
     divisor: int = 1,
     exponent: int = 0,
+    limit: float | None = None,
     backend: str | None = None,
     out: Tensor | None = None,
 ) -> Tensor:
-    """Flat ``x`` clamped to ``dtype``'s finite range, scaled by ``2^exponent / divisor``, cast.
+    """Flat ``x`` scaled by ``2^exponent / divisor``, clamped to ``+-limit`` (``None``:
+    ``dtype``'s finite range), cast.
 
     Args:
         out: a contiguous flat ``dtype`` tensor of ``x.numel()`` elements on ``x``'s device to
             write into (``None``: a new one); it must not overlap ``x``.
 
     Raises:
-        ValueError: ``dtype`` is not float16 or bfloat16, ``divisor`` is below 1, or ``out`` does
-            not fit.
+        ValueError: ``dtype`` is not float16 or bfloat16, ``divisor`` is below 1, ``limit`` is
+            not positive, or ``out`` does not fit.
     """
     _check(dtype, divisor)
-    scale, bound = _scale_and_bound(dtype, divisor, exponent)
+    scale, bound = _scale_and_bound(dtype, divisor, exponent, limit)
     flat = x.detach().reshape(-1)
     if out is None:
         out = torch.empty(flat.numel(), dtype=dtype, device=flat.device)

@@ -7,6 +7,7 @@ import torch
 
 from gravac import compressors
 from gravac.compressors import Round, wire_bytes
+from gravac.compressors.base import sum_payloads
 from gravac.gain import compression_gain
 from gravac.simulation import simulate
 
@@ -35,6 +36,27 @@ def test_fp16_sum_of_many_workers_does_not_overflow() -> None:
     res = simulate(compressors.create("fp16"), grads, 2.0)
     assert torch.isfinite(res.mean).all()
     torch.testing.assert_close(res.mean, torch.full((10,), 60000.0), rtol=1e-2, atol=0)
+
+
+@pytest.mark.parametrize("name", ["fp16", "bf16"])
+def test_a_jump_beyond_the_lagged_scale_is_clamped_so_the_sum_stays_finite(name: str) -> None:
+    """With the previous step's maximum (1), a step of 1e6 on every rank: each value is clamped
+    to M / (2 N), so the 16-bit sum of N of them is finite and within the stated bound, and
+    what the clamp kept from the wire stays in x - D(payload) (the residual)."""
+    n = 8
+    c = compressors.create(name)
+    rnd = Round(world_size=n, agreed=torch.ones(1), stale=True)
+    x = torch.full((16,), 1e6)
+    compressed = [c.compress(x, 1.0, rnd) for _ in range(n)]
+    ctx = compressed[0][1]
+    total = sum_payloads([p for p, _ in compressed])
+    assert torch.isfinite(total.values.float()).all()  # type: ignore[attr-defined]
+    mean = c.combine_mean([total], ctx, n)
+    bound = c.mean_bound(ctx, n, 1e6)
+    assert bound is not None and float(mean.abs().max()) <= bound
+    assert float(mean.max()) < 1e6
+    residual = c.residual_(x.clone(), compressed[0][0], ctx)
+    torch.testing.assert_close(residual + c.decompress(*compressed[0]), x)
 
 
 @pytest.mark.parametrize(("name", "rtol"), [("fp16", 2**-11), ("bf16", 2**-8)])

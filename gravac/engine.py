@@ -414,9 +414,7 @@ class Engine:
             x = flat if out is flat else flat.clone()  # all-reduced in place
             flight = _Flight(unit, x, None, self.comm.all_reduce_async(x), _nbytes(x), out)
         else:
-            flight = self._launch_compressed(
-                step, unit, flat, out, carry, settle=complete, own=own
-            )
+            flight = self._launch_compressed(step, unit, flat, out, carry, settle=complete, own=own)
         step.flights.append(flight)
         step.compress_seconds += self.clock() - t0
         return flight.result

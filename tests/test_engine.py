@@ -174,7 +174,8 @@ def through_engine(
 
 
 @pytest.mark.parametrize(
-    "compressor", ["topk", "redsync", "randomk", "topkc", "fp16", "bf16", "thc", "powersgd"]
+    "compressor",
+    ["topk", "redsync", "dgc", "randomk", "topkc", "fp16", "bf16", "thc", "powersgd"],
 )
 @pytest.mark.parametrize("cf", [1.0, 4.0])  # 1: sent dense
 def test_a_buffer_handed_over_gives_the_same_steps_and_swaps_with_the_residual(

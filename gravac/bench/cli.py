@@ -190,7 +190,11 @@ def _run_kernels(args: argparse.Namespace) -> int:
 
 def _run_memory(args: argparse.Namespace) -> int:
     results = memory_bench.bench_memory(
-        names=args.compressors, params=args.params, steps=args.steps, threads=args.threads
+        names=args.compressors,
+        params=args.params,
+        steps=args.steps,
+        threads=args.threads,
+        width=args.width,
     )
     if args.json:
         print(json.dumps([r.to_json() for r in results], indent=2, allow_nan=False))
@@ -319,8 +323,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "memory",
         help="extra peak memory of a training step, per compressor (Linux)",
         description=(
-            "For each compressor, in a fresh process: a stack of Linear(2048, 2048) layers of "
-            "about --params float32 parameters trains with plain SGD, then with GravacOptimizer "
+            "For each compressor, in a fresh process: a stack of Linear(W, W) layers (W = "
+            "--width) of about --params float32 parameters trains with plain SGD, then with GravacOptimizer "
             "around it (one worker, CF 10 with a search candidate from the first step); the "
             "peak resident memory of backward() + step() above plain SGD's steady state, less "
             "plain SGD's own peak, in MiB and in gradients (target <= 2)."
@@ -330,8 +334,15 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--params",
         type=argtype(lambda text: parse_size(text, option="--params")),
         default=memory_bench.DEFAULT_PARAMS,
-        help="parameters of the model, K/M/G suffixes binary, rounded to whole 2048 x 2048 "
+        help="parameters of the model, K/M/G suffixes binary, rounded to whole W x W "
         "layers (default 50M)",
+    )
+    mem.add_argument(
+        "--width",
+        type=_positive_int("--width"),
+        default=memory_bench.WIDTH,
+        help=f"W, the layers' width (default {memory_bench.WIDTH}: 16 MiB layers, one a "
+        "bucket; 7168 makes 50M parameters one 196 MiB tensor, far above the 25 MiB bucket)",
     )
     mem.add_argument(
         "--steps",

@@ -69,6 +69,7 @@ class MemoryResult:
 
     name: str
     params: int
+    width: int  # the layers are width x width
     gradient_bytes: int
     sgd_peak_bytes: int  # plain SGD's peak above its steady state
     first_bytes: int  # gravac's peak over its first steps, above SGD's steady state and peak
@@ -104,10 +105,10 @@ def peak_rss_above(work: Any, *args: Any) -> int:
     return max(0, _status_kib("VmHWM") - before) * _KIB
 
 
-def _model(params: int) -> nn.Module:
-    layers = max(1, round(params / (WIDTH * WIDTH)))
+def _model(params: int, width: int) -> nn.Module:
+    layers = max(1, round(params / (width * width)))
     torch.manual_seed(0)
-    return nn.Sequential(*(nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(layers)))
+    return nn.Sequential(*(nn.Linear(width, width, bias=False) for _ in range(layers)))
 
 
 def _steps(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, steps: int) -> None:
@@ -117,11 +118,11 @@ def _steps(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, steps:
         opt.step()
 
 
-def _measure(name: str, params: int, steps: int, threads: int) -> MemoryResult:
+def _measure(name: str, params: int, steps: int, threads: int, width: int) -> MemoryResult:
     """The row of ``name``, measured in this (fresh) process."""
     torch.set_num_threads(threads)
-    model = _model(params)
-    x = torch.randn(BATCH, WIDTH)
+    model = _model(params, width)
+    x = torch.randn(BATCH, width)
     sgd = torch.optim.SGD(model.parameters(), lr=1e-3)
     _steps(model, sgd, x, steps)  # gradients allocated: the steady state of plain SGD
     sgd_peak = peak_rss_above(_steps, model, sgd, x, steps)
@@ -143,7 +144,7 @@ def _measure(name: str, params: int, steps: int, threads: int) -> MemoryResult:
     grad_bytes = n * ELEMENT_BYTES
     first, steady = max(0, first - sgd_peak), max(0, steady - sgd_peak)
     return MemoryResult(
-        name, n, grad_bytes, sgd_peak, first, steady, first / grad_bytes, steady / grad_bytes
+        name, n, width, grad_bytes, sgd_peak, first, steady, first / grad_bytes, steady / grad_bytes
     )
 
 
@@ -158,8 +159,10 @@ def bench_memory(
     params: int = DEFAULT_PARAMS,
     steps: int = DEFAULT_STEPS,
     threads: int | None = None,
+    width: int = WIDTH,
 ) -> list[MemoryResult]:
-    """Measure each compressor (``None``: every registered one) in its own fresh process."""
+    """Measure each compressor (``None``: every registered one) in its own fresh process, on
+    layers of ``width x width`` parameters."""
     ctx = multiprocessing.get_context("spawn")
     t = threads if threads is not None else torch.get_num_threads()
 
@@ -168,7 +171,7 @@ def bench_memory(
         os.environ[_MMAP_ENV] = _MMAP_THRESHOLD  # read by the child's allocator at its start
         try:
             with ctx.Pool(1) as pool:
-                return pool.apply(_measure, (name, params, steps, t))
+                return pool.apply(_measure, (name, params, steps, t, width))
         finally:
             if before is None:
                 del os.environ[_MMAP_ENV]
@@ -183,10 +186,10 @@ def format_memory_table(results: Sequence[MemoryResult]) -> str:
     if not results:
         return "no compressor measured"
     r0 = results[0]
-    layers = max(1, round(r0.params / (WIDTH * WIDTH)))
+    layers = max(1, round(r0.params / (r0.width * r0.width)))
     header = [
-        f"gravac bench memory: {r0.params:,} float32 parameters ({layers} x Linear({WIDTH}, "
-        f"{WIDTH})), gradient {r0.gradient_bytes / _MIB:.0f} MiB, CF {CF:g} with a candidate "
+        f"gravac bench memory: {r0.params:,} float32 parameters ({layers} x Linear({r0.width}, "
+        f"{r0.width})), gradient {r0.gradient_bytes / _MIB:.0f} MiB, CF {CF:g} with a candidate "
         "from the first step, one worker",
         "  extra = peak resident memory of backward() + step() above plain SGD's steady state,"
         " less plain SGD's own peak, over the first steps and over the steps after them"

@@ -49,7 +49,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from gravac.compressors.base import Context, Payload, Round, check_cf
+from gravac.compressors.base import Compressor, Context, Payload, Round, check_cf
 from gravac.compressors.registry import register
 from gravac.compressors.sparse import SparseCompressor, SparsePayload
 from gravac.kernels import check_backend_name, threshold_indices, topk_indices
@@ -132,8 +132,9 @@ def warmup_cf_cap(step: int, warmup_steps: int) -> float | None:
     return WARMUP_CFS[step * len(WARMUP_CFS) // warmup_steps]
 
 
-def clip_to_norm(g: Tensor, max_norm: float) -> Tensor:
-    """``g * min(1, max_norm / (||g||_2 + eps))`` in ``g``'s dtype (DGC's local clipping).
+def clip_to_norm(g: Tensor, max_norm: float, out: Tensor | None = None) -> Tensor:
+    """``g * min(1, max_norm / (||g||_2 + eps))`` in ``g``'s dtype (DGC's local clipping),
+    written into ``out`` when given (``g`` itself to clip in place).
 
     The norm is accumulated in at least float32; the result's norm is at most ``max_norm`` up to
     one rounding of ``g``'s dtype. A non-finite norm propagates (NaN or zeros), it is not hidden.
@@ -141,7 +142,7 @@ def clip_to_norm(g: Tensor, max_norm: float) -> Tensor:
     acc = torch.float64 if g.dtype == torch.float64 else torch.float32
     norm = torch.linalg.vector_norm(g, dtype=acc)
     coef = (max_norm / (norm + _CLIP_EPS)).clamp(max=1.0)
-    return g * coef.to(g.dtype)
+    return torch.mul(g, coef.to(g.dtype), out=out)
 
 
 def _sum_is_finite(values: Tensor) -> bool:
@@ -171,8 +172,13 @@ class DGCMemory(Memory):
     entry selected with value exactly 0 carries no update, so keeping its momentum is harmless.
     With ``momentum=0`` this is plain residual error feedback. After a dense step the caller
     either calls ``update(key, x, x)`` (``e = 0``, ``u`` masked wherever ``x != 0``) or
-    :meth:`reset`. The new ``u`` is kept only by :meth:`update`: a step that is skipped after
-    :meth:`compensate` (a non-finite value on some rank) leaves the momentum as it was.
+    :meth:`reset`. The new ``u`` is kept only by :meth:`update` (or :meth:`keep`): a step that is
+    skipped after :meth:`compensate` (a non-finite value on some rank) leaves the momentum as it
+    was. :meth:`settle` computes the new residual and masks the new ``u`` before the send, from a
+    sparse payload's kept values (``sent != 0`` where a kept value is not 0), and
+    :meth:`compensate_` forms ``x`` in the gradient's own storage, the new ``u`` in the storage
+    of the momentum the last commit replaced: a step then holds the old ``u`` and ``e`` and the
+    new ``u`` beside the gradient buffer, which becomes the new ``e``.
 
     Args:
         momentum: ``m`` in [0, 1); the momentum of the SGD this replaces.
@@ -197,6 +203,8 @@ class DGCMemory(Memory):
         self.residuals: dict[int, Tensor] = {}
         # momenta computed by compensate() for a step not yet committed by update()
         self._fresh: dict[int, Tensor] = {}
+        # per key, the storage of a momentum replaced at commit, for compensate_()'s next one
+        self._spare: dict[int, Tensor] = {}
 
     @staticmethod
     def _check_like(what: str, key: int, state: Tensor, g: Tensor) -> None:
@@ -209,19 +217,77 @@ class DGCMemory(Memory):
     def compensate(self, key: int, g: Tensor) -> Tensor:
         if self.clip_norm is not None:
             g = clip_to_norm(g, self.clip_norm)
+        u = self._momentum(key, g, None)
+        e = self._residual(key, g)
+        if self.nesterov:
+            x = torch.add(g, u, alpha=self.momentum)
+            return x if e is None else x.add_(e)
+        return u.clone() if e is None else torch.add(u, e)
+
+    def compensate_(self, key: int, g: Tensor) -> Tensor:
+        """:meth:`compensate` with ``x`` in ``g``'s storage (bit for bit the same values)."""
+        if self.clip_norm is not None:
+            clip_to_norm(g, self.clip_norm, out=g)
+        spare = self._spare.pop(key, None)
+        if spare is None:  # a skipped step's new momentum is free again
+            spare = self._fresh.pop(key, None)
+        if spare is not None and (spare.shape != g.shape or spare.dtype != g.dtype):
+            spare = None
+        u = self._momentum(key, g, spare)
+        e = self._residual(key, g)
+        if self.nesterov:
+            g.add_(u, alpha=self.momentum)
+        else:
+            g.copy_(u)
+        return g if e is None else g.add_(e)
+
+    def _momentum(self, key: int, g: Tensor, out: Tensor | None) -> Tensor:
+        """The new ``u = m u + g`` (in ``out`` when given), kept by :meth:`update` or
+        :meth:`keep`, dropped if the step is skipped."""
         u = self.momenta.get(key)
         if u is None:
-            u = g.clone()
+            fresh = g.clone() if out is None else out.copy_(g)
         else:
             self._check_like("momentum", key, u, g)
-            u = u.mul(self.momentum).add_(g)
-        self._fresh[key] = u  # kept by update(), dropped if the step is skipped
-        step = g + self.momentum * u if self.nesterov else u
+            fresh = torch.mul(u, self.momentum, out=out).add_(g)
+        self._fresh[key] = fresh
+        return fresh
+
+    def _residual(self, key: int, g: Tensor) -> Tensor | None:
         e = self.residuals.get(key)
-        if e is None:
-            return step.clone()
-        self._check_like("residual", key, e, g)
-        return e + step
+        if e is not None:
+            self._check_like("residual", key, e, g)
+        return e
+
+    def settle(
+        self, key: int, x: Tensor, compressor: Compressor, payload: Payload, ctx: Context
+    ) -> Tensor | None:
+        """``x - D(payload)`` in ``x``'s storage, and the new ``u`` masked where a kept value is
+        not 0 (what :meth:`update` masks, ``sent != 0``), before the send; ``None`` for a
+        payload that is not sparse (:meth:`update` then runs at commit)."""
+        u = self._fresh.get(key)
+        if not isinstance(payload, SparsePayload) or u is None:
+            return None
+        if self.masking:
+            nonzero = payload.indices[payload.values != 0]
+            u.view(-1).index_fill_(0, nonzero.long(), 0)
+        return compressor.residual_(x, payload, ctx)
+
+    def keep(self, key: int, residual: Tensor) -> None:
+        """The settled residual and the new (masked) momentum replace the old ones; the old
+        momentum's storage is kept for :meth:`compensate_`'s next one."""
+        self.swap(key, residual)
+
+    def swap(self, key: int, residual: Tensor) -> Tensor | None:
+        old = self.residuals.get(key)
+        self.residuals[key] = residual
+        u = self._fresh.pop(key, None)
+        if u is not None:
+            previous = self.momenta.get(key)
+            self.momenta[key] = u
+            if previous is not None and previous is not u:
+                self._spare[key] = previous
+        return old if old is not residual else None
 
     def update(self, key: int, x: Tensor, sent: Tensor) -> None:
         self.residuals[key] = x - sent
@@ -241,10 +307,12 @@ class DGCMemory(Memory):
             self.momenta.clear()
             self.residuals.clear()
             self._fresh.clear()
+            self._spare.clear()
         else:
             self.momenta.pop(key, None)
             self.residuals.pop(key, None)
             self._fresh.pop(key, None)
+            self._spare.pop(key, None)
 
     def state_dict(self) -> dict[str, Any]:
         return {

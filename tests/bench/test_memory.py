@@ -40,7 +40,8 @@ def test_a_measurement_counts_the_residual() -> None:
 
 def test_the_command_line_prints_json() -> None:
     cmd = [sys.executable, "-m", "gravac", "bench", "memory", "--params", "4M"]
-    cmd += ["--compressors", "none", "--steps", "1", "--threads", "1", "--json"]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=300)
+    cmd += ["--compressors", "none", "--steps", "1", "--threads", "1", "--width", "1024"]
+    out = subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=300, check=True)
     (row,) = json.loads(out.stdout)
     assert row["name"] == "none" and row["ratio"] >= 0.0
+    assert row["width"] == 1024 and row["params"] == 4 * 1024 * 1024  # four 1024 x 1024 layers

@@ -309,3 +309,32 @@ def test_registry_flags() -> None:
     assert c.collective == "allgather" and c.supports_multilevel
     assert "warmup_steps" in compressors.options("dgc")
     assert c.state_dict() == {}
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"nesterov": True}, {"momentum_masking": False}, {"clip_norm": 1.0}],
+    ids=["plain", "nesterov", "no-masking", "clipped"],
+)
+def test_settled_in_place_equals_updated_at_commit(options: dict[str, object]) -> None:
+    """The engine's early path (x formed in the gradient's storage by compensate_(), the new
+    residual and masked momentum by settle() before the send, kept by keep()) gives the same x,
+    residuals and momenta, bit for bit, as compensate() and update() with the dense sent; a
+    step left unkept (skipped) changes nothing."""
+    torch.manual_seed(3)
+    c = _dgc(momentum=0.9, **options)
+    early, late = c.make_memory(), c.make_memory()
+    for step in range(5):
+        g = torch.randn(500)
+        x_late = late.compensate(0, g.clone())
+        x_early = early.compensate_(0, g.clone())
+        assert torch.equal(x_early, x_late)
+        payload, ctx = c.compress(x_late, 10.0, Round(step=step))
+        if step == 3:  # skipped on some rank: neither memory keeps anything
+            continue
+        late.update(0, x_late, c.decompress(payload, ctx))
+        residual = early.settle(0, x_early, c, payload, ctx)
+        assert residual is not None
+        early.keep(0, residual)
+        for name in ("residuals", "momenta"):
+            assert torch.equal(early.state_dict()[name][0], late.state_dict()[name][0]), name

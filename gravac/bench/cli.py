@@ -324,8 +324,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="extra peak memory of a training step, per compressor (Linux)",
         description=(
             "For each compressor, in a fresh process: a stack of Linear(W, W) layers (W = "
-            "--width) of about --params float32 parameters trains with plain SGD, then with GravacOptimizer "
-            "around it (one worker, CF 10 with a search candidate from the first step); the "
+            "--width) of about --params float32 parameters trains with plain SGD, then with "
+            "GravacOptimizer around it (one worker, CF 10 with a search candidate from the first step); the "
             "peak resident memory of backward() + step() above plain SGD's steady state, less "
             "plain SGD's own peak, in MiB and in gradients (target <= 2)."
         ),

@@ -325,9 +325,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description=(
             "For each compressor, in a fresh process: a stack of Linear(W, W) layers (W = "
             "--width) of about --params float32 parameters trains with plain SGD, then with "
-            "GravacOptimizer around it (one worker, CF 10 with a search candidate from the first step); the "
-            "peak resident memory of backward() + step() above plain SGD's steady state, less "
-            "plain SGD's own peak, in MiB and in gradients (target <= 2)."
+            "GravacOptimizer around it (one worker, CF 10 with a search candidate from the "
+            "first step); the peak resident memory of backward() + step() above plain SGD's "
+            "steady state, less plain SGD's own peak, in MiB and in gradients (target <= 2)."
         ),
     )
     mem.add_argument(

@@ -74,6 +74,7 @@ from gravac.compressors.base import (
     sum_payloads,
 )
 from gravac.compressors.registry import register
+from gravac.gain import squared_norm
 from gravac.kernels.buffers import BufferPool
 from gravac.seeding import generator
 
@@ -482,6 +483,39 @@ class PowerSGDCompressor(Compressor):
             x.shape, x.dtype, flat.numel(), achieved, key=rnd.key, layout=layout, plans=tuple(plans)
         )
         return payload, ctx
+
+    def sent_terms(self, x: Tensor, payload: Payload, ctx: Context) -> Tensor:
+        """Both terms are ``||f||^2`` summed over the factors sent, plus ``||dense||^2``: with
+        the orthonormal basis ``B`` not sent, a left step sends ``f = M B`` for ``c = f B^T``,
+        so ``<c, M> = <f, M B> = ||f||^2`` and ``||c||^2 = ||f||^2`` (``B^T B = I``); a right
+        step likewise. No dense decompression (equal to it up to the basis' rounding)."""
+        p = cast(PowerSGDPayload, payload)
+        total = squared_norm(p.factors) + squared_norm(p.dense)
+        return torch.stack([total, total])
+
+    def residual_(self, x: Tensor, payload: Payload, ctx: Context) -> Tensor:
+        """``M - P Q^T`` by one GEMM per matrix into ``x``'s storage (``addmm``, not a dense
+        decompression and a subtraction: equal to ``x - D(payload)`` to a rounding); the
+        tensors sent dense leave exact zeros."""
+        if not x.is_contiguous():
+            return super().residual_(x, payload, ctx)
+        p, c = cast(PowerSGDPayload, payload), cast(PowerSGDContext, ctx)
+        flat = x.view(-1)
+        for plan in c.plans:
+            seg = flat[plan.start : plan.start + plan.numel]
+            if plan.basis is None:
+                seg.sub_(p.dense[plan.offset : plan.offset + plan.numel])
+                continue
+            size = plan.factor_rows * plan.rank
+            f = p.factors[plan.offset : plan.offset + size].view(plan.factor_rows, plan.rank)
+            b = plan.basis
+            a, bt = (f, b.t()) if plan.side == LEFT else (b, f.t())
+            m = seg.view(plan.rows, plan.cols)
+            if m.dtype == a.dtype:
+                m.addmm_(a, bt, alpha=-1)
+            else:
+                m.sub_((a @ bt).to(m.dtype))
+        return x
 
     def mean_bound(self, ctx: Context, world_size: int, x_bound: float) -> float:
         """``N sqrt(r max(m, n)) x_bound``: a factor's row is a row or column of ``M`` (at most

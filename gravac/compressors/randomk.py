@@ -40,6 +40,7 @@ from gravac.compressors.base import (
     k_for_cf,
 )
 from gravac.compressors.registry import register
+from gravac.gain import inner, squared_norm
 from gravac.kernels import scatter_add
 from gravac.seeding import generator
 
@@ -175,6 +176,26 @@ class RandomKCompressor(Compressor):
             ctx.shape, ctx.dtype, ctx.numel, c.indices.index_select(0, sub)
         )
 
+    def sent_terms(self, x: Tensor, payload: Payload, ctx: Context) -> Tensor:
+        """From the ``k`` values ``s v`` sent (``s`` the scale) and ``x`` at their positions:
+        ``<c, x>`` and ``||c||^2``, without decompressing."""
+        sent, c = self._sent(payload, ctx), cast(RandomKContext, ctx)
+        kept = x.reshape(-1).index_select(0, c.indices)
+        return torch.stack([inner(sent, kept), squared_norm(sent)])
+
+    def residual_(self, x: Tensor, payload: Payload, ctx: Context) -> Tensor:
+        """``x`` less ``s v`` at the kept positions, in place: bit for bit ``x - D(payload)``."""
+        idx, flat = cast(RandomKContext, ctx).indices, x.view(-1)
+        flat.index_copy_(0, idx, flat.index_select(0, idx).sub_(self._sent(payload, ctx)))
+        return x
+
+    @staticmethod
+    def _sent(payload: Payload, ctx: Context) -> Tensor:
+        """The values sent, as decompression writes them (in the gradient's dtype, scaled)."""
+        c = cast(RandomKContext, ctx)
+        values = cast(RandomKPayload, payload).values.to(ctx.dtype)
+        return values * c.scale if c.scale != 1.0 else values
+
     def mean_bound(self, ctx: Context, world_size: int, x_bound: float) -> float:
         """``x_bound`` times the decompression's scale (and ``world_size`` for the summed
         values): the values sent are entries of ``x``."""
@@ -185,10 +206,7 @@ class RandomKCompressor(Compressor):
 
     def decompress_into(self, payload: Payload, ctx: Context, out: Tensor | None) -> Tensor:
         c = cast(RandomKContext, ctx)
-        values = cast(RandomKPayload, payload).values.to(ctx.dtype)
-        if c.scale != 1.0:
-            values = values * c.scale
-        return scatter_add(ctx.numel, c.indices, values, out=out).view(ctx.shape)
+        return scatter_add(ctx.numel, c.indices, self._sent(payload, ctx), out=out).view(c.shape)
 
     def __repr__(self) -> str:
         return f"RandomKCompressor(seed={self.seed}, unbiased={self.unbiased})"

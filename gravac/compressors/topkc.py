@@ -51,6 +51,7 @@ from gravac.compressors.base import (
     k_for_cf,
 )
 from gravac.compressors.registry import register
+from gravac.gain import squared_norm
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
@@ -224,6 +225,18 @@ class TopKCCompressor(Compressor):
         k = min(k_for_cf(c.numel, check_cf(cf)), c.kept)
         ids = _cover(c.chunk_ids, k, c.numel, c.chunk_size)
         return TopKCPayload(values=p.values[:k]), self._context(c.shape, c.dtype, c.numel, ids, k)
+
+    def sent_terms(self, x: Tensor, payload: Payload, ctx: Context) -> Tensor:
+        """``<c, x> = ||c||^2`` = the sum of the squared values sent (entries of ``x``)."""
+        vv = squared_norm(cast(TopKCPayload, payload).values)
+        return torch.stack([vv, vv])
+
+    def residual_(self, x: Tensor, payload: Payload, ctx: Context) -> Tensor:
+        """``x`` with the kept positions zeroed, in place: bit for bit ``x - D(payload)``."""
+        c = cast(TopKCContext, ctx)
+        pos = kept_positions(c.chunk_ids.to(x.device), c.kept, c.numel, c.chunk_size)
+        x.view(-1).index_fill_(0, pos, 0)
+        return x
 
     def mean_bound(self, ctx: Context, world_size: int, x_bound: float) -> float:
         """``world_size x_bound``: the values sent are entries of ``x``, summed by the

@@ -242,3 +242,15 @@ def test_property_exact_k_distinct_in_range(
     assert int(idx.min()) >= 0 and int(idx.max()) < d
     assert torch.equal(payload.values, x.reshape(-1)[idx])  # type: ignore[attr-defined]
     assert ctx.achieved_cf == d / k
+
+
+def test_the_unbiased_residual_is_x_less_the_scaled_values_bit_for_bit() -> None:
+    """With the d / k scale, the residual in place and the gain terms read off the payload are
+    those of the dense decompression (bit for bit, and to float64 rounding)."""
+    c = compressors.create("randomk", unbiased=True)
+    x = torch.randn(30, 40)
+    payload, ctx = c.compress(x, 8.0, Round(step=2))
+    dense = c.decompress(payload, ctx)
+    assert torch.equal(c.residual_(x.clone(), payload, ctx), x - dense)
+    want = torch.stack([(dense.double() * x.double()).sum(), dense.double().square().sum()])
+    torch.testing.assert_close(c.sent_terms(x, payload, ctx), want, rtol=1e-6, atol=0)

@@ -26,7 +26,7 @@ on a fresh DDP model of the same configuration, before its first backward.
 
 # No ``from __future__ import annotations``: DDP checks the hook's annotations as objects.
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -55,12 +55,16 @@ class _BucketPlan:
         spans: per unit (compressed first), the ``(start, end)`` buffer ranges of its tensors,
             merged where adjacent; empty when the bucket is all one kind (the buffer itself).
         params: the compressed unit's parameters, in order.
+        flats: per unit of a bucket with spans, the flat buffer its spans are gathered into,
+            reused every step: the last aggregate's (``Engine.launch(own=True)``; ``None``: not
+            made yet, or the engine's until commit).
     """
 
     compressed: Unit | None
     dense: Unit | None
     spans: tuple[tuple[tuple[int, int], ...], ...]
     params: tuple[Tensor, ...]
+    flats: list[Tensor | None] = field(default_factory=lambda: [None, None])
 
 
 class GravacHookState:
@@ -124,10 +128,14 @@ class GravacHookState:
         first = len(step.flights)
         units = [u for u in (plan.compressed, plan.dense) if u is not None]
         for i, unit in enumerate(units):
-            flat = _gather(buffer, plan.spans[i]) if plan.spans else buffer
+            # a bucket that is one unit receives its aggregate in DDP's own buffer; a mixed one
+            # gathers each unit into a buffer of the hook's, which it hands to the engine
+            flat = _gather(buffer, plan.spans[i], plan.flats[i]) if plan.spans else buffer
+            own = bool(plan.spans)
+            if own:
+                plan.flats[i] = None  # the engine's until commit
             carry = self._orphans_of(plan, flat) if unit.compressed else None
-            # a bucket that is one unit receives its aggregate in DDP's own buffer
-            self.engine.launch(step, unit, flat, out=None if plan.spans else buffer, carry=carry)
+            self.engine.launch(step, unit, flat, out=flat, carry=carry, own=own)
         if bucket.is_last():
             self._close(step, done)
 
@@ -139,9 +147,11 @@ class GravacHookState:
             if not plan.spans:
                 return grads[0].to(buffer.dtype).view_as(buffer)
             # The bucket's own gradients were copied out at launch: its buffer takes the
-            # aggregate (as PyTorch's all-reduce hook returns its buffer reduced in place).
-            for grad, spans in zip(grads, plan.spans, strict=True):
+            # aggregate (as PyTorch's all-reduce hook returns its buffer reduced in place), and
+            # the aggregate's buffer is the next step's gather buffer.
+            for i, (grad, spans) in enumerate(zip(grads, plan.spans, strict=True)):
                 _scatter(buffer, spans, grad)
+                plan.flats[i] = grad
             return buffer
 
         return done.then(result)
@@ -314,9 +324,17 @@ def _spans(params: list[Tensor], kinds: list[bool], kind: bool) -> tuple[tuple[i
     return tuple(out)
 
 
-def _gather(buffer: Tensor, spans: tuple[tuple[int, int], ...]) -> Tensor:
-    """The buffer's ``spans``, concatenated."""
-    return torch.cat([buffer[a:b] for a, b in spans])
+def _gather(buffer: Tensor, spans: tuple[tuple[int, int], ...], out: Tensor | None) -> Tensor:
+    """The buffer's ``spans``, concatenated into ``out`` (reused across steps; ``None``, or one
+    that does not fit: a new tensor)."""
+    n = sum(b - a for a, b in spans)
+    if out is None or out.numel() != n or out.dtype != buffer.dtype or out.device != buffer.device:
+        out = torch.empty(n, dtype=buffer.dtype, device=buffer.device)
+    offset = 0
+    for a, b in spans:
+        out[offset : offset + b - a].copy_(buffer[a:b])
+        offset += b - a
+    return out
 
 
 def _scatter(out: Tensor, spans: tuple[tuple[int, int], ...], flat: Tensor) -> None:

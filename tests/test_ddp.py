@@ -222,3 +222,30 @@ def test_bad_options_name_the_option() -> None:
         GravacHookState(theta_min=0.5)
     with pytest.raises(ValueError, match="nonfinite"):
         GravacHookState(nonfinite="ignore")
+
+
+def mixed_bucket_buffers(rank: int, world_size: int) -> list[tuple[int, int]]:
+    """The storage of a mixed bucket's gather buffer and of its unit's residual, per step."""
+    model = tiny_model(seed=0)  # weights and biases in one DDP bucket
+    net = DistributedDataParallel(model)
+    state = GravacHookState(compressor="topk", policy="fixed", policy_options={"cf": 10})
+    net.register_comm_hook(state, gravac_hook)
+    opt = sgd(model)
+    seen = []
+    for step in range(4):
+        fit(net, opt, rank, range(step, step + 1))
+        plan = next(p for p in state._plans.values() if p.spans and p.compressed is not None)
+        assert plan.compressed is not None and plan.flats[0] is not None
+        residual = state.engine.memory.residual(plan.compressed.key)
+        assert residual is not None
+        ptrs = (plan.flats[0].untyped_storage().data_ptr(), residual.untyped_storage().data_ptr())
+        seen.append(ptrs)
+    return seen
+
+
+def test_a_mixed_bucket_alternates_two_buffers() -> None:
+    """A bucket of weights and biases is gathered into a buffer of the hook's, handed to the
+    engine: from the second step on, that buffer and the residual swap storage every step (no
+    new gradient-sized tensor a step)."""
+    for seen in spawn_workers(mixed_bucket_buffers, 2, timeout=SPAWN_TIMEOUT):
+        assert all(seen[t] == seen[t - 1][::-1] for t in (2, 3))

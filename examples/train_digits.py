@@ -61,6 +61,7 @@ def main() -> None:
         net.register_comm_hook(state, gravac_hook)
         opt: torch.optim.Optimizer = sgd
         engine = state.engine
+        del state  # held by the hook from here on, freed with net before the teardown
     else:
         opt = gravac.GravacOptimizer(sgd, dense_bytes=4096, **options)  # type: ignore[arg-type]
         engine = opt.engine
@@ -80,8 +81,9 @@ def main() -> None:
         print(f"test accuracy {float((pred == test_y).float().mean()):.4f}")
         dense = engine.total_dense_wire_bytes
         print(f"wire bytes {engine.total_wire_bytes:,} (dense fp32 {dense:,})")
-    # Free DDP (its reducer holds the process group) and leave together, then tear down.
-    del net
+    # Free what holds the process group (DDP's reducer; gravac's engine, which the optimizer's
+    # gradient hooks keep in a reference cycle) and leave together, then tear down.
+    del net, opt, engine
     gravac.release_group()
     dist.destroy_process_group()
 

@@ -478,7 +478,7 @@ class Engine:
             step.bounds.append(ends.abs().amax(dim=0, keepdim=True) if ends.numel() else ends)
             terms.append(zero)
         else:  # its aggregate, a plain sum, is checked at commit, or its statistics were
-            step.bounds.append(torch.full((1,), math.inf, dtype=torch.float64))
+            step.bounds.append(torch.full((1,), math.inf, dtype=torch.float64, device=x.device))
             terms.append(zero)
         if plan.window_terms and self._windowed:
             e = self.memory.residual(unit.key)  # still the previous step's, until commit
@@ -599,7 +599,9 @@ class Engine:
         step.closed_at = now
         step.flags = len(has_grad)
         local_bad = not _ends_finite(step.ends)
-        bound = max((float(b.max()) for b in step.bounds if b.numel()), default=0.0)
+        bounds = [b.reshape(-1) for b in step.bounds if b.numel()]
+        device = bounds[0].device if bounds else None
+        bound = float(torch.cat([b.to(device) for b in bounds]).max()) if bounds else 0.0
         scalars = [local_bad, stale, interval, self.last_comm, bound, *has_grad]
         head = torch.tensor(scalars, dtype=torch.float64)
         values = torch.tensor(self.controller.local_values(), dtype=torch.float64)

@@ -399,8 +399,8 @@ class Engine:
                 (:meth:`Memory.compensate_`) and, where a compressed payload is sent and the
                 residual settled, ``flat`` becomes the residual and the aggregate is written
                 into the old residual's storage (a new tensor at the first step). The front
-                end then keeps the future's tensor as its gradient buffer: one
-                gradient-sized buffer fewer than a residual, a buffer for ``x`` and ``flat``.
+                end then keeps the future's tensor as its gradient buffer: the unit holds two
+                gradient-sized buffers (``flat`` and the residual), not three (one for ``x``).
 
         Returns:
             A future that :meth:`commit` completes with the unit's aggregate (the mean over

@@ -195,6 +195,7 @@ def _run_memory(args: argparse.Namespace) -> int:
         steps=args.steps,
         threads=args.threads,
         width=args.width,
+        front=args.front,
     )
     if args.json:
         print(json.dumps([r.to_json() for r in results], indent=2, allow_nan=False))
@@ -343,6 +344,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=memory_bench.WIDTH,
         help=f"W, the layers' width (default {memory_bench.WIDTH}: 16 MiB layers, one a "
         "bucket; 7168 makes 50M parameters one 196 MiB tensor, far above the 25 MiB bucket)",
+    )
+    mem.add_argument(
+        "--front",
+        choices=memory_bench.FRONTS,
+        default="optimizer",
+        help="GravacOptimizer around SGD (default), or the DDP comm hook on a one-process gloo "
+        "group, against plain DDP",
     )
     mem.add_argument(
         "--steps",

@@ -10,7 +10,10 @@ resident size of plain SGD's steady state and less plain SGD's own peak above it
 autograd's temporaries), is the compressor's extra peak memory, in MiB and as a multiple of the
 gradient's bytes (issue 9's target: at most 2, the residual plus one work buffer). Two figures:
 over the first steps (the switch from plain SGD: gradients moved into bucket buffers, residuals
-and reused buffers made) and over the steps after them (the steady state).
+and reused buffers made) and over the steps after them (the steady state). ``front="hook"``
+measures the DDP comm hook instead: a one-process gloo group, plain DDP first, then a new
+``DistributedDataParallel`` of the same model with the hook (DDP takes a hook only before its
+first backward), against plain DDP's steady state and peak.
 
 The children run with glibc's ``MALLOC_MMAP_THRESHOLD_`` fixed at 128 KiB, so that every large
 block is its own mapping, returned on free: resident memory then follows the live bytes (with
@@ -23,21 +26,26 @@ import math
 import multiprocessing
 import os
 import re
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from gravac import compressors
 from gravac.bench.common import ELEMENT_BYTES, bench_each, format_table, json_row
+from gravac.ddp import GravacHookState, gravac_hook
 from gravac.optimizer import GravacOptimizer
 
 __all__ = [
     "DEFAULT_PARAMS",
     "DEFAULT_STEPS",
+    "FRONTS",
     "MemoryResult",
     "bench_memory",
     "format_memory_table",
@@ -49,6 +57,9 @@ __all__ = [
 DEFAULT_PARAMS = 50 * 2**20
 #: Steps of plain SGD, of gravac's first window and of its steady-state window.
 DEFAULT_STEPS = 3
+#: What is measured: :class:`GravacOptimizer` around plain SGD, or the DDP comm hook
+#: (:mod:`gravac.ddp`) on a one-process gloo group against plain DDP.
+FRONTS = ("optimizer", "hook")
 #: Width of the square layers: 4M parameters each, so 50M is twelve layers.
 WIDTH = 2048
 #: Samples per step: activations of 8 x 2048 floats per layer are negligible next to weights.
@@ -70,8 +81,9 @@ class MemoryResult:
     name: str
     params: int
     width: int  # the layers are width x width
+    front: str  # one of FRONTS
     gradient_bytes: int
-    sgd_peak_bytes: int  # plain SGD's peak above its steady state
+    sgd_peak_bytes: int  # plain SGD's (or plain DDP's) peak above its steady state
     first_bytes: int  # gravac's peak over its first steps, above SGD's steady state and peak
     steady_bytes: int  # the same over the steps after them
     first_ratio: float  # first_bytes / gradient_bytes
@@ -118,33 +130,55 @@ def _steps(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, steps:
         opt.step()
 
 
-def _measure(name: str, params: int, steps: int, threads: int, width: int) -> MemoryResult:
-    """The row of ``name``, measured in this (fresh) process."""
+def _measure(
+    name: str, params: int, steps: int, threads: int, width: int, front: str
+) -> MemoryResult:
+    """The row of ``name``, measured in this (fresh) process: through the optimizer, or
+    through the DDP hook on a one-process gloo group (against plain DDP)."""
     torch.set_num_threads(threads)
     model = _model(params, width)
     x = torch.randn(BATCH, width)
     sgd = torch.optim.SGD(model.parameters(), lr=1e-3)
-    _steps(model, sgd, x, steps)  # gradients allocated: the steady state of plain SGD
-    sgd_peak = peak_rss_above(_steps, model, sgd, x, steps)
+    if front == "hook":
+        store = Path(tempfile.mkdtemp(prefix="gravac-bench-memory-")) / "store"
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    # plain SGD (or DDP) until its gradients and buckets are allocated: the steady state
+    net = DistributedDataParallel(model) if front == "hook" else model
+    _steps(net, sgd, x, steps)
+    sgd_peak = peak_rss_above(_steps, net, sgd, x, steps)
     base = _status_kib("VmRSS") * _KIB
-    opt = GravacOptimizer(
-        sgd,
-        compressor=name,
-        theta_min=CF,
-        warmup_steps=0,
-        window=1,
-        dense_bytes=0,
-        epsilon=0.0,  # every gain is enough: compressed sends, never a dense fallback
-        policy_options={"search": "paper"},  # a candidate compressed at every step
-    )
-    first = peak_rss_above(_steps, model, opt, x, steps)
-    held = _status_kib("VmRSS") * _KIB - base  # what the optimizer keeps between steps
-    steady = held + peak_rss_above(_steps, model, opt, x, steps)
+    options: dict[str, Any] = {
+        "compressor": name,
+        "theta_min": CF,
+        "warmup_steps": 0,
+        "window": 1,
+        "epsilon": 0.0,  # every gain is enough: compressed sends, never a dense fallback
+        "policy_options": {"search": "paper"},  # a candidate compressed at every step
+    }
+    opt: torch.optim.Optimizer = sgd
+    if front == "hook":  # a new DDP (a hook goes in before the first backward) for the old
+        del net
+        net = DistributedDataParallel(model)
+        net.register_comm_hook(GravacHookState(**options), gravac_hook)
+    else:
+        opt = GravacOptimizer(sgd, dense_bytes=0, **options)
+    first = peak_rss_above(_steps, net, opt, x, steps)
+    held = _status_kib("VmRSS") * _KIB - base  # what gravac keeps between steps
+    steady = held + peak_rss_above(_steps, net, opt, x, steps)
     n = sum(p.numel() for p in model.parameters())
     grad_bytes = n * ELEMENT_BYTES
     first, steady = max(0, first - sgd_peak), max(0, steady - sgd_peak)
     return MemoryResult(
-        name, n, width, grad_bytes, sgd_peak, first, steady, first / grad_bytes, steady / grad_bytes
+        name,
+        n,
+        width,
+        front,
+        grad_bytes,
+        sgd_peak,
+        first,
+        steady,
+        first / grad_bytes,
+        steady / grad_bytes,
     )
 
 
@@ -160,9 +194,16 @@ def bench_memory(
     steps: int = DEFAULT_STEPS,
     threads: int | None = None,
     width: int = WIDTH,
+    front: str = "optimizer",
 ) -> list[MemoryResult]:
     """Measure each compressor (``None``: every registered one) in its own fresh process, on
-    layers of ``width x width`` parameters."""
+    layers of ``width x width`` parameters, through ``front`` (:data:`FRONTS`).
+
+    Raises:
+        ValueError: ``front`` is not one of :data:`FRONTS`.
+    """
+    if front not in FRONTS:
+        raise ValueError(f"front must be one of {list(FRONTS)}, got {front!r}")
     ctx = multiprocessing.get_context("spawn")
     t = threads if threads is not None else torch.get_num_threads()
 
@@ -171,7 +212,7 @@ def bench_memory(
         os.environ[_MMAP_ENV] = _MMAP_THRESHOLD  # read by the child's allocator at its start
         try:
             with ctx.Pool(1) as pool:
-                return pool.apply(_measure, (name, params, steps, t, width))
+                return pool.apply(_measure, (name, params, steps, t, width, front))
         finally:
             if before is None:
                 del os.environ[_MMAP_ENV]
@@ -187,14 +228,16 @@ def format_memory_table(results: Sequence[MemoryResult]) -> str:
         return "no compressor measured"
     r0 = results[0]
     layers = max(1, round(r0.params / (r0.width * r0.width)))
+    plain = "plain DDP" if r0.front == "hook" else "plain SGD"
+    how = "the DDP comm hook" if r0.front == "hook" else "GravacOptimizer"
     header = [
         f"gravac bench memory: {r0.params:,} float32 parameters ({layers} x Linear({r0.width}, "
         f"{r0.width})), gradient {r0.gradient_bytes / _MIB:.0f} MiB, CF {CF:g} with a candidate "
-        "from the first step, one worker",
-        "  extra = peak resident memory of backward() + step() above plain SGD's steady state,"
-        " less plain SGD's own peak, over the first steps and over the steps after them"
+        f"from the first step, one worker, through {how}",
+        f"  extra = peak resident memory of backward() + step() above {plain}'s steady state,"
+        f" less {plain}'s own peak, over the first steps and over the steps after them"
         " (steady); ratio = extra / gradient bytes (target <= 2)",
-        f"  plain SGD's own peak: {r0.sgd_peak_bytes / _MIB:.0f} MiB",
+        f"  {plain}'s own peak: {r0.sgd_peak_bytes / _MIB:.0f} MiB",
     ]
     headers = ["compressor", "first MiB", "first ratio", "steady MiB", "steady ratio"]
     rows = [

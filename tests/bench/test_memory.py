@@ -45,3 +45,14 @@ def test_the_command_line_prints_json() -> None:
     (row,) = json.loads(out.stdout)
     assert row["name"] == "none" and row["ratio"] >= 0.0
     assert row["width"] == 1024 and row["params"] == 4 * 1024 * 1024  # four 1024 x 1024 layers
+
+
+def test_the_hook_front_measures_against_plain_ddp() -> None:
+    """The DDP hook on a one-process gloo group: a residual and the error-fed gradient's own
+    buffer beside DDP's bucket (at least one gradient), against plain DDP."""
+    (row,) = bench_memory(names=["topk"], params=8 * MIB, steps=2, threads=1, front="hook")
+    assert row.front == "hook" and row.params == 2 * 2048 * 2048
+    assert math.isfinite(row.ratio) and 0.9 <= row.ratio <= 4.5
+    assert "plain DDP" in format_memory_table([row])
+    with pytest.raises(ValueError, match="front must be one of"):
+        bench_memory(names=["topk"], front="trainer")

@@ -22,6 +22,7 @@ glibc's default adaptive threshold, freed gradient-sized blocks stay resident in
 
 from __future__ import annotations
 
+import gc
 import math
 import multiprocessing
 import os
@@ -158,6 +159,7 @@ def _measure(
     opt: torch.optim.Optimizer = sgd
     if front == "hook":  # a new DDP (a hook goes in before the first backward) for the old
         del net
+        gc.collect()  # DDP sits in a reference cycle: free the old one's buckets now
         net = DistributedDataParallel(model)
         net.register_comm_hook(GravacHookState(**options), gravac_hook)
     else:

@@ -237,7 +237,7 @@ class GravacHookState:
                 piece = part.reshape(-1)
                 kept = self._orphans.get(id(p))
                 self._orphans[id(p)] = piece.clone() if kept is None else kept + piece
-        self.engine.memory.reset(key)
+        self.engine.forget(key)
         del self._units[key]
         self._plans = {
             ids: plan

@@ -858,6 +858,12 @@ class Engine:
             self.monitor.log(StepRecord.skip(step.index, phase, self.skipped_steps))
         return _SKIP
 
+    def forget(self, key: int) -> None:
+        """Drop everything kept for unit ``key`` (its residual, the compressor's state and
+        buffers), a unit that no longer exists (DDP's bucket rebuild)."""
+        self.memory.reset(key)
+        self.compressor.forget(key)
+
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self, *, with_memory: bool = True) -> dict[str, Any]:
         """Counters, residuals (unless ``with_memory`` is false: a front end that saves them

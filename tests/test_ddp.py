@@ -249,3 +249,31 @@ def test_a_mixed_bucket_alternates_two_buffers() -> None:
     new gradient-sized tensor a step)."""
     for seen in spawn_workers(mixed_bucket_buffers, 2, timeout=SPAWN_TIMEOUT):
         assert all(seen[t] == seen[t - 1][::-1] for t in (2, 3))
+
+
+def kept_after_rebuild(rank: int, world_size: int, compressor: str) -> dict[str, Any]:
+    """The unit keys alive after DDP's bucket rebuild, and those the compressor keeps state
+    or buffers for."""
+    model = tiny_model(seed=0)
+    net = DistributedDataParallel(model, bucket_cap_mb=0.001)  # a bucket per tensor, rebuilt
+    state = GravacHookState(compressor=compressor, policy="fixed", policy_options={"cf": 4})
+    net.register_comm_hook(state, gravac_hook)
+    fit(net, sgd(model), rank, range(4))
+    c = state.engine.compressor
+    if compressor == "powersgd":
+        kept = set(c._state)  # type: ignore[attr-defined]
+    else:
+        kept = {k[0][1] for k in c._buffers._buffers if k[0][0] == "payload"}  # type: ignore[attr-defined]
+    return {
+        "alive": set(state._units),
+        "kept": kept,
+        "retired": state._next_key > len(state._units),
+    }
+
+
+@pytest.mark.parametrize("compressor", ["fp16", "powersgd"])
+def test_a_retired_unit_leaves_no_compressor_state(compressor: str) -> None:
+    """DDP rebuilds its buckets after the first step: the units of the first buckets are
+    retired, and the compressor drops their buffers (a 16-bit payload each) and bases."""
+    for out in spawn_workers(kept_after_rebuild, 2, compressor, timeout=SPAWN_TIMEOUT):
+        assert out["retired"] and out["kept"] and out["kept"] <= out["alive"]

@@ -215,6 +215,11 @@ class Compressor(ABC):
         (PowerSGD's integer ranks). The default ignores them."""
         return None
 
+    def forget(self, key: int) -> None:
+        """Drop what this compressor keeps for unit ``key`` (state, buffers): the engine calls
+        it when the unit is retired (DDP's bucket rebuild). The default keeps nothing per key."""
+        return None
+
     @abstractmethod
     def compress(self, x: Tensor, cf: float, rnd: Round) -> tuple[Payload, Context]:
         """Compress ``x`` at CF ``cf``; returns the payload that travels and the local context."""

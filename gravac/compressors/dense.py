@@ -138,6 +138,10 @@ class _HalfCompressor(Compressor):
         """Always 2 (16 of 32 bits), whatever is asked."""
         return REFERENCE_BITS / torch.finfo(self.wire_dtype).bits
 
+    def forget(self, key: int) -> None:
+        """Drop the payload buffer of unit ``key``."""
+        self._buffers.drop(("payload", key))
+
     def local_stats(self, x: Tensor, cf: float, rnd: Round) -> Tensor | None:
         """This rank's largest magnitude (NaN if ``x`` holds NaN)."""
         if x.numel() == 0:

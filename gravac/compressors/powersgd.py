@@ -484,6 +484,10 @@ class PowerSGDCompressor(Compressor):
         )
         return payload, ctx
 
+    def forget(self, key: int) -> None:
+        """Drop the shared bases of unit ``key``."""
+        self._state.pop(key, None)
+
     def sent_terms(self, x: Tensor, payload: Payload, ctx: Context) -> Tensor:
         """Both terms are ``||f||^2`` summed over the factors sent, plus ``||dense||^2``: with
         the orthonormal basis ``B`` not sent, a left step sends ``f = M B`` for ``c = f B^T``,

@@ -73,3 +73,7 @@ class BufferPool:
     def clear(self) -> None:
         """Drop every buffer (their memory is freed once returned tensors are gone)."""
         self._buffers.clear()
+
+    def drop(self, tag: object) -> None:
+        """Drop the buffers of ``tag`` (freed once returned tensors are gone)."""
+        self._buffers = {k: v for k, v in self._buffers.items() if k[0] != tag}

@@ -647,10 +647,10 @@ class Engine:
         }
         if not all_finite(list(checked.values())):
             return self._skip(step)
-        totals = [
-            checked[i] if i in checked else self._aggregate(f, self._target(f))
-            for i, f in enumerate(step.flights)
-        ]
+        totals = []
+        for i, f in enumerate(step.flights):
+            target = self._target(f)  # swaps a rotating flight's residual in, vouched or not
+            totals.append(checked[i] if i in checked else self._aggregate(f, target))
         self.last_comm = comm_seconds  # agreed with the next step's scalars
         n_flags = step.flags
         flags = _HEAD + n_flags
@@ -751,7 +751,7 @@ class Engine:
     def _target(self, f: _Flight) -> Tensor | None:
         """Where ``f``'s vouched aggregate goes: ``f.out``; where ``f`` rotates, the old
         residual's storage, given up by the memory as ``x``'s becomes the residual (a new
-        tensor when there was none)."""
+        tensor when there was none; dropped when the aggregate was checked elsewhere)."""
         if not f.rotate:
             return f.out
         assert f.residual is not None  # rotate: settled at launch
@@ -773,9 +773,7 @@ class Engine:
         """``e <- x - D(sent)``; what belongs to a tensor with a gradient on no rank stays in
         the residual (it is applied to nothing); after a dense send, ``e <- 0``."""
         if f.residual is not None:  # settled at launch, where every tensor had a gradient
-            if f.rotate:  # the old residual's storage is the aggregate's, or is dropped
-                self.memory.swap(f.unit.key, f.residual)
-            else:
+            if not f.rotate:  # a rotating one was swapped in by _target()
                 self.memory.keep(f.unit.key, f.residual)
             return
         absent = self._absent_mask(f, present)

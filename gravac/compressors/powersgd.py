@@ -282,6 +282,17 @@ class _KeyState:
     bases: dict[int, tuple[Tensor, int]]
 
 
+def _product(payload: PowerSGDPayload, plan: TensorPlan) -> tuple[Tensor, Tensor]:
+    """``(A, B^T)`` with ``A B^T`` the matrix ``plan`` reconstructs from the factor sent:
+    LEFT, ``P Q^T`` with ``P`` the factor; RIGHT, ``P^ Q^T`` with ``Q`` the factor. Both are
+    ``(rows, cols)``."""
+    if plan.basis is None:
+        raise ValueError(f"tensor {plan.index} is sent dense: it has no factor")
+    size = plan.factor_rows * plan.rank
+    f = payload.factors[plan.offset : plan.offset + size].view(plan.factor_rows, plan.rank)
+    return (f, plan.basis.t()) if plan.side == LEFT else (plan.basis, f.t())
+
+
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32) if dtype.is_floating_point else torch.float32
 
@@ -510,10 +521,7 @@ class PowerSGDCompressor(Compressor):
             if plan.basis is None:
                 seg.sub_(p.dense[plan.offset : plan.offset + plan.numel])
                 continue
-            size = plan.factor_rows * plan.rank
-            f = p.factors[plan.offset : plan.offset + size].view(plan.factor_rows, plan.rank)
-            b = plan.basis
-            a, bt = (f, b.t()) if plan.side == LEFT else (b, f.t())
+            a, bt = _product(p, plan)
             m = seg.view(plan.rows, plan.cols)
             if m.dtype == a.dtype:
                 m.addmm_(a, bt, alpha=-1)
@@ -545,12 +553,8 @@ class PowerSGDCompressor(Compressor):
             if plan.basis is None:
                 seg.copy_(p.dense[plan.offset : plan.offset + plan.numel])
                 continue
-            size = plan.factor_rows * plan.rank
-            f = p.factors[plan.offset : plan.offset + size].view(plan.factor_rows, plan.rank)
-            # LEFT: P Q^T with P = f; RIGHT: P^ Q^T with Q = f. Both give (rows, cols) directly,
-            # written into the output in the gradient's dtype (through a copy if it differs).
-            b = plan.basis
-            a, bt = (f, b.t()) if plan.side == LEFT else (b, f.t())
+            # written into the output in the gradient's dtype (through a copy if it differs)
+            a, bt = _product(p, plan)
             if seg.dtype == a.dtype:
                 torch.mm(a, bt, out=seg.view(plan.rows, plan.cols))
             else:

@@ -22,7 +22,14 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["compression_gain", "gain_from_terms", "gain_terms", "inner", "squared_norm"]
+__all__ = [
+    "compression_gain",
+    "gain_from_terms",
+    "gain_terms",
+    "inner",
+    "kept_terms",
+    "squared_norm",
+]
 
 #: below this magnitude, a float32 sum of products may have lost terms to underflow (products
 #: under about 1e-38 are subnormal or 0 in float32): it is taken again in float64
@@ -56,6 +63,15 @@ def inner(a: Tensor, b: Tensor) -> Tensor:
 def squared_norm(x: Tensor) -> Tensor:
     """``||x||^2`` as a float64 scalar, without a float64 copy (:func:`inner`)."""
     return inner(x, x)
+
+
+def kept_terms(values: Tensor) -> Tensor:
+    """``[<c, x>, ||c||^2]`` (float64) for a ``c`` that keeps ``values``, entries of ``x`` at
+    distinct positions, and zeros elsewhere: both are the sum of the squared values, so no
+    dense decompression is needed."""
+    v = values.reshape(-1).to(torch.float64)
+    vv = torch.dot(v, v)
+    return torch.stack([vv, vv])
 
 
 def gain_terms(x: Tensor, sent: Tensor) -> Tensor:

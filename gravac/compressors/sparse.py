@@ -25,6 +25,7 @@ from gravac.compressors.base import (
     check_cf,
     k_for_cf,
 )
+from gravac.gain import kept_terms
 from gravac.kernels import index_dtype, scatter_add
 
 __all__ = ["SparseCompressor", "SparsePayload"]
@@ -87,11 +88,8 @@ class SparseCompressor(Compressor):
         return scatter_add(ctx.numel, p.indices, p.values.to(ctx.dtype)).view(ctx.shape)
 
     def sent_terms(self, x: Tensor, payload: Payload, ctx: Context) -> Tensor:
-        """``<c, x> = ||c||^2 = sum of the squared values sent``: the values are entries of
-        ``x`` at distinct positions, so no dense decompression is needed."""
-        v = cast(SparsePayload, payload).values.reshape(-1).to(torch.float64)
-        vv = torch.dot(v, v)
-        return torch.stack([vv, vv])
+        """From the values sent, entries of ``x`` (:func:`gravac.gain.kept_terms`)."""
+        return kept_terms(cast(SparsePayload, payload).values)
 
     def residual_(self, x: Tensor, payload: Payload, ctx: Context) -> Tensor:
         """The values sent are ``x`` at the indices: the residual is ``x`` with them zeroed,

@@ -51,7 +51,7 @@ from gravac.compressors.base import (
     k_for_cf,
 )
 from gravac.compressors.registry import register
-from gravac.gain import squared_norm
+from gravac.gain import kept_terms
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
@@ -227,9 +227,8 @@ class TopKCCompressor(Compressor):
         return TopKCPayload(values=p.values[:k]), self._context(c.shape, c.dtype, c.numel, ids, k)
 
     def sent_terms(self, x: Tensor, payload: Payload, ctx: Context) -> Tensor:
-        """``<c, x> = ||c||^2`` = the sum of the squared values sent (entries of ``x``)."""
-        vv = squared_norm(cast(TopKCPayload, payload).values)
-        return torch.stack([vv, vv])
+        """From the values sent, entries of ``x`` (:func:`gravac.gain.kept_terms`)."""
+        return kept_terms(cast(TopKCPayload, payload).values)
 
     def residual_(self, x: Tensor, payload: Payload, ctx: Context) -> Tensor:
         """``x`` with the kept positions zeroed, in place: bit for bit ``x - D(payload)``."""

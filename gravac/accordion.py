@@ -62,6 +62,7 @@ class AccordionController(Controller):
     checkpoint resumes them whatever the units' keys."""
 
     policy: AccordionPolicy
+    tracks_gradients = True
 
     def __init__(
         self,

@@ -137,7 +137,7 @@ def build_layout(params: Sequence[Tensor], *, bucket_bytes: int, dense_bytes: in
     return Layout(tuple(compressed), dense_buckets, _signature(params))
 
 
-def gather_grads(bucket: Bucket, flat: Tensor) -> Tensor:
+def gather_grads(bucket: Bucket, flat: Tensor, plus: Tensor | None = None) -> Tensor:
     """Pack the bucket's gradients into ``flat`` (its buffer, reused across steps) and make each
     gradient a view of its piece, as DDP's ``gradient_as_bucket_view`` does: from then on
     autograd accumulates into the buffer itself and packing costs nothing, and the aggregate
@@ -147,19 +147,37 @@ def gather_grads(bucket: Bucket, flat: Tensor) -> Tensor:
     another dtype than the bucket is cast into it, both keeping their own tensor until the
     aggregate is written back. Every rank packs the same layout.
 
+    ``plus`` (flat, ``flat``'s size and dtype) is added in the same pass: ``flat = g + plus``
+    (the error-feedback residual, :meth:`gravac.engine.Engine.addend`), where a fresh gradient
+    would otherwise be copied and then added to.
+
     Returns:
         ``flat``.
     """
-    for p, part in split_flat(flat, bucket.params):
+    params = bucket.params
+    extras: list[Tensor | None] = [None] * len(params)
+    if plus is not None:
+        extras = [e for _, e in split_flat(plus, params)]
+    for (p, part), e in zip(split_flat(flat, params), extras, strict=True):
         g = p.grad
         if g is None:
-            part.zero_()
-        elif g.is_sparse:
+            if e is None:
+                part.zero_()
+            else:
+                part.copy_(e)
+            continue
+        if g.is_sparse:
             part.copy_(g.to_dense())  # densified when the aggregate is written back
         elif not _is_view(g, part):
-            part.copy_(g)
+            if e is None:
+                part.copy_(g)
+            else:
+                torch.add(g, e, out=part)
+                e = None
             if p.dtype == flat.dtype:
                 p.grad = part
+        if e is not None:
+            part.add_(e)
     return flat
 
 

@@ -212,6 +212,9 @@ class Controller:
             plans, keys its tables by and decides is a snapped one. ``None``: every CF.
     """
 
+    #: :meth:`track` reads each unit's gradient alone (before error feedback adds to it)
+    tracks_gradients: bool = False
+
     def __init__(
         self,
         config: ControllerConfig,

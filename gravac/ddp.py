@@ -128,14 +128,19 @@ class GravacHookState:
         first = len(step.flights)
         units = [u for u in (plan.compressed, plan.dense) if u is not None]
         for i, unit in enumerate(units):
-            # a bucket that is one unit receives its aggregate in DDP's own buffer; a mixed one
-            # gathers each unit into a buffer of the hook's, which it hands to the engine
-            flat = _gather(buffer, plan.spans[i], plan.flats[i]) if plan.spans else buffer
-            own = bool(plan.spans)
-            if own:
-                plan.flats[i] = None  # the engine's until commit
-            carry = self._orphans_of(plan, flat) if unit.compressed else None
-            self.engine.launch(step, unit, flat, out=flat, carry=carry, own=own)
+            carry = self._orphans_of(plan, buffer) if unit.compressed else None
+            if not plan.spans:  # one unit: it receives its aggregate in DDP's own buffer
+                self.engine.launch(step, unit, buffer, out=buffer, carry=carry)
+                continue
+            # a mixed bucket gathers each unit into a buffer of the hook's, which it hands to
+            # the engine, adding the residual as it copies where the engine allows
+            flat = _flat(buffer, plan.spans[i], plan.flats[i])
+            plan.flats[i] = None  # the engine's until commit
+            e = self.engine.addend(step, unit, flat, carry=carry is not None)
+            _gather(buffer, plan.spans[i], flat, e)
+            self.engine.launch(
+                step, unit, flat, out=flat, carry=carry, own=True, packed=e is not None
+            )
         if bucket.is_last():
             self._close(step, done)
 
@@ -245,16 +250,16 @@ class GravacHookState:
             if plan.compressed is None or plan.compressed.key != key
         }
 
-    def _orphans_of(self, plan: _BucketPlan, flat: Tensor) -> Tensor | None:
+    def _orphans_of(self, plan: _BucketPlan, like: Tensor) -> Tensor | None:
         """The residual pieces of retired units for the compressed unit's parameters, laid out
-        as its ``flat`` gradient (``None``: none)."""
+        as its flat gradient, in ``like``'s dtype and device (``None``: none)."""
         if not self._orphans or not any(id(p) in self._orphans for p in plan.params):
             return None
         pieces = [
-            self._orphans.pop(id(p), torch.zeros(p.numel(), dtype=flat.dtype, device=flat.device))
+            self._orphans.pop(id(p), torch.zeros(p.numel(), dtype=like.dtype, device=like.device))
             for p in plan.params
         ]
-        return torch.cat(pieces).to(flat.dtype)
+        return torch.cat(pieces).to(like.dtype)
 
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict[str, Any]:
@@ -324,17 +329,28 @@ def _spans(params: list[Tensor], kinds: list[bool], kind: bool) -> tuple[tuple[i
     return tuple(out)
 
 
-def _gather(buffer: Tensor, spans: tuple[tuple[int, int], ...], out: Tensor | None) -> Tensor:
-    """The buffer's ``spans``, concatenated into ``out`` (reused across steps; ``None``, or one
-    that does not fit: a new tensor)."""
+def _flat(buffer: Tensor, spans: tuple[tuple[int, int], ...], out: Tensor | None) -> Tensor:
+    """A flat tensor for the buffer's ``spans``: ``out`` (reused across steps), or a new one
+    when it is ``None`` or does not fit."""
     n = sum(b - a for a, b in spans)
     if out is None or out.numel() != n or out.dtype != buffer.dtype or out.device != buffer.device:
         out = torch.empty(n, dtype=buffer.dtype, device=buffer.device)
+    return out
+
+
+def _gather(
+    buffer: Tensor, spans: tuple[tuple[int, int], ...], out: Tensor, plus: Tensor | None
+) -> None:
+    """The buffer's ``spans``, concatenated into ``out``, plus ``plus`` where given (in the
+    same pass)."""
     offset = 0
     for a, b in spans:
-        out[offset : offset + b - a].copy_(buffer[a:b])
+        piece = slice(offset, offset + b - a)
+        if plus is None:
+            out[piece].copy_(buffer[a:b])
+        else:
+            torch.add(buffer[a:b], plus[piece], out=out[piece])
         offset += b - a
-    return out
 
 
 def _scatter(out: Tensor, spans: tuple[tuple[int, int], ...], flat: Tensor) -> None:

@@ -380,6 +380,7 @@ class Engine:
         carry: Tensor | None = None,
         complete: bool = True,
         own: bool = False,
+        packed: bool = False,
     ) -> Future[Tensor]:
         """Compensate, compress and start aggregating one unit's flat gradient ``flat`` (which
         the engine does not modify, unless ``own``).
@@ -401,6 +402,8 @@ class Engine:
                 into the old residual's storage (a new tensor at the first step). The front
                 end then keeps the future's tensor as its gradient buffer: the unit holds two
                 gradient-sized buffers (``flat`` and the residual), not three (one for ``x``).
+            packed: ``flat`` already holds the gradient plus what :meth:`addend` returned
+                for it (which then was a tensor): it is ``x``, compensated as it was written.
 
         Returns:
             A future that :meth:`commit` completes with the unit's aggregate (the mean over
@@ -408,16 +411,46 @@ class Engine:
         """
         if own and out is not flat:
             raise ValueError("Engine.launch(own=True) needs out to be flat itself")
+        if packed and not (own and self._packable(step, unit, complete, carry is not None)):
+            raise ValueError(
+                "Engine.launch(packed=True) needs a unit that addend() returned a tensor for "
+                "(own=True, complete, no carry)"
+            )
         t0 = self.clock()
         if not unit.compressed:  # no local check: the all-reduced sum, checked at commit, is
             # non-finite on every rank where an element is on one (NaN and Inf propagate)
             x = flat if out is flat else flat.clone()  # all-reduced in place
             flight = _Flight(unit, x, None, self.comm.all_reduce_async(x), _nbytes(x), out)
         else:
-            flight = self._launch_compressed(step, unit, flat, out, carry, settle=complete, own=own)
+            flight = self._launch_compressed(
+                step, unit, flat, out, carry, settle=complete, own=own, packed=packed
+            )
         step.flights.append(flight)
         step.compress_seconds += self.clock() - t0
         return flight.result
+
+    def addend(
+        self, step: Step, unit: Unit, flat: Tensor, *, complete: bool = True, carry: bool = False
+    ) -> Tensor | None:
+        """What a front end that hands ``flat`` over (:meth:`launch` with ``own``) may add to
+        the gradients as it writes them into ``flat``, so that it holds ``x = g + e`` without
+        a pass of its own (:meth:`Memory.addend`); it then launches with ``packed=True``.
+
+        ``None``: it writes the gradients alone and :meth:`launch` compensates them. That is
+        the case for a dense unit, one with a missing gradient (``complete=False``) or residual
+        pieces to ``carry`` in, per-layer CFs, a controller that reads the gradient alone
+        (:attr:`Controller.tracks_gradients`), a memory that keeps more than a residual, and
+        the first step.
+        """
+        if not self._packable(step, unit, complete, carry):
+            return None
+        return self.memory.addend(unit.key, flat)
+
+    def _packable(self, step: Step, unit: Unit, complete: bool, carry: bool) -> bool:
+        """Whether :meth:`launch` may take ``unit`` packed (see :meth:`addend`)."""
+        if not unit.compressed or not complete or carry or self.controller.tracks_gradients:
+            return False
+        return len(set(step.plan.cfs_for(unit.layer_ids))) == 1
 
     def _launch_compressed(
         self,
@@ -429,6 +462,7 @@ class Engine:
         *,
         settle: bool,
         own: bool,
+        packed: bool,
     ) -> _Flight:
         c, plan = self.compressor, step.plan
         self.controller.track(unit.layer_ids, flat, unit.numels)
@@ -437,7 +471,11 @@ class Engine:
         early = settle and carry is None
         layer_cfs = plan.cfs_for(unit.layer_ids)
         per_layer = len(set(layer_cfs)) > 1
-        x = self.memory.compensate_(unit.key, flat) if own and early and not per_layer else None
+        if packed:
+            x: Tensor | None = flat
+        else:
+            in_place = own and early and not per_layer
+            x = self.memory.compensate_(unit.key, flat) if in_place else None
         in_flat = x is not None
         if x is None:
             x = self.memory.compensate(unit.key, flat if carry is None else flat + carry)

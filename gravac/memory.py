@@ -37,6 +37,13 @@ class Memory:
         residual), the caller uses :meth:`compensate`."""
         return None
 
+    def addend(self, key: int, g: Tensor) -> Tensor | None:
+        """What :meth:`compensate_` would add to ``g``, for a caller that adds it while it
+        writes the gradient into ``g``'s storage: ``x = g + e`` in one pass, not a copy and
+        an addition. ``None``: nothing to add, or this memory compensates otherwise (the caller
+        writes the gradient alone and :meth:`compensate_` runs)."""
+        return None
+
     def update(self, key: int, x: Tensor, sent: Tensor) -> None:
         """Record that ``sent`` (dense, ``D(C(x))``) was sent for the compensated ``x``."""
 
@@ -128,6 +135,10 @@ class ResidualMemory(Memory):
         """``g += e``: ``x`` in ``g``'s storage."""
         e = self._matching(key, g)
         return g if e is None else g.add_(e)
+
+    def addend(self, key: int, g: Tensor) -> Tensor | None:
+        """The residual ``e`` (``None`` before the first step)."""
+        return self._matching(key, g)
 
     def _matching(self, key: int, g: Tensor) -> Tensor | None:
         e = self.residuals.get(key)

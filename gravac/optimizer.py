@@ -512,12 +512,15 @@ class GravacOptimizer(torch.optim.Optimizer):
             buf = torch.empty(bucket.numel, dtype=bucket.dtype, device=bucket.params[0].device)
             self._flats[self._next] = buf
         complete = all(p.grad is not None for p in bucket.params)
-        flat = gather_grads(bucket, buf)
-        # the buffer is the engine's until commit: x = g + e is formed in it, and it becomes
-        # the residual while the aggregate lands in the old residual's storage, which becomes
-        # the gradients' buffer (no gradient-sized temporary, no buffer of x's own)
         unit = self._units[self._next]
-        self.engine.launch(step, unit, flat, out=flat, complete=complete, own=True)
+        # the buffer is the engine's until commit: x = g + e is formed in it (as the gradients
+        # are written into it, where the engine allows), and it becomes the residual while the
+        # aggregate lands in the old residual's storage, which becomes the gradients' buffer
+        # (no gradient-sized temporary, no buffer of x's own)
+        e = self.engine.addend(step, unit, buf, complete=complete)
+        flat = gather_grads(bucket, buf, plus=e)
+        packed = e is not None
+        self.engine.launch(step, unit, flat, out=flat, complete=complete, own=True, packed=packed)
         self._stamps += [(p, _stamp(p)) for p in bucket.params]
         self._next += 1
 

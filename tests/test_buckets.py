@@ -54,6 +54,29 @@ def test_sparse_and_other_dtypes_are_copied_not_bound() -> None:
     assert half.grad.dtype == torch.float16 and bool((half.grad == 2.0).all())
 
 
+def test_gather_adds_plus_to_every_kind_of_gradient_in_the_same_pass() -> None:
+    """``plus`` (the residual) is added to a fresh, a bound, a missing, a sparse and a 16-bit
+    gradient alike: ``flat = g + plus``, bit for bit as a copy and then an addition."""
+    emb = nn.Embedding(3, 2, sparse=True)
+    emb(torch.tensor([0, 2])).sum().backward()
+    fresh, bound, missing = (nn.Parameter(torch.randn(2, 2)) for _ in range(3))
+    half = nn.Parameter(torch.randn(3, dtype=torch.float16))
+    fresh.grad, half.grad = torch.randn(2, 2), torch.randn(3, dtype=torch.float16)
+    bucket = _bucket(fresh, bound, missing, emb.weight, half)
+    flat = torch.empty(21)
+    bound.grad = torch.randn(2, 2)
+    gather_grads(bucket, flat)  # binds fresh's and bound's gradients to the buffer
+    bound.grad.add_(1.0)
+    fresh.grad = torch.randn(2, 2)  # a new one, as after zero_grad(set_to_none=True)
+    assert _shares(bound.grad, flat) and not _shares(fresh.grad, flat)
+    grads = [fresh.grad, bound.grad, torch.zeros(2, 2), emb.weight.grad.to_dense(), half.grad]
+    plus = torch.randn(21)
+    want = torch.cat([g.reshape(-1).float() for g in grads]) + plus
+    gather_grads(bucket, flat, plus=plus)
+    assert torch.equal(flat, want)
+    assert _shares(fresh.grad, flat) and missing.grad is None and emb.weight.grad.is_sparse
+
+
 def test_scatter_gives_a_missing_gradient_its_piece() -> None:
     a = nn.Parameter(torch.randn(2, 2))
     flat = torch.arange(4.0)

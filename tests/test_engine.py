@@ -140,24 +140,88 @@ def test_a_sixteen_bit_cast_skips_a_non_finite_gradient_its_statistics_show(valu
     assert opt.skipped_steps == 1 and torch.equal(p.detach(), before)
 
 
+@pytest.mark.parametrize(
+    "compressor",
+    ["topk", "redsync", "dgc", "randomk", "topkc", "fp16", "bf16", "thc", "powersgd"],
+)
+@pytest.mark.parametrize("cf", [1.0, 4.0])
+def test_a_gradient_packed_with_its_residual_gives_the_same_steps(
+    compressor: str, cf: float
+) -> None:
+    """``x = g + e`` written as the gradient is packed (``Engine.addend``, ``packed=True``):
+    the same aggregates and residuals, bit for bit, as the engine's own compensation, through
+    a skipped step too; every memory that keeps only a residual packs from its second step
+    (DGC's memory keeps momentum too: never)."""
+    gen = torch.Generator().manual_seed(5)
+    grads = [torch.randn(32, generator=gen) for _ in range(5)]
+    grads[3][2] = math.inf
+    packed = through_engine(compressor, cf, grads, own=True, pack=True)
+    assert_same_steps(packed, through_engine(compressor, cf, grads, own=True))
+    # a dense send (CF 1) leaves no residual to add
+    assert packed[3] == ([] if compressor == "dgc" or cf == 1.0 else [1, 2, 3, 4])
+
+
+def test_only_a_complete_compressed_unit_without_carry_or_tracking_is_packed() -> None:
+    """``addend`` is ``None`` wherever ``launch`` compensates otherwise, and a packed launch
+    that the engine would not pack is refused."""
+    grads = [torch.ones(8), torch.ones(8)]
+    unit = Unit(key=0, shapes=(torch.Size([2, 4]),), compressed=True)
+    engine = build_engine(compressor="topk", policy="fixed", policy_options={"cf": 4.0})
+    step = engine.begin()
+    assert engine.addend(step, unit, grads[0]) is None  # no residual yet
+    engine.launch(step, unit, grads[0].clone())
+    engine.close(step).wait()
+    engine.finish(engine.commit(step))
+    step = engine.begin()
+    e = engine.addend(step, unit, grads[1])
+    assert e is not None and torch.equal(e, engine.memory.residual(0))
+    assert engine.addend(step, unit, grads[1], complete=False) is None
+    assert engine.addend(step, unit, grads[1], carry=True) is None
+    dense = Unit(key=-1, shapes=(torch.Size([8]),), compressed=False)
+    assert engine.addend(step, dense, grads[1]) is None
+    with pytest.raises(ValueError, match="packed=True"):
+        engine.launch(step, unit, grads[1], out=grads[1], own=True, packed=True, complete=False)
+    with pytest.raises(ValueError, match="packed=True"):
+        engine.launch(step, unit, grads[1], packed=True)
+    accordion = build_engine(compressor="topk", policy="accordion")
+    assert accordion.controller.tracks_gradients
+    assert accordion.addend(accordion.begin(), unit, grads[1]) is None
+
+
+Steps = tuple[list[torch.Tensor], list[torch.Tensor], list[tuple[int, int, int]], list[int]]
+
+
+def assert_same_steps(mine: Steps, theirs: Steps) -> None:
+    """The same aggregates (NaN where a step is skipped) and residuals, bit for bit."""
+    for a, b in zip(mine[0], theirs[0], strict=True):
+        assert torch.equal(a, b) or (a.isnan().all() and b.isnan().all())
+    assert all(torch.equal(a, b) for a, b in zip(mine[1], theirs[1], strict=True))
+
+
 def through_engine(
-    compressor: str, cf: float, grads: list[torch.Tensor], *, own: bool
-) -> tuple[list[torch.Tensor], list[torch.Tensor], list[tuple[int, int, int]]]:
+    compressor: str, cf: float, grads: list[torch.Tensor], *, own: bool, pack: bool = False
+) -> Steps:
     """One 4 x 8 unit on one process, its buffer handed over as the optimizer does with
-    ``own``: the buffer kept after a step is the aggregate's. Returns each step's aggregate and
-    residual, and the storage of the buffer given, the aggregate and the residual. CF 1: the
-    unit is sent dense (an Algorithm-1 decision)."""
+    ``own``: the buffer kept after a step is the aggregate's; with ``pack``, the residual is
+    added as the gradient is written into it (``Engine.addend``). Returns each step's aggregate
+    and residual, the storage of the buffer given, the aggregate and the residual, and the
+    steps packed. CF 1: the unit is sent dense (an Algorithm-1 decision)."""
     engine = build_engine(compressor=compressor, policy="fixed", policy_options={"cf": 4.0})
     unit = Unit(key=0, shapes=(torch.Size([4, 8]),), compressed=True)
     buf = torch.empty(32)
-    means, residuals, ptrs = [], [], []
-    for g in grads:
-        buf.copy_(g)
+    means, residuals, ptrs, packed = [], [], [], []
+    for i, g in enumerate(grads):
         step = engine.begin()
         if cf == 1.0:
             step.decision = Decision(cf=1.0, which="dense")
+        e = engine.addend(step, unit, buf) if pack else None
+        if e is None:
+            buf.copy_(g)
+        else:
+            torch.add(g, e, out=buf)
+            packed.append(i)
         given = buf.untyped_storage().data_ptr()
-        future = engine.launch(step, unit, buf, out=buf, own=own)
+        future = engine.launch(step, unit, buf, out=buf, own=own, packed=e is not None)
         engine.close(step).wait()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # the skipped step's warning
@@ -170,7 +234,7 @@ def through_engine(
         residuals.append(e.clone())
         ptrs.append((given, mean.untyped_storage().data_ptr(), e.untyped_storage().data_ptr()))
         buf = outcome.grads[0] if not outcome.skipped else buf
-    return means, residuals, ptrs
+    return means, residuals, ptrs, packed
 
 
 @pytest.mark.parametrize(
@@ -189,9 +253,7 @@ def test_a_buffer_handed_over_gives_the_same_steps_and_swaps_with_the_residual(
     grads = [torch.randn(32, generator=gen) for _ in range(5)]
     grads[3][7] = math.nan
     mine, theirs = (through_engine(compressor, cf, grads, own=own) for own in (True, False))
-    for a, b in zip(mine[0], theirs[0], strict=True):
-        assert torch.equal(a, b) or (a.isnan().all() and b.isnan().all())
-    assert all(torch.equal(a, b) for a, b in zip(mine[1], theirs[1], strict=True))
+    assert_same_steps(mine, theirs)
     ptrs = mine[2]
     if cf == 1.0:
         assert all(mean == given for given, mean, _ in ptrs)

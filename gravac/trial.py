@@ -27,10 +27,12 @@ was sent::
               where the best is the largest kept CF whose tput is within omega of the largest
               (as fast to the target, for fewer bytes); a rejected CF first backs off to the
               candidates the link model skipped below it (the largest first)
-    settled:  send theta_ideal; each window's gain is measured again, and one below epsilon
-              (or a dense fallback's window ending) reopens the search from theta_min; every
-              PROBE_EVERY windows one window tries a policy step above theta_ideal, if the
-              link model says it can pay, and the best is chosen again
+    settled:  send theta_ideal; each window's gain and throughput are measured again: one
+              below epsilon (or a dense fallback's window ending) reopens the search from
+              theta_min, and the best is chosen again with them (a CF whose gain falls during
+              training gives way to a lower kept one that its fall left ahead); every PROBE_EVERY
+              windows one window tries a policy step above theta_ideal, if the link model says
+              it can pay, and the best is chosen again
 
 The link model gives a CF never sent a throughput: each window also measures the communication
 its steps waited for (what backward did not hide, agreed over ranks one step later), and from
@@ -204,10 +206,19 @@ class TrialController(Controller):
             self._start_window(nxt)
 
     def _end_settled_window(self, cf: float, rejected: bool) -> None:
-        """A window at theta_ideal: reopen the search if its gain fell under epsilon, probe
-        the next CF up every :data:`PROBE_EVERY` windows, or go on."""
+        """A window at theta_ideal: reopen the search if its gain fell under epsilon, move down
+        to the best kept CF if theta_ideal, measured again, fell behind it, probe the next CF
+        up every :data:`PROBE_EVERY` windows, or go on.
+
+        Only a probe moves up: it measures the higher CF's gain now, where the table holds one
+        from earlier in training (for a lower CF, where gains fall during training as the
+        LSTM's do, an optimistic one, which its next window corrects)."""
         if rejected:
             self._reopen()
+            return
+        best = self._best()
+        if best < cf:  # its gain fell (the LSTM's at CF 40: 0.90 -> 0.78 over 250 steps)
+            self._settle(best)
             return
         self.settled_windows += 1
         probe = self._probe_cf() if self.settled_windows % PROBE_EVERY == 0 else None

@@ -198,6 +198,50 @@ def test_settled_cf_whose_gain_drops_reopens_the_search_from_theta_min() -> None
     assert c.phase is Phase.SEARCH and c.current == 10.0 and sent[-1] == 10.0
 
 
+def test_a_settled_cf_whose_gain_falls_behind_a_kept_one_gives_way_to_it() -> None:
+    """As the LSTM's: CF 40 is chosen (within omega of CF 20, and larger), then its window
+    gain falls during training, still above epsilon: once CF 20's throughput at its last gain
+    is ahead by more than omega, the controller moves there; a settled CF whose gain holds
+    or rises stays."""
+    tsys = {10.0: 100.0, 20.0: 110.0, 40.0: 115.0, 160.0: 130.0}
+    comm = {10.0: 0.004, 20.0: 0.002, 40.0: 0.001, 160.0: 0.0005}
+    state = {"late": 0.88}
+
+    def gain(cf: float) -> float:
+        return {10.0: 0.95, 20.0: 0.95, 40.0: state["late"]}.get(cf, 0.3)
+
+    falling, holding = make(), make()
+    for c in (falling, holding):
+        sent = run(c, 16, gain, tsys.__getitem__, comm.__getitem__)
+        assert windows(sent) == [10.0, 20.0, 40.0, 160.0, 40.0] and c.theta_ideal == 40.0
+    sent = run(holding, 3 * (WINDOW + 1), gain, tsys.__getitem__, comm.__getitem__)
+    assert set(sent) == {40.0} and holding.theta_ideal == 40.0
+    state["late"] = 0.8  # 0.8 * 115 < 0.95 * (0.95 * 110): behind by more than omega
+    sent = run(falling, 2 * (WINDOW + 1), gain, tsys.__getitem__, comm.__getitem__)
+    assert falling.theta_ideal == 20.0 and falling.phase is Phase.SETTLED
+    assert sent[0] == 40.0 and sent[-1] == 20.0
+    assert falling.wgain[40.0] == 0.8
+
+
+def test_a_settled_cf_moves_up_only_by_a_probe() -> None:
+    """CF 20 is settled (CF 40's 0.8 is behind); its gain then falls a little, so that CF 40's
+    stale throughput is within omega of the best and larger: the controller stays at 20 (a
+    probe would measure CF 40 again first)."""
+    tsys = {10.0: 100.0, 20.0: 110.0, 40.0: 115.0, 160.0: 130.0}
+    comm = {10.0: 0.004, 20.0: 0.002, 40.0: 0.001, 160.0: 0.0005}
+    state = {"twenty": 0.95}
+
+    def gain(cf: float) -> float:
+        return {10.0: 0.95, 20.0: state["twenty"], 40.0: 0.8}.get(cf, 0.3)
+
+    c = make()
+    sent = run(c, 16, gain, tsys.__getitem__, comm.__getitem__)
+    assert windows(sent) == [10.0, 20.0, 40.0, 20.0] and c.theta_ideal == 20.0
+    state["twenty"] = 0.86  # 0.86 * 110 = 94.6: 40's 0.8 * 115 = 92 is within omega of 95
+    sent = run(c, (PROBE_EVERY - 2) * (WINDOW + 1), gain, tsys.__getitem__, comm.__getitem__)
+    assert set(sent) == {20.0} and c.theta_ideal == 20.0 and c.wgain[20.0] == 0.86
+
+
 def test_theta_min_rejected_sends_dense_for_a_window_then_tries_again() -> None:
     c = make(warmup=0)
     sent = run_link(c, 2 * (WINDOW + 1) + 1, lambda cf: 0.1, SLOW)

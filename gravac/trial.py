@@ -27,12 +27,13 @@ was sent::
               where the best is the largest kept CF whose tput is within omega of the largest
               (as fast to the target, for fewer bytes); a rejected CF first backs off to the
               candidates the link model skipped below it (the largest first)
-    settled:  send theta_ideal; each window's gain and throughput are measured again: one
-              below epsilon (or a dense fallback's window ending) reopens the search from
-              theta_min, and the best is chosen again with them (a CF whose gain falls during
-              training gives way to a lower kept one that its fall left ahead); every PROBE_EVERY
-              windows one window tries a policy step above theta_ideal, if the link model says
-              it can pay, and the best is chosen again
+    settled:  send theta_ideal; each window's gain and throughput are measured again, and the
+              best is chosen again with them (a CF whose gain falls during training gives way
+              to a lower kept one that its fall left ahead); one below epsilon backs off to the
+              candidates skipped below it, and with no CF kept (or a dense fallback's window
+              ending) the search starts again from theta_min; every PROBE_EVERY windows one
+              window tries a policy step above theta_ideal, if the link model says it can pay,
+              and the best is chosen again
 
 The link model gives a CF never sent a throughput: each window also measures the communication
 its steps waited for (what backward did not hide, agreed over ranks one step later), and from
@@ -188,14 +189,8 @@ class TrialController(Controller):
         if self.phase is Phase.SETTLED:
             self._end_settled_window(cf, rejected)
             return
-        if rejected and self.mode != "probe":
-            kept = max(self.kept_tput(), default=0.0)
-            back = [c for c in self.skipped if kept < c < cf]
-            if back:  # the largest CF the link model skipped below the rejected one
-                self.mode = "back"
-                self.skipped.remove(max(back))
-                self._start_window(max(back))
-                return
+        if rejected and self.mode != "probe" and self._back_off(cf):
+            return
         if rejected or self.mode != "climb" or not self._worth_trying():
             self._settle(self._best())
             return
@@ -206,18 +201,22 @@ class TrialController(Controller):
             self._start_window(nxt)
 
     def _end_settled_window(self, cf: float, rejected: bool) -> None:
-        """A window at theta_ideal: reopen the search if its gain fell under epsilon, move down
-        to the best kept CF if theta_ideal, measured again, fell behind it, probe the next CF
-        up every :data:`PROBE_EVERY` windows, or go on.
+        """A window at theta_ideal: move down to the best kept CF if theta_ideal, measured
+        again, fell behind it, probe the next CF up every :data:`PROBE_EVERY` windows, or go on.
+        A gain under epsilon first backs off to the candidates the link model skipped below
+        theta_ideal; with none, and no CF kept, the search starts again from theta_min.
 
         Only a probe moves up: it measures the higher CF's gain now, where the table holds one
         from earlier in training (for a lower CF, where gains fall during training as the
         LSTM's do, an optimistic one, which its next window corrects)."""
-        if rejected:
-            self._reopen()
+        if rejected and self._back_off(cf):
             return
         best = self._best()
-        if best < cf:  # its gain fell (the LSTM's at CF 40: 0.90 -> 0.78 over 250 steps)
+        if best == _DENSE_CF:
+            self._reopen()
+            return
+        if rejected or best < cf:  # its gain fell (the LSTM's at CF 40: 0.90 -> 0.78 in
+            # 250 steps)
             self._settle(best)
             return
         self.settled_windows += 1
@@ -227,6 +226,18 @@ class TrialController(Controller):
             return
         self.phase, self.mode = Phase.SEARCH, "probe"
         self._start_window(probe)
+
+    def _back_off(self, rejected: float) -> bool:
+        """Start a search window at the largest candidate that the link model skipped between
+        the largest kept CF and the ``rejected`` one; ``False`` if there is none."""
+        kept = max(self.kept_tput(), default=0.0)
+        back = [c for c in self.skipped if kept < c < rejected]
+        if not back:
+            return False
+        self.phase, self.mode = Phase.SEARCH, "back"
+        self.skipped.remove(max(back))
+        self._start_window(max(back))
+        return True
 
     def _probe_cf(self) -> float | None:
         """One policy step above theta_ideal, if the link model says it may beat the best

@@ -184,7 +184,9 @@ def test_when_compute_bound_the_search_stays_at_theta_min() -> None:
     assert predicted is not None and predicted == pytest.approx(1 / 0.01, rel=0.02)
 
 
-def test_settled_cf_whose_gain_drops_reopens_the_search_from_theta_min() -> None:
+def test_a_settled_cf_whose_gain_drops_backs_off_to_the_skipped_ones() -> None:
+    """Settled at 1000 (20, 40 and 160 skipped), its gain falls under epsilon: the search
+    backs off to 160 and keeps it."""
     c = make()
     state = {"drop": False}
 
@@ -192,10 +194,41 @@ def test_settled_cf_whose_gain_drops_reopens_the_search_from_theta_min() -> None
         return 0.2 if state["drop"] and cf == 1000.0 else 0.9
 
     run_link(c, 20, gain, SLOW)
-    assert c.theta_ideal == 1000.0
+    assert c.theta_ideal == 1000.0 and c.skipped == [20.0, 40.0, 160.0]
     state["drop"] = True
-    sent = run_link(c, WINDOW + 2, gain, SLOW)
-    assert c.phase is Phase.SEARCH and c.current == 10.0 and sent[-1] == 10.0
+    sent = run_link(c, 2 * (WINDOW + 1), gain, SLOW)
+    assert windows(sent) == [1000.0, 160.0] and c.theta_ideal == 160.0
+
+
+def test_a_rejected_settled_cf_with_nothing_skipped_gives_way_to_the_best_kept() -> None:
+    """Settled at 160 after trying every candidate: when its gain falls under epsilon, the
+    controller settles on the best CF kept (40 here), not on a new search from theta_min."""
+    c = make()
+    state = {"drop": False}
+
+    def gain(cf: float) -> float:
+        return 0.2 if state["drop"] and cf == 160.0 else {10.0: 0.95, 20.0: 0.9}.get(cf, 0.85)
+
+    sent = run_link(c, 20, gain, MODERATE)
+    assert windows(sent) == [10.0, 20.0, 40.0, 160.0] and c.theta_ideal == 160.0
+    state["drop"] = True
+    sent = run_link(c, 2 * (WINDOW + 1), gain, MODERATE)
+    assert windows(sent) == [160.0, 40.0] and c.phase is Phase.SETTLED and c.theta_ideal == 40.0
+
+
+def test_with_no_cf_kept_a_settled_search_starts_again_from_theta_min() -> None:
+    c = make()
+    state = {"drop": False}
+
+    def gain(cf: float) -> float:
+        return 0.1 if state["drop"] else 0.95
+
+    run_link(c, 20, gain, COMPUTE_BOUND)
+    assert c.theta_ideal == 10.0 and c.phase is Phase.SETTLED
+    state["drop"] = True
+    sent = run_link(c, WINDOW + 2, gain, COMPUTE_BOUND)
+    assert c.phase is Phase.SEARCH and c.theta_ideal is None
+    assert c.current == 10.0 and sent[-1] == 10.0
 
 
 def test_a_settled_cf_whose_gain_falls_behind_a_kept_one_gives_way_to_it() -> None:

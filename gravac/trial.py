@@ -215,8 +215,8 @@ class TrialController(Controller):
         if best == _DENSE_CF:
             self._reopen()
             return
-        if rejected or best < cf:  # its gain fell (the LSTM's at CF 40: 0.90 -> 0.78 in
-            # 250 steps)
+        # rejected, or its gain fell behind (the LSTM's at CF 40: 0.90 -> 0.78 in 250 steps)
+        if rejected or best < cf:
             self._settle(best)
             return
         self.settled_windows += 1

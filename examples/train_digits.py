@@ -56,7 +56,7 @@ def main() -> None:
     sgd = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     net: nn.Module = model
     if args.ddp_hook:
-        net = nn.parallel.DistributedDataParallel(model)
+        net = nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)
         state = GravacHookState(**options)
         net.register_comm_hook(state, gravac_hook)
         opt: torch.optim.Optimizer = sgd

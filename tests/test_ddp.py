@@ -46,8 +46,11 @@ def fit(net: nn.Module, opt: torch.optim.Optimizer, rank: int, steps: range) -> 
         opt.step()
 
 
-def hook_and_optimizer(rank: int, world_size: int, compressor: str) -> dict[str, Any]:
-    """Train the same model with the optimizer front end and with the DDP hook."""
+def hook_and_optimizer(
+    rank: int, world_size: int, compressor: str, bucket_view: bool = False
+) -> dict[str, Any]:
+    """Train the same model with the optimizer front end and with the DDP hook (the
+    gradients views of DDP's buckets with ``bucket_view``)."""
     a = tiny_model(seed=0)
     opt_a = GravacOptimizer(sgd(a), **options(compressor))
     records_a = []
@@ -55,7 +58,7 @@ def hook_and_optimizer(rank: int, world_size: int, compressor: str) -> dict[str,
         fit(a, opt_a, rank, range(step, step + 1))
         records_a.append(opt_a.last_record)
     b = tiny_model(seed=0)
-    net, state = hooked(b, compressor)
+    net, state = hooked(b, compressor, gradient_as_bucket_view=bucket_view)
     opt_b = sgd(b)
     records_b = []
     for step in range(STEPS):
@@ -80,8 +83,9 @@ def hook_and_optimizer(rank: int, world_size: int, compressor: str) -> dict[str,
     }
 
 
-def test_the_hook_trains_exactly_as_the_optimizer_with_topk() -> None:
-    results = spawn_workers(hook_and_optimizer, 2, "topk", timeout=SPAWN_TIMEOUT)
+@pytest.mark.parametrize("bucket_view", [False, True])
+def test_the_hook_trains_exactly_as_the_optimizer_with_topk(bucket_view: bool) -> None:
+    results = spawn_workers(hook_and_optimizer, 2, "topk", bucket_view, timeout=SPAWN_TIMEOUT)
     for r in results:
         assert r["decisions_a"] == r["decisions_b"]
         assert len(r["decisions_b"]) == STEPS
@@ -102,11 +106,11 @@ def test_the_hook_keeps_ranks_identical(compressor: str) -> None:
         assert bool(torch.isfinite(pa).all())
 
 
-def nan_on_one_rank(rank: int, world_size: int) -> dict[str, Any]:
+def nan_on_one_rank(rank: int, world_size: int, bucket_view: bool) -> dict[str, Any]:
     """Rank 1 alone has a NaN gradient at step 2: every rank gets NaN gradients (so that
     GradScaler skips everywhere), and the hook's residuals and counters stay as they were."""
     model = tiny_model(seed=0)
-    net, state = hooked(model, "topk")
+    net, state = hooked(model, "topk", gradient_as_bucket_view=bucket_view)
     out: dict[str, Any] = {}
     for step in range(4):
         net.zero_grad()
@@ -126,8 +130,9 @@ def nan_on_one_rank(rank: int, world_size: int) -> dict[str, Any]:
     return out
 
 
-def test_a_nonfinite_gradient_on_one_rank_gives_nan_on_every_rank() -> None:
-    for r in spawn_workers(nan_on_one_rank, 2, timeout=SPAWN_TIMEOUT):
+@pytest.mark.parametrize("bucket_view", [False, True])
+def test_a_nonfinite_gradient_on_one_rank_gives_nan_on_every_rank(bucket_view: bool) -> None:
+    for r in spawn_workers(nan_on_one_rank, 2, bucket_view, timeout=SPAWN_TIMEOUT):
         assert r["all_nan"] and r["residuals_kept"]
         assert (r["steps"], r["skipped"]) == (3, 1)
 

@@ -224,6 +224,12 @@ def add_parser(subparsers: Any) -> None:
         help="gravac mode: compress and send in step(), not during backward",
     )
     p.add_argument(
+        "--no-bucket-view",
+        action="store_true",
+        help="DDP modes: gradient_as_bucket_view=False (DDP copies each bucket's result into "
+        "gradients of their own)",
+    )
+    p.add_argument(
         "--powersgd-rank", type=int, default=d.powersgd_rank, help="PowerSGD's matrix rank"
     )
     p.add_argument(
@@ -314,6 +320,7 @@ def _main(args: argparse.Namespace) -> int:
         theta_min=args.theta_min,
         theta_max=args.theta_max,
         overlap=not args.no_overlap,
+        bucket_view=not args.no_bucket_view,
         powersgd_rank=args.powersgd_rank,
         powersgd_start=args.powersgd_start,
         bandwidth=args.bandwidth,

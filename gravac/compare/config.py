@@ -88,6 +88,10 @@ class CompareConfig:
             a study's variants (:class:`gravac.compare.study.Variant`) replace the first four
             in each of their jobs' configurations.
         overlap: the gravac mode's ``overlap`` option, where its optimizer has one.
+        bucket_view: DDP's ``gradient_as_bucket_view`` in every mode that runs DDP (the
+            gradients are views of DDP's buckets: no copy of a bucket's result into them
+            where the hook returns the bucket itself, as the all-reduce, fp16 and gravac hooks
+            do).
         powersgd_rank, powersgd_start: PowerSGD's ``matrix_approximation_rank`` and
             ``start_powerSGD_iter``.
         bandwidth: link rate as ``tc`` writes it (``1gbit``); ``None``: loopback.
@@ -116,6 +120,7 @@ class CompareConfig:
     theta_min: float = ControllerConfig.theta_min
     theta_max: float = ControllerConfig.theta_max
     overlap: bool = True
+    bucket_view: bool = True
     powersgd_rank: int = 4
     powersgd_start: int = 10
     bandwidth: str | None = None

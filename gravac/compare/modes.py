@@ -190,6 +190,9 @@ class Mode(ABC):
     #: whether the mode runs gravac's compressor and policy, so that a study runs it once per
     #: variant (:mod:`gravac.compare.study`)
     takes_variants: ClassVar[bool] = False
+    #: whether the mode trains through ``DistributedDataParallel`` (and so takes the
+    #: configuration's ``bucket_view``)
+    runs_ddp: ClassVar[bool] = False
 
     def check(self, cfg: CompareConfig) -> None:  # noqa: B027 - most modes run anywhere
         """Raise ``ValueError`` naming the option if this mode cannot run with ``cfg``."""
@@ -203,6 +206,11 @@ class Mode(ABC):
         """Wrap ``model`` (built identically on every rank) for training in this mode."""
 
 
+def _ddp(model: nn.Module, cfg: CompareConfig, **options: Any) -> DistributedDataParallel:
+    """``model`` in DDP with the configuration's ``gradient_as_bucket_view``."""
+    return DistributedDataParallel(model, gradient_as_bucket_view=cfg.bucket_view, **options)
+
+
 class _DdpSession(Session):
     """DDP with an optional comm hook; a fixed number of bytes per element every step."""
 
@@ -214,7 +222,7 @@ class _DdpSession(Session):
         element_bytes: int,
         hook: Any = None,
     ) -> None:
-        self.module = DistributedDataParallel(model)
+        self.module = _ddp(model, cfg)
         if hook is not None:
             self.module.register_comm_hook(None, hook)  # state: the default process group
         self.optimizer = _sgd(model, cfg)
@@ -226,6 +234,7 @@ class _DdpSession(Session):
 
 class DdpMode(Mode):
     name = "ddp"
+    runs_ddp = True
     summary = "DistributedDataParallel, float32 all-reduce"
 
     def open(self, model: nn.Module, cfg: CompareConfig) -> Session:
@@ -234,6 +243,7 @@ class DdpMode(Mode):
 
 class DdpFp16Mode(Mode):
     name = "ddp-fp16"
+    runs_ddp = True
     summary = "DDP + fp16_compress_hook"
 
     def open(self, model: nn.Module, cfg: CompareConfig) -> Session:
@@ -247,7 +257,7 @@ class _PowerSgdSession(Session):
         self._numel = parameter_count(model)
         # one bucket: torch's hook mis-orders gloo collectives across buckets (module docs)
         self._bucket_cap_mb = math.ceil(self._numel * FLOAT32_BYTES / _MIB) + 1
-        self.module = DistributedDataParallel(model, bucket_cap_mb=self._bucket_cap_mb)
+        self.module = _ddp(model, cfg, bucket_cap_mb=self._bucket_cap_mb)
         self.state = powerSGD_hook.PowerSGDState(
             process_group=None,
             matrix_approximation_rank=cfg.powersgd_rank,
@@ -274,6 +284,7 @@ class _PowerSgdSession(Session):
 
 class DdpPowerSgdMode(Mode):
     name = "ddp-powersgd"
+    runs_ddp = True
     summary = "DDP + PyTorch's powerSGD_hook, one bucket"
 
     def check(self, cfg: CompareConfig) -> None:
@@ -353,7 +364,7 @@ class GravacMode(Mode):
 
 class _GravacDdpSession(Session):
     def __init__(self, model: nn.Module, cfg: CompareConfig) -> None:
-        self.module = DistributedDataParallel(model)
+        self.module = _ddp(model, cfg)
         self.state = GravacHookState(process_group=None, **_gravac_options(cfg))
         self.module.register_comm_hook(self.state, gravac_hook)
         self.optimizer = _sgd(model, cfg)
@@ -365,6 +376,7 @@ class _GravacDdpSession(Session):
 
 class GravacDdpMode(Mode):
     name = "gravac-ddp"
+    runs_ddp = True
     summary = "DDP + gravac's comm hook (gravac.ddp)"
     comm_source = "record"
     takes_variants = True

@@ -201,8 +201,8 @@ def _cell(
 
 
 def _variant_lines(summary: dict[str, Any]) -> list[str]:
-    """Header lines: the gravac variants, if a mode ran them, PowerSGD's options, and the runs
-    whose ranks disagreed."""
+    """Header lines: the gravac variants, if a mode ran them, PowerSGD's options, DDP's bucket
+    views, and the runs whose ranks disagreed."""
     cfg, runs = summary["config"], summary["runs"]
     names = list(dict.fromkeys(r["mode"] for r in runs))
     takers = [n for n in names if modes.get(n).takes_variants]
@@ -223,6 +223,9 @@ def _variant_lines(summary: dict[str, Any]) -> list[str]:
             f"{cfg['powersgd_start'] + 1}, one DDP bucket (torch's hook mis-orders gloo "
             "collectives across buckets)"
         )
+    if any(modes.get(n).runs_ddp for n in names):
+        # summaries written before the option ran DDP with its default, False
+        lines.append(f"- DDP's gradient_as_bucket_view: {cfg.get('bucket_view', False)}")
     disagree = [
         f"{r['mode']} {r['variant']} seed {r['seed']}" for r in runs if r["ranks_agree"] is False
     ]

@@ -80,6 +80,15 @@ def test_table_has_a_row_a_mode_and_variant_with_median_and_range() -> None:
     assert "ranks sent at different CFs" not in table
 
 
+def test_table_says_how_ddp_held_its_gradients() -> None:
+    summary = made_up.summary()
+    assert "- DDP's gradient_as_bucket_view: True" in format_table(summary)
+    del summary["config"]["bucket_view"]  # a summary from before the option: DDP's default
+    assert "- DDP's gradient_as_bucket_view: False" in format_table(summary)
+    gravac_only = made_up.summary([r for r in made_up.runs() if r.mode == "gravac"])
+    assert "gradient_as_bucket_view" not in format_table(gravac_only)
+
+
 def test_table_names_the_runs_whose_ranks_disagreed() -> None:
     runs = made_up.runs()
     runs[4] = made_up.run("gravac", "cf100", 1, ranks_agree=False)

@@ -9,10 +9,20 @@ compression, not buckets, and left a small transformer uncompressed); the rest a
 dtype, into buckets of at most ``bucket_bytes`` that are compressed whole, in reverse parameter
 order as DDP fills them. A bucket is keyed by its index, which is how error-feedback residuals
 are stored.
+
+A tensor larger than ``bucket_bytes`` is split across buckets of its own, by rows of its first
+dimension (each piece a matrix of the tensor's trailing shape, so that PowerSGD's factors stay
+meaningful), as evenly as the rows allow: each piece is compressed and sent on its own, so a
+compressor's work buffers are bounded by the bucket size, not by the largest tensor, and the
+first piece is on the wire while the next is compressed. The gradient stays one tensor: its
+pieces are consecutive slices of one flat buffer (a :class:`Run`). DDP never splits a tensor,
+so the DDP comm hook sees it whole.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -22,9 +32,12 @@ from torch import Tensor
 __all__ = [
     "Bucket",
     "Layout",
+    "Run",
     "build_layout",
     "check_real",
     "gather_grads",
+    "join_flat",
+    "row_pieces",
     "scatter_grads",
     "split_flat",
 ]
@@ -41,21 +54,56 @@ DEFAULT_DENSE_BYTES = 0
 
 @dataclass(frozen=True)
 class Bucket:
-    """Parameters whose gradients are packed, in order, into one flat tensor."""
+    """Parameters whose gradients are packed, in order, into one flat tensor.
+
+    Attributes:
+        key: the bucket's index among the compressed (or the dense) buckets.
+        params: its parameters, in packing order.
+        dtype: their dtype.
+        rows: for a piece of a tensor split across buckets, the rows ``start, end`` of its
+            one parameter's first dimension that it holds; ``None``: its parameters whole.
+    """
 
     key: int
     params: tuple[Tensor, ...]
     dtype: torch.dtype
+    rows: tuple[int, int] | None = None
 
     @property
     def shapes(self) -> tuple[torch.Size, ...]:
-        """Shapes of the packed tensors (``Round.layout``)."""
-        return tuple(p.shape for p in self.params)
+        """Shapes of the packed tensors (``Round.layout``); a piece's rows for a piece."""
+        if self.rows is None:
+            return tuple(p.shape for p in self.params)
+        (p,) = self.params
+        start, end = self.rows
+        return (torch.Size((end - start, *p.shape[1:])),)
 
     @property
     def numel(self) -> int:
         """Elements in the bucket."""
-        return sum(p.numel() for p in self.params)
+        return sum(math.prod(s) for s in self.shapes)
+
+
+@dataclass(frozen=True)
+class Run:
+    """Consecutive buckets whose gradients share one flat buffer: one bucket, or the pieces of
+    a tensor split across buckets.
+
+    Attributes:
+        bucket: the buffer's contents as one bucket (a split tensor whole, under its first
+            piece's key).
+        first: the index of its first bucket in :attr:`Layout.buckets`.
+        sizes: the elements of each of its buckets, in order (they tile the buffer).
+    """
+
+    bucket: Bucket
+    first: int
+    sizes: tuple[int, ...]
+
+    @property
+    def stop(self) -> int:
+        """The index after its last bucket in :attr:`Layout.buckets`."""
+        return self.first + len(self.sizes)
 
 
 @dataclass(frozen=True)
@@ -75,6 +123,24 @@ class Layout:
     def buckets(self) -> tuple[Bucket, ...]:
         """Every bucket in launch order: the compressed ones, then the dense ones."""
         return (*self.compressed, *self.dense)
+
+    @property
+    def runs(self) -> tuple[Run, ...]:
+        """The buckets grouped by the flat buffer they share, in launch order."""
+        runs: list[Run] = []
+        for i, b in enumerate(self.buckets):
+            last = runs[-1] if runs else None
+            if (
+                last is not None
+                and b.rows is not None
+                and last.bucket.params[0] is b.params[0]
+                and last.stop == i
+            ):
+                runs[-1] = Run(last.bucket, last.first, (*last.sizes, b.numel))
+                continue
+            whole = Bucket(b.key, b.params, b.dtype)
+            runs.append(Run(whole, i, (b.numel,)))
+        return tuple(runs)
 
 
 def _signature(params: Sequence[Tensor]) -> tuple[tuple[int, bool], ...]:
@@ -121,6 +187,14 @@ def build_layout(params: Sequence[Tensor], *, bucket_bytes: int, dense_bytes: in
         if p.dim() <= 1 or nbytes < dense_bytes:
             dense.setdefault(p.dtype, []).append(p)
             continue
+        pieces = row_pieces(p, bucket_bytes)
+        if len(pieces) > 1:  # too large for a bucket: pieces of their own
+            close(p.dtype)
+            compressed += [
+                Bucket(key=len(compressed) + i, params=(p,), dtype=p.dtype, rows=rows)
+                for i, rows in enumerate(pieces)
+            ]
+            continue
         members = open_.setdefault(p.dtype, [])
         used = sum(q.numel() * q.element_size() for q in members)
         cap = min(bucket_bytes, FIRST_BUCKET_BYTES) if not compressed else bucket_bytes
@@ -135,6 +209,24 @@ def build_layout(params: Sequence[Tensor], *, bucket_bytes: int, dense_bytes: in
         Bucket(key=i, params=tuple(ps), dtype=dt) for i, (dt, ps) in enumerate(dense.items())
     )
     return Layout(tuple(compressed), dense_buckets, _signature(params))
+
+
+def row_pieces(p: Tensor, bucket_bytes: int) -> list[tuple[int, int]]:
+    """The rows ``start, end`` of each piece of ``p`` when it is split across buckets of at
+    most ``bucket_bytes``: as few pieces as that allows, their row counts differing by at most
+    one; a single piece (all rows) when ``p`` fits, or has one row (a row is never split,
+    even if it alone is larger)."""
+    rows = p.shape[0] if p.dim() else 1
+    nbytes = p.numel() * p.element_size()
+    if nbytes <= bucket_bytes or rows <= 1:
+        return [(0, rows)]
+    per_piece = max(1, bucket_bytes // (nbytes // rows))  # whole rows a bucket holds
+    n = -(-rows // per_piece)
+    base, extra = divmod(rows, n)
+    bounds = [0]
+    for i in range(n):
+        bounds.append(bounds[-1] + base + (i < extra))
+    return list(itertools.pairwise(bounds))
 
 
 def gather_grads(bucket: Bucket, flat: Tensor, plus: Tensor | None = None) -> Tensor:
@@ -205,6 +297,24 @@ def _is_view(g: Tensor, part: Tensor) -> bool:
         and g.shape == part.shape
         and g.stride() == part.stride()
     )
+
+
+def join_flat(parts: Sequence[Tensor]) -> Tensor | None:
+    """One flat tensor made of ``parts`` (flat, non-empty, one dtype), in order, without a
+    copy: a view of their storage when they lie end to end in it, ``None`` otherwise (the
+    caller then copies them together)."""
+    first = parts[0]
+    storage = first.untyped_storage()
+    start = end = first.storage_offset()
+    for t in parts:
+        if t.dtype != first.dtype or t.dim() != 1 or not t.is_contiguous():
+            return None
+        if t.untyped_storage().data_ptr() != storage.data_ptr() or t.storage_offset() != end:
+            return None
+        end += t.numel()
+    if len(parts) == 1:
+        return first
+    return first.new_empty(0).set_(storage, start, (end - start,), (1,))
 
 
 def split_flat(flat: Tensor, params: Sequence[Tensor]) -> Iterator[tuple[Tensor, Tensor]]:

@@ -181,6 +181,8 @@ class _Flight:
     # x is in the front end's buffer and becomes the residual: the aggregate goes into the old
     # residual's storage at commit (out, still x's, receives a skipped step's NaN)
     rotate: bool = False
+    # where a rotating aggregate goes when there is no old residual yet (None: a new tensor)
+    spare: Tensor | None = None
 
     @property
     def dense(self) -> bool:
@@ -381,6 +383,7 @@ class Engine:
         complete: bool = True,
         own: bool = False,
         packed: bool = False,
+        spare: Tensor | None = None,
     ) -> Future[Tensor]:
         """Compensate, compress and start aggregating one unit's flat gradient ``flat`` (which
         the engine does not modify, unless ``own``).
@@ -404,6 +407,10 @@ class Engine:
                 gradient-sized buffers (``flat`` and the residual), not three (one for ``x``).
             packed: ``flat`` already holds the gradient plus what :meth:`addend` returned
                 for it (which then was a tensor): it is ``x``, compensated as it was written.
+            spare: with ``own``, a flat tensor of the unit's size and dtype for the aggregate
+                where the unit has no residual yet whose storage it would take (the first
+                step): a front end that keeps several units' aggregates side by side (the
+                pieces of a split tensor) passes slices of one buffer. ``None``: a new tensor.
 
         Returns:
             A future that :meth:`commit` completes with the unit's aggregate (the mean over
@@ -425,9 +432,21 @@ class Engine:
             flight = self._launch_compressed(
                 step, unit, flat, out, carry, settle=complete, own=own, packed=packed
             )
+            flight.spare = spare
         step.flights.append(flight)
         step.compress_seconds += self.clock() - t0
         return flight.result
+
+    def needs_spare(self, step: Step, unit: Unit) -> bool:
+        """Whether :meth:`launch` with ``own`` would put ``unit``'s aggregate into a new tensor
+        at commit: it sends a compressed payload under error feedback but has no residual yet
+        whose storage the aggregate would take (see ``spare``)."""
+        return (
+            unit.compressed
+            and step.decision.which != "dense"
+            and not isinstance(self.memory, NoMemory)
+            and self.memory.residual(unit.key) is None
+        )
 
     def addend(
         self, step: Step, unit: Unit, flat: Tensor, *, complete: bool = True, carry: bool = False
@@ -789,12 +808,15 @@ class Engine:
     def _target(self, f: _Flight) -> Tensor | None:
         """Where ``f``'s vouched aggregate goes: ``f.out``; where ``f`` rotates, the old
         residual's storage, given up by the memory as ``x``'s becomes the residual (a new
-        tensor when there was none; dropped when the aggregate was checked elsewhere)."""
+        tensor, or the front end's spare, when there was none; dropped when the aggregate was
+        checked elsewhere)."""
         if not f.rotate:
             return f.out
         assert f.residual is not None  # rotate: settled at launch
         old = self.memory.swap(f.unit.key, f.residual)
-        return old if old is not None else torch.empty_like(f.residual.reshape(-1))
+        if old is not None:
+            return old
+        return f.spare if f.spare is not None else torch.empty_like(f.residual.reshape(-1))
 
     def _update_residual(self, f: _Flight, present: tuple[bool, ...], plan: Plan) -> None:
         """``e <- x - D(sent)``, and what was sent (``x - e``) added to the window's sums

@@ -20,7 +20,7 @@ import contextlib
 import copy
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -32,10 +32,13 @@ from gravac.agreement import check_agreement, layout_text
 from gravac.buckets import (
     DEFAULT_BUCKET_BYTES,
     DEFAULT_DENSE_BYTES,
+    Bucket,
     Layout,
+    Run,
     build_layout,
     check_real,
     gather_grads,
+    join_flat,
     scatter_grads,
     split_flat,
 )
@@ -92,7 +95,9 @@ class GravacOptimizer(torch.optim.Optimizer):
         process_group: the group to communicate in (``None``: the default group, or a single
             worker when ``torch.distributed`` is not initialised).
         bucket_bytes: largest compressed bucket (DDP's 25 MiB by default; the first one, of
-            the last layers, at most 1 MiB as DDP's).
+            the last layers, at most 1 MiB as DDP's). A tensor larger than this is split by
+            rows across buckets of its own, each compressed and sent on its own
+            (:mod:`gravac.buckets`).
         dense_bytes: tensors smaller than this, and every 1-D tensor, travel dense (default 0:
             every tensor of 2 or more dimensions is packed into a bucket and compressed).
         batch_size: samples per rank per step, for throughput in samples/s; ``None`` measures
@@ -189,10 +194,12 @@ class GravacOptimizer(torch.optim.Optimizer):
         self.overlap = overlap
         self._layout: Layout | None = None
         self._units: list[Unit] = []  # the layout's units, in launch order
-        # per unit, the flat buffer its gradients are views of: the last aggregate's, which
-        # alternates with the residual's storage (Engine.launch(own=True)); None: not made yet
+        self._runs: tuple[Run, ...] = ()  # the units grouped by the buffer they share
+        # per run, the flat buffer its gradients are views of: the last aggregate's, which
+        # alternates with the residuals' storage (Engine.launch(own=True)); None: not made yet
         self._flats: list[Tensor | None] = []
-        self._unit_of: dict[int, int] = {}  # parameter id -> index of its unit
+        self._run_of: list[int] = []  # per unit, the index of its run
+        self._unit_of: dict[int, list[int]] = {}  # parameter id -> indices of its units
         self._ready: list[set[int]] = []  # per unit: ids of parameters whose gradient is ready
         self._step: Step | None = None  # the step whose units are being launched
         self._next = 0  # the next unit to launch
@@ -465,9 +472,15 @@ class GravacOptimizer(torch.optim.Optimizer):
                     else:
                         p.grad.fill_(math.nan)
             return _SKIPPED
-        for i, (b, flat) in enumerate(zip(layout.buckets, outcome.grads, strict=True)):
-            self._flats[i] = flat  # the engine's buffer for this aggregate (launch(own=True))
-            scatter_grads(b, flat)
+        for i, run in enumerate(self._runs):
+            # the engine's buffers for these aggregates (launch(own=True)): a split tensor's
+            # pieces lie end to end in one but after a first step or a resume (copied once)
+            parts = outcome.grads[run.first : run.stop]
+            flat = join_flat(parts)
+            if flat is None:
+                flat = torch.cat(parts)
+            self._flats[i] = flat
+            scatter_grads(run.bucket, flat)
         # A parameter without a gradient on every rank keeps grad None (torch.optim leaves it
         # alone); one that has a gradient on some rank counts as zeros on the others (as DDP).
         for p, present in zip(layout.params, outcome.present, strict=True):
@@ -487,42 +500,65 @@ class GravacOptimizer(torch.optim.Optimizer):
         if self._accumulating or self._pending is not None:
             return
         step = self._step if self._step is not None else self._begin()
-        index = self._unit_of.get(id(p))
-        if index is None:  # not compressed or sent by this optimizer (frozen)
+        indices = self._unit_of.get(id(p))
+        if indices is None:  # not compressed or sent by this optimizer (frozen)
             return
-        if index < self._next:
+        if indices[0] < self._next:
             raise RuntimeError(
                 "a gradient was accumulated after its bucket had been sent: gravac sends each "
                 "bucket during the first backward() after a step; accumulate over several "
                 "backward passes inside opt.no_sync(), or pass overlap=False"
             )
-        self._ready[index].add(id(p))
+        for index in indices:
+            self._ready[index].add(id(p))
         while self._next < len(self._units) and len(self._ready[self._next]) == len(
             self._units[self._next].slots
         ):
             self._launch_next(step)
 
     def _launch_next(self, step: Step) -> None:
-        layout = self._layout
-        assert layout is not None
-        bucket = layout.buckets[self._next]
-        buf = self._flats[self._next]
+        """Launch the run that starts at the next unit: its gradients are packed into its
+        buffer, then each of its units (the pieces of a split tensor) goes on its own."""
+        index = self._run_of[self._next]
+        run = self._runs[index]
+        bucket = run.bucket
+        buf = self._flats[index]
         if buf is None:  # made as first needed: the gradients it replaces are freed bucket by
             # bucket, so the switch never holds a second copy of them all
             buf = torch.empty(bucket.numel, dtype=bucket.dtype, device=bucket.params[0].device)
-            self._flats[self._next] = buf
+            self._flats[index] = buf
         complete = all(p.grad is not None for p in bucket.params)
-        unit = self._units[self._next]
+        units = self._units[run.first : run.stop]
+        parts = buf.split(run.sizes) if len(units) > 1 else (buf,)
         # the buffer is the engine's until commit: x = g + e is formed in it (as the gradients
         # are written into it, where the engine allows), and it becomes the residual while the
         # aggregate lands in the old residual's storage, which becomes the gradients' buffer
         # (no gradient-sized temporary, no buffer of x's own)
-        e = self.engine.addend(step, unit, buf, complete=complete)
-        flat = gather_grads(bucket, buf, plus=e)
-        packed = e is not None
-        self.engine.launch(step, unit, flat, out=flat, complete=complete, own=True, packed=packed)
+        addends = [
+            self.engine.addend(step, u, part, complete=complete)
+            for u, part in zip(units, parts, strict=True)
+        ]
+        e = None
+        if all(a is not None for a in addends):
+            e = join_flat([a for a in addends if a is not None])
+        gather_grads(bucket, buf, plus=e)
+        # a split tensor's first aggregates, with no residuals to land in, share one buffer
+        spares: Sequence[Tensor | None] = [None] * len(units)
+        if len(units) > 1 and all(self.engine.needs_spare(step, u) for u in units):
+            spares = torch.empty_like(buf).split(run.sizes)
+        for u, part, spare in zip(units, parts, spares, strict=True):
+            self.engine.launch(
+                step,
+                u,
+                part,
+                out=part,
+                complete=complete,
+                own=True,
+                packed=e is not None,
+                spare=spare,
+            )
         self._stamps += [(p, _stamp(p)) for p in bucket.params]
-        self._next += 1
+        self._next += len(units)
 
     def _begin(self) -> Step:
         """Start a step: join the group, check the layout, plan and decide."""
@@ -547,8 +583,13 @@ class GravacOptimizer(torch.optim.Optimizer):
         self._layout = new
         self._bind(new)
         self._units = _units(new)
-        self._flats = [None] * len(new.buckets)
-        self._unit_of = {id(p): i for i, u in enumerate(self._units) for p in _params(new, u)}
+        self._runs = new.runs
+        self._flats = [None] * len(self._runs)
+        self._run_of = [i for i, run in enumerate(self._runs) for _ in run.sizes]
+        self._unit_of = {}
+        for i, u in enumerate(self._units):
+            for p in _params(new, u):
+                self._unit_of.setdefault(id(p), []).append(i)
         return new
 
     def _check_agreement(self, params: list[Tensor]) -> None:
@@ -576,7 +617,7 @@ class GravacOptimizer(torch.optim.Optimizer):
             e = self.memory.residual(b.key)
             if e is None:
                 continue
-            for p, part in split_flat(e, b.params):
+            for p, part in split_flat(e, b.params) if b.rows is None else [_in_rows(b, e)]:
                 piece = part.to(p.dtype)
                 if not p.requires_grad:
                     continue
@@ -607,6 +648,17 @@ class GravacOptimizer(torch.optim.Optimizer):
 def _stamp(p: Tensor) -> tuple[int, int] | None:
     """The identity and in-place version of ``p.grad`` (``None`` without one)."""
     return None if p.grad is None else (id(p.grad), p.grad._version)
+
+
+def _in_rows(bucket: Bucket, flat: Tensor) -> tuple[Tensor, Tensor]:
+    """A piece of a split tensor's (``flat``, of ``bucket``) in its rows of a zero tensor of
+    the parameter's shape, with the parameter."""
+    (p,) = bucket.params
+    assert bucket.rows is not None
+    start, end = bucket.rows
+    whole = torch.zeros(p.shape, dtype=flat.dtype, device=flat.device)
+    whole[start:end] = flat.view(bucket.shapes[0])
+    return p, whole
 
 
 def _params(layout: Layout, unit: Unit) -> tuple[Tensor, ...]:

@@ -1,4 +1,5 @@
-"""Gradients as views of their bucket's flat buffer (gather_grads / scatter_grads)."""
+"""Gradients as views of their bucket's flat buffer (gather_grads / scatter_grads), and tensors
+larger than a bucket split across buckets (build_layout, join_flat)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,14 @@ import torch
 from torch import nn
 
 from gravac import GravacOptimizer
-from gravac.buckets import Bucket, gather_grads, scatter_grads, split_flat
+from gravac.buckets import (
+    Bucket,
+    build_layout,
+    gather_grads,
+    join_flat,
+    scatter_grads,
+    split_flat,
+)
 from tests.helpers import batch, tiny_model, train_step
 
 
@@ -109,3 +117,37 @@ def test_after_a_step_the_gradients_are_the_aggregate_in_the_buffers() -> None:
     flats = opt._flats
     for p in model.parameters():
         assert p.grad is not None and any(f is not None and _shares(p.grad, f) for f in flats)
+
+
+def test_a_tensor_larger_than_a_bucket_is_split_by_rows_into_buckets_of_its_own() -> None:
+    """A 10 x 3 float32 weight (120 bytes) under 40-byte buckets: 4 pieces of 3, 3, 2, 2 rows
+    (3 rows of 12 bytes fit a bucket), each within the size; a one-row tensor stays whole."""
+    small = nn.Parameter(torch.randn(2, 2))
+    big = nn.Parameter(torch.randn(10, 3))
+    row = nn.Parameter(torch.randn(1, 20))
+    layout = build_layout([small, big, row], bucket_bytes=40, dense_bytes=0)
+    pieces = [b for b in layout.compressed if b.params[0] is big]
+    assert [b.rows for b in pieces] == [(0, 3), (3, 6), (6, 8), (8, 10)]
+    assert [b.shapes for b in pieces] == [(torch.Size((n, 3)),) for n in (3, 3, 2, 2)]
+    assert all(b.numel * 4 <= 40 for b in pieces)
+    assert [b.key for b in layout.compressed] == list(range(len(layout.compressed)))
+    whole = [b for b in layout.compressed if b.params[0] is row]
+    assert len(whole) == 1 and whole[0].rows is None and whole[0].shapes == (row.shape,)
+    runs = layout.runs
+    (split,) = [r for r in runs if r.bucket.params[0] is big]
+    assert split.bucket.rows is None and split.bucket.numel == 30
+    assert split.sizes == (9, 9, 6, 6)
+    assert [i for r in runs for i in range(r.first, r.stop)] == list(range(len(layout.buckets)))
+
+
+def test_join_flat_views_parts_that_lie_end_to_end_and_nothing_else() -> None:
+    buf = torch.arange(10.0)
+    a, b, c = buf.split([3, 3, 4])
+    joined = join_flat([a, b, c])
+    assert joined is not None and joined.data_ptr() == buf.data_ptr()
+    assert torch.equal(joined, buf)
+    assert join_flat([b, c]) is not None and torch.equal(join_flat([b, c]), buf[3:])  # type: ignore[arg-type]
+    assert join_flat([a, c]) is None  # a gap
+    assert join_flat([b, a]) is None  # out of order
+    assert join_flat([a, torch.arange(3.0)]) is None  # another storage
+    assert join_flat([a, buf.double()[3:6]]) is None  # another dtype

@@ -37,6 +37,7 @@ def make(
     compressor: str,
     policy: str = "geometric",
     options: dict[str, Any] | None = None,
+    bucket_bytes: int = 2**30,  # one bucket for all matrices, so the check below is per bucket
 ) -> GravacOptimizer:
     return GravacOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
@@ -49,7 +50,7 @@ def make(
         warmup_steps=2,
         ewma_alpha=0.5,
         dense_bytes=0,
-        bucket_bytes=2**30,  # one bucket for all matrices, so the check below is per bucket
+        bucket_bytes=bucket_bytes,
     )
 
 
@@ -188,12 +189,14 @@ def test_resume_across_two_ranks_is_bit_exact() -> None:
     assert all(r["same"] for r in results)
 
 
-def nan_on_one_rank(rank: int, world_size: int, compressor: str) -> dict[str, Any]:
+def nan_on_one_rank(
+    rank: int, world_size: int, compressor: str, bucket_bytes: int
+) -> dict[str, Any]:
     """Rank 1 alone produces a NaN gradient at step 3, its buckets launched during backward
     (rank 0's residuals settled before their sends): every rank must skip that step, residuals
     untouched."""
     model = tiny_model(seed=0)
-    opt = make(model, compressor)
+    opt = make(model, compressor, bucket_bytes=bucket_bytes)
     assert opt.overlap
     skipped, params, residuals = [], [], []
     for step in range(6):
@@ -213,12 +216,25 @@ def nan_on_one_rank(rank: int, world_size: int, compressor: str) -> dict[str, An
         residuals.append(
             kept.keys() == now.keys() and all(torch.equal(kept[k], now[k]) for k in kept)
         )
-    return {"skipped": skipped, "unchanged": params, "residuals": residuals, "steps": opt.steps}
+    return {
+        "skipped": skipped,
+        "unchanged": params,
+        "residuals": residuals,
+        "steps": opt.steps,
+        "params": torch.cat([p.detach().reshape(-1) for p in model.parameters()]),
+    }
 
 
-@pytest.mark.parametrize("compressor", ["topk", "fp16"])
-def test_nonfinite_gradient_on_one_rank_skips_the_step_on_all(compressor: str) -> None:
-    results = spawn_workers(nan_on_one_rank, 2, compressor, timeout=SPAWN_TIMEOUT)
+@pytest.mark.parametrize(
+    ("compressor", "bucket_bytes"),
+    # 4096: the Linear(256, 32) weight split across 8 buckets, launched during backward
+    [("topk", 2**30), ("fp16", 2**30), ("topk", 4096), ("dgc", 4096)],
+)
+def test_nonfinite_gradient_on_one_rank_skips_the_step_on_all(
+    compressor: str, bucket_bytes: int
+) -> None:
+    results = spawn_workers(nan_on_one_rank, 2, compressor, bucket_bytes, timeout=SPAWN_TIMEOUT)
+    assert torch.equal(results[0]["params"], results[1]["params"])
     for r in results:
         assert r["skipped"] == [0, 0, 0, 1, 1, 1]
         assert r["unchanged"] == [False, False, False, True, False, False]

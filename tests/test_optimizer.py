@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from gravac import GravacOptimizer, TensorBoardMonitor
+from gravac.buckets import DEFAULT_BUCKET_BYTES, join_flat
 from gravac.controller import cf_key
 from gravac.memory import NoMemory, ResidualMemory
 from tests.helpers import batch, counter_clock, tiny_model, train_step
@@ -68,18 +69,24 @@ def _run(opt_state: dict | None, steps: range) -> tuple[nn.Module, GravacOptimiz
     return model, opt
 
 
-@pytest.mark.parametrize("compressor", ["topk", "randomk", "fp16", "powersgd"])
-def test_checkpoint_resume_is_bit_exact(compressor: str) -> None:
+@pytest.mark.parametrize(
+    ("compressor", "bucket_bytes"),
+    [
+        *((c, DEFAULT_BUCKET_BYTES) for c in ("topk", "randomk", "fp16", "powersgd")),
+        ("topk", 4096),  # the Linear(256, 32) weight split across 8 buckets
+    ],
+)
+def test_checkpoint_resume_is_bit_exact(compressor: str, bucket_bytes: int) -> None:
     if compressor not in __import__("gravac").compressors.names():
         pytest.skip(f"{compressor} not registered")
     torch.manual_seed(0)
     ref_model = tiny_model()
-    ref_opt = make(ref_model, compressor=compressor)
+    ref_opt = make(ref_model, compressor=compressor, bucket_bytes=bucket_bytes)
     for step in range(12):
         train_step(ref_model, ref_opt, 0, step)
 
     model = tiny_model()
-    opt = make(model, compressor=compressor)
+    opt = make(model, compressor=compressor, bucket_bytes=bucket_bytes)
     for step in range(5):
         train_step(model, opt, 0, step)
     buf = io.BytesIO()
@@ -87,7 +94,7 @@ def test_checkpoint_resume_is_bit_exact(compressor: str) -> None:
     buf.seek(0)
     saved = torch.load(buf, weights_only=False)
     resumed_model = tiny_model(seed=123)  # different init: everything must come from the file
-    resumed_opt = make(resumed_model, compressor=compressor)
+    resumed_opt = make(resumed_model, compressor=compressor, bucket_bytes=bucket_bytes)
     resumed_model.load_state_dict(saved["model"])
     resumed_opt.load_state_dict(saved["opt"])
     for step in range(5, 12):
@@ -360,9 +367,11 @@ def test_monitor_accepts_a_summary_writer(tmp_path: object) -> None:
     assert len(acc.Scalars("gravac/gain_min")) == 3
 
 
-def _run(overlap: bool, compressor: str, accumulate: int = 1) -> tuple[list[torch.Tensor], list]:
+def _run(
+    overlap: bool, compressor: str, accumulate: int = 1, **kw: object
+) -> tuple[list[torch.Tensor], list]:
     model = tiny_model()
-    opt = make(model, compressor=compressor, overlap=overlap)
+    opt = make(model, compressor=compressor, overlap=overlap, **kw)
     records = []
     for step in range(8):
         opt.zero_grad()
@@ -377,10 +386,17 @@ def _run(overlap: bool, compressor: str, accumulate: int = 1) -> tuple[list[torc
     return [p.detach().clone() for p in model.parameters()], records
 
 
+#: splits the tiny model's Linear(256, 32) weight (32 KiB) into 8 buckets of 4 rows
+SPLIT_BYTES = 4096
+
+
+@pytest.mark.parametrize(
+    "bucket_bytes", [DEFAULT_BUCKET_BYTES, SPLIT_BYTES], ids=["whole", "split"]
+)
 @pytest.mark.parametrize("compressor", ["topk", "thc", "powersgd", "dgc", "fp16"])
-def test_overlap_on_or_off_gives_bit_identical_results(compressor: str) -> None:
-    on, rec_on = _run(True, compressor)
-    off, rec_off = _run(False, compressor)
+def test_overlap_on_or_off_gives_bit_identical_results(compressor: str, bucket_bytes: int) -> None:
+    on, rec_on = _run(True, compressor, bucket_bytes=bucket_bytes)
+    off, rec_off = _run(False, compressor, bucket_bytes=bucket_bytes)
     assert all(torch.equal(a, b) for a, b in zip(on, off, strict=True))
     assert [(r.cf_sent, r.sent, r.wire_bytes) for r in rec_on] == [
         (r.cf_sent, r.sent, r.wire_bytes) for r in rec_off
@@ -429,3 +445,79 @@ def test_a_fixed_cf_measures_no_gains_and_none_keeps_no_residual() -> None:
     assert record is not None and math.isnan(record.gain_min_step)
     assert not opt.controller.gain
     assert isinstance(opt.memory, NoMemory) and opt.memory.residual(0) is None
+
+
+def _split_linear(cf: float) -> tuple[nn.Linear, GravacOptimizer]:
+    """A Linear(64, 48) whose weight (12 KiB) is split across 4 buckets of 12 rows."""
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 48)
+    opt = GravacOptimizer(
+        torch.optim.SGD(lin.parameters(), lr=0.0),
+        compressor="topk",
+        policy="fixed",
+        policy_options={"cf": cf},
+        bucket_bytes=12 * 64 * 4,
+    )
+    return lin, opt
+
+
+def test_each_piece_of_a_split_tensor_is_compressed_on_its_own_with_exact_error_feedback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Top-k per piece (piece 0's gradient is 1000x larger, so a top-k over the whole tensor
+    would send nothing of the others), and ``g + e_old == aggregate + e_new`` exactly for every
+    piece at every step, the gradient a view of the optimizer's buffer throughout; the pieces'
+    aggregates and residuals always lie end to end in one buffer (never copied together)."""
+    joins: list[bool] = []
+
+    def spy(parts: list[torch.Tensor]) -> torch.Tensor | None:
+        joined = join_flat(parts)
+        joins.append(joined is not None)
+        return joined
+
+    monkeypatch.setattr("gravac.optimizer.join_flat", spy)
+    lin, opt = _split_linear(16.0)
+    layout = opt._current_layout()
+    pieces = [b for b in layout.compressed if b.params[0] is lin.weight]
+    assert [b.rows for b in pieces] == [(0, 12), (12, 24), (24, 36), (36, 48)]
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(4):
+        g = torch.randn(48, 64, generator=gen)
+        g[:12] *= 1000.0
+        # copies: the aggregate lands in the old residuals' storage
+        old = [opt.memory.residual(b.key) for b in pieces]
+        old = [None if e is None else e.clone() for e in old]
+        lin.weight.grad, lin.bias.grad = g.clone(), torch.zeros(48)
+        opt.step()
+        agg = lin.weight.grad
+        assert agg is not None
+        for b, e_old in zip(pieces, old, strict=True):
+            start, end = b.rows  # type: ignore[misc]
+            x = g[start:end] + (0 if e_old is None else e_old.view(end - start, 64))
+            e_new = opt.memory.residual(b.key)
+            assert e_new is not None
+            assert torch.equal(x, agg[start:end] + e_new.view(end - start, 64))
+            sent = agg[start:end] != 0
+            assert int(sent.sum()) == 48  # 768 / 16 in every piece
+            assert x[sent].abs().min() >= x[~sent].abs().max()
+        flat = opt._flats[0]
+        assert flat is not None and agg.data_ptr() == flat.data_ptr()
+        residuals = [opt.memory.residual(b.key) for b in pieces]
+        assert join_flat([e for e in residuals if e is not None]) is not None  # one buffer
+    assert len(joins) >= 4 and all(joins)
+
+
+def test_freezing_moves_a_split_tensors_residual_into_its_gradient() -> None:
+    lin, opt = _split_linear(50.0)
+    lin.weight.grad, lin.bias.grad = torch.randn(48, 64), torch.randn(48)
+    opt.step()
+    layout = opt._current_layout()
+    residual = torch.cat(
+        [opt.memory.residual(b.key) for b in layout.compressed]  # type: ignore[misc]
+    ).view(48, 64)
+    assert residual.abs().sum() > 0
+    lin.bias.requires_grad_(False)  # a new layout: the old one's residuals are flushed
+    lin.weight.grad, lin.bias.grad = torch.zeros(48, 64), None
+    opt.controller.policy = __import__("gravac").policies.create("fixed", cf=1.0)
+    opt.step()
+    assert torch.equal(lin.weight.grad, residual)  # type: ignore[arg-type]

@@ -343,7 +343,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         type=_positive_int("--width"),
         default=memory_bench.WIDTH,
         help=f"W, the layers' width (default {memory_bench.WIDTH}: 16 MiB layers, one a "
-        "bucket; 7168 makes 50M parameters one 196 MiB tensor, far above the 25 MiB bucket)",
+        "bucket; 7168 makes 50M parameters one 196 MiB tensor, which the optimizer splits "
+        "across 8 buckets and DDP keeps whole)",
     )
     mem.add_argument(
         "--front",

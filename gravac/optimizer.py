@@ -476,7 +476,7 @@ class GravacOptimizer(torch.optim.Optimizer):
             # the engine's buffers for these aggregates (launch(own=True)): a split tensor's
             # pieces lie end to end in one but after a first step or a resume (copied once)
             parts = outcome.grads[run.first : run.stop]
-            flat = join_flat(parts)
+            flat = parts[0] if len(parts) == 1 else join_flat(parts)
             if flat is None:
                 flat = torch.cat(parts)
             self._flats[i] = flat

@@ -361,8 +361,9 @@ class GravacOptimizer(torch.optim.Optimizer):
         if layout is not None and layout != self._layout_shapes():
             raise ValueError(
                 f"the checkpoint's bucket layout {layout} differs from this optimizer's "
-                f"{self._layout_shapes()} (other parameters, bucket_bytes or dense_bytes): "
-                "its residuals do not apply"
+                f"{self._layout_shapes()} (other parameters, bucket_bytes or dense_bytes, or "
+                "a checkpoint from before tensors larger than bucket_bytes were split across "
+                "buckets): its residuals do not apply"
             )
 
     def _load(self, state_dict: dict[str, Any]) -> None:

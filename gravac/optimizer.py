@@ -32,7 +32,6 @@ from gravac.agreement import check_agreement, layout_text
 from gravac.buckets import (
     DEFAULT_BUCKET_BYTES,
     DEFAULT_DENSE_BYTES,
-    Bucket,
     Layout,
     Run,
     build_layout,
@@ -614,11 +613,13 @@ class GravacOptimizer(torch.optim.Optimizer):
         A parameter frozen since is left alone, residual included: updating it would undo the
         freeze. Other memory state (DGC's momentum) restarts with the new layout.
         """
-        for b in old.compressed:
-            e = self.memory.residual(b.key)
+        for run in old.runs:
+            if run.first >= len(old.compressed):  # the dense buckets keep no residual
+                break
+            e = self._run_residual(old, run)
             if e is None:
                 continue
-            for p, part in split_flat(e, b.params) if b.rows is None else [_in_rows(b, e)]:
+            for p, part in split_flat(e, run.bucket.params):
                 piece = part.to(p.dtype)
                 if not p.requires_grad:
                     continue
@@ -627,6 +628,22 @@ class GravacOptimizer(torch.optim.Optimizer):
                 else:
                     p.grad = (p.grad.to_dense() if p.grad.is_sparse else p.grad) + piece
         self.memory.reset()
+
+    def _run_residual(self, layout: Layout, run: Run) -> Tensor | None:
+        """The residual of ``run``'s buffer as one flat tensor (a split tensor's pieces joined,
+        a piece without one as zeros); ``None``: none of its buckets has one."""
+        parts = [self.memory.residual(b.key) for b in layout.buckets[run.first : run.stop]]
+        known = [e for e in parts if e is not None]
+        if not known:
+            return None
+        if len(parts) == 1:
+            return known[0]
+        return torch.cat(
+            [
+                known[0].new_zeros(n) if e is None else e.reshape(-1)
+                for e, n in zip(parts, run.sizes, strict=True)
+            ]
+        )
 
     def close(self) -> None:
         """Flush and close the monitor, then wait for every rank (a collective: call it on every
@@ -649,17 +666,6 @@ class GravacOptimizer(torch.optim.Optimizer):
 def _stamp(p: Tensor) -> tuple[int, int] | None:
     """The identity and in-place version of ``p.grad`` (``None`` without one)."""
     return None if p.grad is None else (id(p.grad), p.grad._version)
-
-
-def _in_rows(bucket: Bucket, flat: Tensor) -> tuple[Tensor, Tensor]:
-    """A piece of a split tensor's (``flat``, of ``bucket``) in its rows of a zero tensor of
-    the parameter's shape, with the parameter."""
-    (p,) = bucket.params
-    assert bucket.rows is not None
-    start, end = bucket.rows
-    whole = torch.zeros(p.shape, dtype=flat.dtype, device=flat.device)
-    whole[start:end] = flat.view(bucket.shapes[0])
-    return p, whole
 
 
 def _params(layout: Layout, unit: Unit) -> tuple[Tensor, ...]:

@@ -178,6 +178,8 @@ class Plan:
     decides per layer (Accordion's), so the CF sent is reported as the one achieved.
     ``window_terms``: the step carries the gain of the window that ended before it
     (:mod:`gravac.window`), and starts the next window.
+    ``shadows``: CFs whose window gains are measured without sending them (:mod:`gravac.shadow`),
+    at every step of every window.
     """
 
     theta_min: float
@@ -186,6 +188,7 @@ class Plan:
     layer_cfs: Mapping[int, float] = field(default_factory=dict)
     per_layer: bool = False
     window_terms: bool = False
+    shadows: tuple[float, ...] = ()
 
     def cfs_for(self, layers: tuple[int, ...]) -> tuple[float, ...]:
         """The CF of each of ``layers``."""
@@ -214,6 +217,8 @@ class Controller:
 
     #: :meth:`track` reads each unit's gradient alone (before error feedback adds to it)
     tracks_gradients: bool = False
+    #: its plans ask for shadow window gains (:attr:`Plan.shadows`)
+    plans_shadows: bool = False
 
     def __init__(
         self,
@@ -328,6 +333,11 @@ class Controller:
         could not be measured); a new window starts. Algorithm 1 does not read it (the engine
         logs it)."""
         self.window_clock = 0
+
+    def observe_shadows(self, plan: Plan, gains: Mapping[float, float]) -> None:
+        """The agreed window gains of the CFs of ``plan.shadows`` (:mod:`gravac.shadow`), for
+        the window that ended before the step of ``plan``; called after :meth:`observe_window`.
+        Only a controller that plans shadows reads them."""
 
     def smoothed_gain(self, cf: float) -> float | None:
         """The EWMA gain of ``cf`` (1 for dense), ``None`` before its first sample."""

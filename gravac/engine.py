@@ -59,15 +59,17 @@ from gravac.compressors.base import (
 )
 from gravac.controller import Controller, ControllerConfig, Decision, Plan, cf_key
 from gravac.gain import gain_from_terms, squared_norm
-from gravac.memory import Memory, NoMemory
+from gravac.memory import Memory, NoMemory, ResidualMemory
 from gravac.monitor import Monitor, StepRecord, TensorBoardMonitor
 from gravac.policies.base import ScalingPolicy
+from gravac.shadow import ShadowSums, shadow_gradient
 from gravac.window import WindowSums
 
 __all__ = ["Engine", "Outcome", "Step", "Unit", "all_finite"]
 
 #: the step's local gain terms: <c_min, x>, ||c_min||^2, <c_c, x>, ||c_c||^2, ||x||^2, then
-#: the window's <S, X>, ||S||^2, ||X||^2 (:mod:`gravac.window`, at a step that closes a window)
+#: the window's <S, X>, ||S||^2, ||X||^2 (:mod:`gravac.window`, at a step that closes a window);
+#: three more for each of the plan's shadow CFs follow them (:mod:`gravac.shadow`)
 _TERMS = 8
 #: where the window's terms start among them
 _WINDOW_TERMS = 5
@@ -97,6 +99,19 @@ def all_finite(tensors: Sequence[Tensor]) -> bool:
     float32 elements on one CPU thread (0.26 against 6.8 ms).
     """
     return _ends_finite([_ends(t) for t in tensors])
+
+
+def _n_terms(plan: Plan) -> int:
+    """How many gain terms a step of ``plan`` carries (:data:`_TERMS`)."""
+    return _TERMS + 3 * len(plan.shadows)
+
+
+def _shadow_gains(plan: Plan, terms: Tensor) -> dict[float, float]:
+    """The window gain of each of ``plan.shadows`` from the step's agreed ``terms``."""
+    return {
+        cf: gain_from_terms(terms[_TERMS + 3 * i : _TERMS + 3 * i + 3])
+        for i, cf in enumerate(plan.shadows)
+    }
 
 
 def _ends(t: Tensor) -> Tensor:
@@ -178,6 +193,7 @@ class _Flight:
     # the new residual, settled at launch in x's storage (Memory.settle; None: made at commit)
     residual: Tensor | None = None
     taken: list[Tensor] | None = None  # the window's sample of x, taken before settling
+    shadow: list[Tensor] | None = None  # the sampled gradient, for the plan's shadow CFs
     # x is in the front end's buffer and becomes the residual: the aggregate goes into the old
     # residual's storage at commit (out, still x's, receives a skipped step's NaN)
     rotate: bool = False
@@ -293,8 +309,8 @@ class Engine:
     ) -> None:
         self.compressor = compressor  # compresses every compressed unit
         self.comm = comm  # the process group the units are aggregated in
-        self.controller = self._make_controller(config, policy)  # decides the CFs
         self.memory = memory  # error-feedback residuals, by unit key
+        self.controller = self._make_controller(config, policy)  # decides the CFs
         self.batch_size = batch_size  # samples per rank per step, for system throughput
         self.nonfinite = nonfinite  # "skip" or "raise"
         self.monitor: Monitor | None = None  # rank 0's step log (other ranks: None)
@@ -316,6 +332,8 @@ class Engine:
         self._lagged: dict[tuple[int, ...], Tensor] = {}
         # what each compressed tensor sent over the controller's current window (sampled)
         self.windows = WindowSums()
+        # the shadow residuals and sums of the CFs the controller judges unsent (sampled)
+        self.shadows = ShadowSums()
 
     # ------------------------------------------------------------------ the group
     def join_group(self) -> None:
@@ -347,7 +365,14 @@ class Engine:
     def _make_controller(self, config: ControllerConfig, policy: ScalingPolicy) -> Controller:
         """A controller that plans only CFs this compressor delivers at this world size."""
         world, c = self.comm.world_size, self.compressor
-        return policy.make_controller(config, world, lambda cf: c.deliverable_cf(cf, world))
+        controller = policy.make_controller(config, world, lambda cf: c.deliverable_cf(cf, world))
+        if controller.plans_shadows and not (c.shadowable and type(self.memory) is ResidualMemory):
+            raise ValueError(
+                f"policy option search='shadow' needs a compressor whose sends can be replayed "
+                f"on a sample under plain error feedback (topk, redsync), got {c.name!r} with "
+                f"{type(self.memory).__name__}; use search='trial'"
+            )
+        return controller
 
     def _open_monitor(self) -> None:
         """Open the monitor on rank 0, once."""
@@ -371,7 +396,8 @@ class Engine:
         self.controller.note_lr(lr)
         plan = self.controller.plan()
         snapshot = copy.deepcopy(self.compressor.state_dict())
-        return Step(self.steps, plan, self.controller.decide(plan), snapshot)
+        terms = torch.zeros(_n_terms(plan), dtype=torch.float64)
+        return Step(self.steps, plan, self.controller.decide(plan), snapshot, terms=terms)
 
     def launch(
         self,
@@ -537,19 +563,27 @@ class Engine:
         else:  # its aggregate, a plain sum, is checked at commit, or its statistics were
             step.bounds.append(torch.full((1,), math.inf, dtype=torch.float64, device=x.device))
             terms.append(zero)
-        if plan.window_terms and self._windowed:
-            e = self.memory.residual(unit.key)  # still the previous step's, until commit
+        e = None  # the residual x holds: still the previous step's, until commit
+        if (plan.window_terms and self._windowed) or plan.shadows:
+            e = self.memory.residual(unit.key)
             if carry is not None:
                 e = carry if e is None else e + carry
+        if plan.window_terms and self._windowed:
             window = self.windows.terms(unit.layer_ids, unit.numels, e).to(x.device)
+            shadows = self.shadows.terms(plan.shadows, unit.layer_ids, unit.numels)
         else:
             window = torch.zeros(3, dtype=torch.float64, device=x.device)
-        step.terms = step.terms.to(x.device) + torch.cat([torch.stack(terms), window])
+            shadows = torch.zeros(3 * len(plan.shadows), dtype=torch.float64)
+        local = [torch.stack(terms), window, shadows.to(x.device)]
+        step.terms = step.terms.to(x.device) + torch.cat(local)
         taken = self.windows.taken(x, unit.numels) if early and self._sums(plan) else None
+        shadow = shadow_gradient(x, e, unit.numels) if plan.shadows else None
         if step.decision.which == "dense":
             total = x if early else x.clone()  # all-reduced in place
             reduced = self.comm.all_reduce_async(total)
-            return _Flight(unit, x, None, reduced, _nbytes(total), out, taken=taken)
+            flight = _Flight(unit, x, None, reduced, _nbytes(total), out, taken=taken)
+            flight.shadow = shadow
+            return flight
         payload, ctx = chosen
         residual = None
         if early and not _aliases(payload, x):
@@ -560,7 +594,16 @@ class Engine:
             out = None  # into a new tensor
         rotate = in_flat and residual is not None
         return _Flight(
-            unit, x, chosen, gathered, nbytes, out, residual=residual, taken=taken, rotate=rotate
+            unit,
+            x,
+            chosen,
+            gathered,
+            nbytes,
+            out,
+            residual=residual,
+            taken=taken,
+            shadow=shadow,
+            rotate=rotate,
         )
 
     def _send(self, payload: Payload, *, read_later: bool = True) -> Future[Any]:
@@ -712,12 +755,16 @@ class Engine:
         n_flags = step.flags
         flags = _HEAD + n_flags
         present = tuple(bool(v) for v in (table[:, _HEAD:flags].max(dim=0).values > 0))
-        terms = table[:, flags : flags + _TERMS].sum(dim=0)
+        n_terms = _n_terms(step.plan)
+        terms = table[:, flags : flags + n_terms].sum(dim=0)
         for f in step.flights:
             if f.unit.compressed:
                 self._update_residual(f, present, step.plan)
+            if f.shadow is not None:
+                self._replay(f, step.plan)
         if step.plan.window_terms:
             self.windows.clear()
+            self.shadows.clear()
         compressed = [f for f in step.flights if f.unit.compressed]
         plan, decision = step.plan, step.decision
         if not compressed:  # nothing to compress: no gains, no search
@@ -726,9 +773,11 @@ class Engine:
         gain_c = None
         if plan.candidate is not None and plan.measure:
             gain_c = gain_from_terms(terms[[2, 3, 4]])
-        gain_w = math.nan
+        gain_w, shadow_gains = math.nan, {}
+        if plan.window_terms and plan.shadows:
+            shadow_gains = _shadow_gains(plan, terms)
         if plan.window_terms and self._windowed:
-            gain_w = gain_from_terms(terms[_WINDOW_TERMS:])
+            gain_w = gain_from_terms(terms[_WINDOW_TERMS:_TERMS])
         if compressed:
             interval, exposed = float(table[:, 2].max()), float(table[:, 3].max())
             samples = (self.batch_size or 1) * self.comm.world_size
@@ -736,11 +785,13 @@ class Engine:
                 self.controller.record_throughput(self.last_cf, samples / interval)
             if exposed >= 0 and self.last_cf is not None:
                 self.controller.record_comm(self.last_cf, exposed / samples)
-            start = flags + _TERMS
+            start = flags + n_terms
             self.controller.observe_values(table[:, start : start + step.values])
             self._keep_stats(step, table[:, start + step.values :])
             if plan.window_terms:
                 self.controller.observe_window(plan, gain_w)
+                if shadow_gains:
+                    self.controller.observe_shadows(plan, shadow_gains)
             self.controller.observe(plan, gain_min, gain_c)
         step_bytes = sum(f.wire_bytes for f in step.flights)
         dense_bytes = 4 * sum(f.unit.numel for f in step.flights)
@@ -758,6 +809,7 @@ class Engine:
             gain_min_step=gain_min,
             gain_candidate_step=gain_c,
             gain_window=gain_w if plan.window_terms else None,
+            gain_shadow=tuple(shadow_gains.items()),
             system_throughput=ctl.tsys.get(cf_key(cf)),
             compression_throughput=ctl.tput().get(cf_key(cf)),
             wire_bytes=step_bytes,
@@ -828,6 +880,13 @@ class Engine:
         self._update_memory(f, present)
         residual = self.memory.residual(f.unit.key)
         self.windows.add(f.unit.layer_ids, f.unit.numels, taken, residual)
+
+    def _replay(self, f: _Flight, plan: Plan) -> None:
+        """Replay error feedback at each of ``plan.shadows`` on ``f``'s sampled gradient
+        (:mod:`gravac.shadow`), added to the window's shadow sums as :meth:`_sums` says."""
+        assert f.shadow is not None  # planned shadows: sampled at launch
+        select, layers = self.compressor.shadow_kept, f.unit.layer_ids
+        self.shadows.step(plan.shadows, layers, f.shadow, select, accumulate=self._sums(plan))
 
     def _update_memory(self, f: _Flight, present: tuple[bool, ...]) -> None:
         """``e <- x - D(sent)``; what belongs to a tensor with a gradient on no rank stays in
@@ -935,6 +994,7 @@ class Engine:
             "last_cf": self.last_cf,
             "lagged_stats": [(list(k), v.tolist()) for k, v in self._lagged.items()],
             "window_sums": self.windows.state_dict(),
+            "shadow_sums": self.shadows.state_dict(),
             **memory,
             "compressor": self.compressor.state_dict(),
             "controller": self.controller.state_dict(),
@@ -980,6 +1040,7 @@ class Engine:
         lagged = state.get("lagged_stats", [])
         self._lagged = {tuple(k): torch.tensor(v, dtype=torch.float64) for k, v in lagged}
         self.windows.load_state_dict(state.get("window_sums", {"sent": []}))
+        self.shadows.load_state_dict(state.get("shadow_sums", {}))
 
 
 def _aliases(payload: Payload, x: Tensor) -> bool:

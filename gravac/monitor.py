@@ -39,6 +39,8 @@ TAG_DESCRIPTIONS: dict[str, str] = {
     "gain_candidate_step": "this step's gain at the candidate CF",
     "gain_window": "the gain error feedback delivered over the window that ended before this "
     "step, at the CF it sent (gravac.window; logged once a window)",
+    "gain_shadow/cf<CF>": "the window gain of <CF> over the same window, by error feedback "
+    "replayed on a sample without sending it (gravac.shadow; the search by shadow)",
     "system_throughput": "smoothed samples/s measured while sending at cf_sent",
     "compression_throughput": "gain x system throughput at cf_sent (what the search maximises)",
     "wire_bytes": "bytes this rank sent this step",
@@ -75,6 +77,7 @@ class StepRecord:
     comm_seconds: float
     skipped: bool = False
     gain_window: float | None = None
+    gain_shadow: tuple[tuple[float, float], ...] = ()  # (CF, window gain) of the shadows
     bytes_saved: int = 0
     skipped_steps: int = 0
 
@@ -115,6 +118,9 @@ class StepRecord:
             value = getattr(self, name)
             if value is not None and math.isfinite(float(value)):
                 out[name] = float(value)
+        for cf, gain in self.gain_shadow:
+            if math.isfinite(gain):
+                out[f"gain_shadow/cf{cf:g}"] = gain
         return out
 
 

@@ -174,12 +174,18 @@ class TrialController(Controller):
                 return True
         return False
 
-    def _end_window(self) -> None:
-        cf, g = self.current, self._window_value()
+    def _close_window(self) -> tuple[float, float | None]:
+        """The CF the window sent and the gain that judges it; the window's system throughput
+        and communication recorded for that CF (medians of its steps)."""
+        cf = self.current
         if self._samples:
             self.tsys[cf] = statistics.median(self._samples)
         if self._comm_samples:
             self.comm[cf] = statistics.median(self._comm_samples)
+        return cf, self._window_value()
+
+    def _end_window(self) -> None:
+        cf, g = self._close_window()
         if cf == _DENSE_CF:  # a dense fallback's window: try compressing again
             self._reopen()
             return

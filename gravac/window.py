@@ -46,19 +46,19 @@ WINDOW_BLOCK = 16
 _SAMPLING = 2
 
 
-def sample_size(numel: int) -> int:
+def sample_size(numel: int, stride: int = WINDOW_STRIDE) -> int:
     """How many of a tensor's ``numel`` elements :func:`sample` takes."""
-    full, rest = divmod(numel, WINDOW_BLOCK * WINDOW_STRIDE)
+    full, rest = divmod(numel, WINDOW_BLOCK * stride)
     return full * WINDOW_BLOCK + min(rest, WINDOW_BLOCK)
 
 
-def sample(t: Tensor) -> Tensor:
+def sample(t: Tensor, stride: int = WINDOW_STRIDE) -> Tensor:
     """The sampled elements of ``t``, flat, in order (a new tensor): the first
-    :data:`WINDOW_BLOCK` of every ``WINDOW_BLOCK * WINDOW_STRIDE`` elements."""
+    :data:`WINDOW_BLOCK` of every ``WINDOW_BLOCK * stride`` elements."""
     flat = t.reshape(-1)
-    span = WINDOW_BLOCK * WINDOW_STRIDE
+    span = WINDOW_BLOCK * stride
     full = flat.numel() // span
-    out = torch.empty(sample_size(flat.numel()), dtype=flat.dtype, device=flat.device)
+    out = torch.empty(sample_size(flat.numel(), stride), dtype=flat.dtype, device=flat.device)
     out[: full * WINDOW_BLOCK].view(full, WINDOW_BLOCK).copy_(
         flat[: full * span].view(full, span)[:, :WINDOW_BLOCK]
     )

@@ -7,6 +7,7 @@ import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -46,6 +47,45 @@ def train_step(model: nn.Module, opt: torch.optim.Optimizer, rank: int, step: in
     loss.backward()
     opt.step()
     return float(loss.detach())
+
+
+class Records:
+    """A monitor that keeps every step record."""
+
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+
+    def log(self, record: Any) -> None:
+        self.items.append(record)
+
+    def close(self) -> None:
+        pass
+
+
+def windowed_optimizer(
+    monitor: Records, window: int, **options: Any
+) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """A tiny model and a GravacOptimizer around its SGD with windows of ``window`` steps after
+    a warm-up of 2, a counter clock and ``monitor``."""
+    from gravac import GravacOptimizer
+
+    torch.manual_seed(0)
+    model = tiny_model()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = GravacOptimizer(
+        sgd, window=window, warmup_steps=2, monitor=monitor, clock=counter_clock(), **options
+    )
+    return model, opt
+
+
+def train_square(model: nn.Module, opt: torch.optim.Optimizer, steps: range) -> None:
+    """Steps on the mean square of the model's output for seeded random inputs."""
+    for step in steps:
+        gen = torch.Generator().manual_seed(step)
+        x = torch.randn(8, 1, 8, 8, generator=gen)
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
 
 
 def torchrun_command(script: Path, *args: str, nproc: int = 2) -> list[str]:

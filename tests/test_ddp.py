@@ -23,17 +23,25 @@ STEPS = 10
 SPAWN_TIMEOUT = 240.0
 
 
-def options(compressor: str) -> dict[str, Any]:
-    return {"compressor": compressor, "window": 3, "warmup_steps": 2, "clock": counter_clock()}
+def options(compressor: str, search: str = "trial") -> dict[str, Any]:
+    return {
+        "compressor": compressor,
+        "policy_options": {"search": search},
+        "window": 3,
+        "warmup_steps": 2,
+        "clock": counter_clock(),
+    }
 
 
 def sgd(model: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
 
-def hooked(model: nn.Module, compressor: str, **ddp: Any) -> tuple[nn.Module, GravacHookState]:
+def hooked(
+    model: nn.Module, compressor: str, search: str = "trial", **ddp: Any
+) -> tuple[nn.Module, GravacHookState]:
     net = DistributedDataParallel(model, **ddp)
-    state = GravacHookState(**options(compressor))
+    state = GravacHookState(**options(compressor, search))
     net.register_comm_hook(state, gravac_hook)
     return net, state
 
@@ -47,25 +55,29 @@ def fit(net: nn.Module, opt: torch.optim.Optimizer, rank: int, steps: range) -> 
 
 
 def hook_and_optimizer(
-    rank: int, world_size: int, compressor: str, bucket_view: bool = False
+    rank: int, world_size: int, compressor: str, bucket_view: bool = False, search: str = "trial"
 ) -> dict[str, Any]:
     """Train the same model with the optimizer front end and with the DDP hook (the
     gradients views of DDP's buckets with ``bucket_view``)."""
     a = tiny_model(seed=0)
-    opt_a = GravacOptimizer(sgd(a), **options(compressor))
+    opt_a = GravacOptimizer(sgd(a), **options(compressor, search))
     records_a = []
     for step in range(STEPS):
         fit(a, opt_a, rank, range(step, step + 1))
         records_a.append(opt_a.last_record)
     b = tiny_model(seed=0)
-    net, state = hooked(b, compressor, gradient_as_bucket_view=bucket_view)
+    net, state = hooked(b, compressor, search, gradient_as_bucket_view=bucket_view)
     opt_b = sgd(b)
     records_b = []
     for step in range(STEPS):
         fit(net, opt_b, rank, range(step, step + 1))
         records_b.append(state.engine.last_record)
     decisions = [
-        [(r.cf_sent, r.sent, r.theta_min, r.cf_candidate) for r in recs if r is not None]
+        [
+            (r.cf_sent, r.sent, r.theta_min, r.cf_candidate, r.gain_shadow)
+            for r in recs
+            if r is not None
+        ]
         for recs in (records_a, records_b)
     ]
     return {
@@ -83,9 +95,15 @@ def hook_and_optimizer(
     }
 
 
-@pytest.mark.parametrize("bucket_view", [False, True])
-def test_the_hook_trains_exactly_as_the_optimizer_with_topk(bucket_view: bool) -> None:
-    results = spawn_workers(hook_and_optimizer, 2, "topk", bucket_view, timeout=SPAWN_TIMEOUT)
+@pytest.mark.parametrize(
+    ("bucket_view", "search"), [(False, "trial"), (True, "trial"), (True, "shadow")]
+)
+def test_the_hook_trains_exactly_as_the_optimizer_with_topk(bucket_view: bool, search: str) -> None:
+    results = spawn_workers(
+        hook_and_optimizer, 2, "topk", bucket_view, search, timeout=SPAWN_TIMEOUT
+    )
+    if search == "shadow":
+        assert any(d[4] for d in results[0]["decisions_b"])  # shadow gains were measured
     for r in results:
         assert r["decisions_a"] == r["decisions_b"]
         assert len(r["decisions_b"]) == STEPS

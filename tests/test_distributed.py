@@ -336,3 +336,55 @@ def test_a_step_issues_its_payloads_and_one_scalar_gather(
     all-gathers and a stats all-reduce before the payloads)."""
     for steps in spawn_workers(collectives_per_step, 2, compressor, timeout=SPAWN_TIMEOUT):
         assert steps == [expected] * 3
+
+
+def shadow_run(rank: int, world_size: int) -> dict[str, Any]:
+    """The search by shadow on two ranks with different data, real clocks; rank 1 alone has
+    a NaN gradient at step 5, which every rank skips with the shadows untouched."""
+    model = tiny_model(seed=rank)
+    broadcast_parameters(model)
+    opt = GravacOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+        compressor="topk",
+        policy="exponential",
+        policy_options={"search": "shadow"},
+        theta_min=4.0,
+        theta_max=64.0,
+        window=2,
+        warmup_steps=2,
+        dense_bytes=0,
+    )
+    records, untouched = [], True
+    for step in range(16):
+        opt.zero_grad()
+        x, y = batch(rank, step)
+        if step == 5 and rank == 1:
+            x[0, 0, 0, 0] = float("nan")
+        before = opt.engine.shadows.state_dict()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        if step == 5:
+            after = opt.engine.shadows.state_dict()
+            untouched = all(
+                (a[0], a[1]) == (b[0], b[1]) and torch.equal(a[2], b[2])
+                for key in ("residual", "sent")
+                for a, b in zip(before[key], after[key], strict=True)
+            ) and len(before["residual"]) == len(after["residual"])
+        record = opt.last_record
+        assert record is not None
+        records.append((record.cf_sent, record.gain_shadow))
+    return {
+        "records": records,
+        "untouched": untouched,
+        "skipped": opt.skipped_steps,
+        "params": [p.detach().clone() for p in model.parameters()],
+    }
+
+
+def test_the_search_by_shadow_decides_alike_on_two_ranks() -> None:
+    r0, r1 = spawn_workers(shadow_run, 2, timeout=SPAWN_TIMEOUT)
+    assert r0["records"] == r1["records"]  # the CFs sent and every agreed shadow gain
+    assert any(gains for _, gains in r0["records"])
+    assert r0["skipped"] == r1["skipped"] == 1 and r0["untouched"] and r1["untouched"]
+    for a, b in zip(r0["params"], r1["params"], strict=True):
+        assert torch.equal(a, b)

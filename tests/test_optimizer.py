@@ -261,6 +261,8 @@ def test_mixed_dtypes_go_to_separate_buckets() -> None:
         ("trial", ("cf_sent", "theta_min", "gain_min", "gain_window", "wire_bytes"), [2, 6]),
         # Algorithm 1 does not read it: logged every window of 3 steps from the first
         ("paper", ("cf_sent", "cf_candidate", "theta_min", "gain_min", "comm_seconds"), [3, 6]),
+        # every CF of the exponential ladder's window gain, at the steps that carry the window's
+        ("shadow", ("gain_window", "gain_shadow/cf10", "gain_shadow/cf1000"), [2, 6]),
     ],
 )
 def test_tensorboard_event_file_holds_the_tags(
@@ -282,6 +284,8 @@ def test_tensorboard_event_file_holds_the_tags(
     assert len(acc.Scalars("gravac/cf_sent")) == 8
     assert acc.Scalars("gravac/theta_min")[0].value == 10.0
     assert [e.step for e in acc.Scalars("gravac/gain_window")] == windows
+    if search == "shadow":
+        assert [e.step for e in acc.Scalars("gravac/gain_shadow/cf160")] == windows
 
 
 @pytest.mark.parametrize(

@@ -415,51 +415,23 @@ def test_window_sums_of_another_sampling_are_dropped_on_load() -> None:
 def test_engine_logs_a_window_gain_once_a_window_and_resumes_it() -> None:
     """One process, the optimizer front end: every window + 1 steps a record carries the
     window gain; a resumed optimizer gives the same gains and CFs."""
-    import gravac
-    from tests.helpers import counter_clock, tiny_model
-
-    class Records:
-        def __init__(self) -> None:
-            self.items: list[gravac.StepRecord] = []
-
-        def log(self, record: gravac.StepRecord) -> None:
-            self.items.append(record)
-
-        def close(self) -> None:
-            pass
-
-    def build(monitor: Records) -> tuple[torch.nn.Module, gravac.GravacOptimizer]:
-        torch.manual_seed(0)
-        model = tiny_model()
-        sgd = torch.optim.SGD(model.parameters(), lr=0.1)
-        opt = gravac.GravacOptimizer(
-            sgd, window=WINDOW, warmup_steps=2, monitor=monitor, clock=counter_clock()
-        )
-        return model, opt
-
-    def train(model: torch.nn.Module, opt: gravac.GravacOptimizer, steps: range) -> None:
-        for step in steps:
-            gen = torch.Generator().manual_seed(step)
-            x = torch.randn(8, 1, 8, 8, generator=gen)
-            opt.zero_grad()
-            model(x).square().mean().backward()
-            opt.step()
+    from tests.helpers import Records, train_square, windowed_optimizer
 
     full = Records()
-    model, opt = build(full)
-    train(model, opt, range(20))
+    model, opt = windowed_optimizer(full, WINDOW)
+    train_square(model, opt, range(20))
     gains = [(r.step, r.gain_window) for r in full.items if r.gain_window is not None]
     assert [s for s, _ in gains] == [2, 6, 10, 14, 18]
     assert all(0.0 <= g <= 1.0 for _, g in gains)
 
     part = Records()
-    model_a, opt_a = build(part)
-    train(model_a, opt_a, range(9))
+    model_a, opt_a = windowed_optimizer(part, WINDOW)
+    train_square(model_a, opt_a, range(9))
     state = opt_a.state_dict()
-    model_b, opt_b = build(part)
+    model_b, opt_b = windowed_optimizer(part, WINDOW)
     model_b.load_state_dict(model_a.state_dict())
     opt_b.load_state_dict(state)
-    train(model_b, opt_b, range(9, 20))
+    train_square(model_b, opt_b, range(9, 20))
     assert [(r.cf_sent, r.gain_window) for r in part.items] == [
         (r.cf_sent, r.gain_window) for r in full.items
     ]

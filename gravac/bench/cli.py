@@ -1,5 +1,5 @@
-"""``gravac bench``'s command line: ``gravac bench compressors``, ``multilevel``, ``kernels``
-and ``memory``.
+"""``gravac bench``'s command line: ``gravac bench compressors``, ``multilevel``, ``kernels``,
+``shadow`` and ``memory``.
 
 :func:`add_parser` adds both to the ``gravac`` command line (:mod:`gravac.cli`); the handlers run
 the benchmarks of :mod:`gravac.bench.compressors` and :mod:`gravac.bench.multilevel` with torch's
@@ -22,6 +22,7 @@ from gravac.bench import compressors as compressor_bench
 from gravac.bench import kernels as kernel_bench
 from gravac.bench import memory as memory_bench
 from gravac.bench import multilevel as multilevel_bench
+from gravac.bench import shadow as shadow_bench
 from gravac.bench.common import DEFAULT_REPEATS, DEFAULT_SEED, DEFAULT_SIZE, parse_size
 from gravac.compressors import check_cf
 
@@ -85,7 +86,7 @@ def _device(text: str) -> torch.device:
     return device
 
 
-def _add_common(p: argparse.ArgumentParser, *, cf: bool) -> None:
+def _add_common(p: argparse.ArgumentParser, *, cf: bool, selection: bool = True) -> None:
     p.add_argument(
         "--size",
         type=argtype(parse_size),
@@ -117,17 +118,19 @@ def _add_common(p: argparse.ArgumentParser, *, cf: bool) -> None:
         default=torch.device("cpu"),
         help="torch device to run on (default cpu; CUDA times are synchronised)",
     )
-    _add_selection(p)
+    _add_selection(p, selection=selection)
 
 
-def _add_selection(p: argparse.ArgumentParser) -> None:
-    """``--compressors``, ``--threads`` and ``--json``, which every benchmark takes."""
-    p.add_argument(
-        "--compressors",
-        type=argtype(_compressor_list),
-        default=None,
-        help="comma-separated compressor names (default: every registered one that applies)",
-    )
+def _add_selection(p: argparse.ArgumentParser, *, selection: bool = True) -> None:
+    """``--threads`` and ``--json``, which every benchmark takes, and ``--compressors`` where
+    it chooses among them (``selection``)."""
+    if selection:
+        p.add_argument(
+            "--compressors",
+            type=argtype(_compressor_list),
+            default=None,
+            help="comma-separated compressor names (default: every registered one that applies)",
+        )
     p.add_argument(
         "--threads",
         type=_positive_int("--threads"),
@@ -184,6 +187,10 @@ def _run_multilevel(args: argparse.Namespace) -> int:
     )
 
 
+def _run_shadow(args: argparse.Namespace) -> int:
+    return _run(args, shadow_bench.bench_shadow, shadow_bench.format_shadow_table)
+
+
 def _run_kernels(args: argparse.Namespace) -> int:
     return _run(args, kernel_bench.bench_kernels, kernel_bench.format_kernel_table)
 
@@ -213,7 +220,8 @@ def _print(
     args: argparse.Namespace,
     results: Sequence[compressor_bench.CompressorResult]
     | Sequence[multilevel_bench.MultilevelResult]
-    | Sequence[kernel_bench.KernelResult],
+    | Sequence[kernel_bench.KernelResult]
+    | Sequence[shadow_bench.ShadowResult],
     table: Callable[..., str],
 ) -> None:
     """Print ``results`` as a JSON list of rows (``--json``) or as the report ``table`` makes.
@@ -305,6 +313,20 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         return _run_multilevel(args)
 
     multi.set_defaults(func=run_multilevel)
+
+    shadow = kinds.add_parser(
+        "shadow",
+        help="what the search by shadow adds to a step: sampling and replaying its ladder",
+        description=(
+            "For the exponential and the geometric policies' ladders (CFs 10 to 1000): median "
+            "time of the replayed sample of x - e and of one replay step (a top-k per CF of "
+            "the ladder on the sample, gravac.shadow), against dst.copy_(src) of the float32 "
+            "gradient in the same loop, their ratio, and the shadows' memory over the "
+            "gradient's."
+        ),
+    )
+    _add_common(shadow, cf=False, selection=False)
+    shadow.set_defaults(func=_run_shadow)
 
     kern = kinds.add_parser(
         "kernels",

@@ -16,6 +16,11 @@ workload and seed, :func:`evidence` sets each static run's measured gains beside
 
 A gain that predicts time to accuracy lies on the diagonal ``gain = progress``;
 :func:`write_evidence_plot` draws both gains against it.
+
+The search by shadow (:mod:`gravac.shadow_search`) judges CFs it does not send by error feedback
+replayed on a sample; the CF it sends is replayed too, so every window of such a run measures
+its real window gain beside its shadow one, over the same steps: :func:`shadow_checks` and
+:func:`shadow_markdown` set them side by side.
 """
 
 from __future__ import annotations
@@ -26,7 +31,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EvidenceRow", "evidence", "markdown", "write_evidence_plot"]
+__all__ = [
+    "EvidenceRow",
+    "ShadowCheck",
+    "evidence",
+    "markdown",
+    "shadow_checks",
+    "shadow_markdown",
+    "write_evidence_plot",
+]
 
 #: the modes whose runs are the dense reference
 _DENSE_MODES = ("ddp",)
@@ -90,6 +103,62 @@ def evidence(summaries: Sequence[dict[str, Any]]) -> list[EvidenceRow]:
                 )
             )
     return rows
+
+
+@dataclass(frozen=True)
+class ShadowCheck:
+    """One window of a run of the search by shadow: the real window gain of the CF it sent and
+    that CF's shadow window gain, over the same steps."""
+
+    workload: str
+    link: str  # the study's --bandwidth, or "loopback"
+    label: str
+    seed: int
+    step: int  # the step that carried the window's gains (1-based)
+    cf: float
+    real: float
+    shadow: float
+
+
+def shadow_checks(summaries: Sequence[dict[str, Any]]) -> list[ShadowCheck]:
+    """Every window, in every run of ``summaries`` that logged shadow gains, whose CF sent has
+    both gains (a dense window has no shadow of its own)."""
+    out = []
+    for summary in summaries:
+        workload = summary["config"]["workload"]
+        link = summary["config"].get("bandwidth") or "loopback"
+        for run in summary["runs"]:
+            shadows = run.get("gain_shadow_by_step") or []
+            reals = run.get("gain_window_by_step") or []
+            sent = run.get("cf_sent_by_step") or []
+            for i, (gains, real, cf) in enumerate(zip(shadows, reals, sent, strict=False)):
+                key = None if cf is None else f"{cf:g}"
+                if gains and real is not None and key in gains:
+                    where = (workload, link, run["variant"], run["seed"], i + 1)
+                    out.append(ShadowCheck(*where, cf, real, gains[key]))
+    return out
+
+
+def shadow_markdown(checks: Sequence[ShadowCheck]) -> str:
+    """Per run: its windows, the median real and shadow window gains of the CF sent, and the
+    median and largest difference (shadow less real)."""
+    lines = [
+        "| workload | link | variant | seed | windows | real (median) | shadow (median) | "
+        "shadow - real: median | largest |",
+        "|---|---|---|--:|--:|--:|--:|--:|--:|",
+    ]
+    runs: dict[tuple[str, str, str, int], list[ShadowCheck]] = {}
+    for c in checks:
+        runs.setdefault((c.workload, c.link, c.label, c.seed), []).append(c)
+    for (workload, link, label, seed), cs in runs.items():
+        diffs = [c.shadow - c.real for c in cs]
+        lines.append(
+            f"| {workload} | {link} | {label} | {seed} | {len(cs)} | "
+            f"{_cell(statistics.median(c.real for c in cs))} | "
+            f"{_cell(statistics.median(c.shadow for c in cs))} | "
+            f"{statistics.median(diffs):+.3f} | {max(diffs, key=abs):+.3f} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def _cell(value: float | int | None, digits: int = 3) -> str:

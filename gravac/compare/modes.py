@@ -105,6 +105,8 @@ class StepFigures:
             ``StepRecord.gain_min_step``), where it was measured.
         gain_window: the gain of the window that ended before the step (gravac's
             ``StepRecord.gain_window``), at the steps that carry one.
+        gain_shadow: the shadow window gains of that window by CF (``StepRecord.gain_shadow``,
+            the search by shadow), at the steps that carry them.
     """
 
     wire_bytes: int
@@ -114,6 +116,7 @@ class StepFigures:
     cf_achieved: float | None = None
     gain_step: float | None = None
     gain_window: float | None = None
+    gain_shadow: dict[str, float] | None = None
 
 
 class Session(ABC):
@@ -327,6 +330,7 @@ def _figures(record: Any) -> StepFigures:
         _finite(float(record.cf_achieved)),
         _finite(float(record.gain_min_step)),
         None if record.gain_window is None else _finite(float(record.gain_window)),
+        {f"{cf:g}": g for cf, g in record.gain_shadow if math.isfinite(g)} or None,
     )
 
 

@@ -75,6 +75,8 @@ class ModeSummary:
             gravac skipped).
         gain_step_by_step, gain_window_by_step: gravac's per-step gain of what was sent and
             the window gains (``gravac.window``), per step (``None`` where not measured).
+        gain_shadow_by_step: the shadow window gains by CF (``gravac.shadow``), per step
+            (``None`` where not measured).
     """
 
     mode: str
@@ -105,6 +107,7 @@ class ModeSummary:
     cf_achieved_by_step: list[float | None] = field(default_factory=list)
     gain_step_by_step: list[float | None] = field(default_factory=list)
     gain_window_by_step: list[float | None] = field(default_factory=list)
+    gain_shadow_by_step: list[dict[str, float] | None] = field(default_factory=list)
 
 
 def _median(values: Sequence[float | None]) -> float | None:
@@ -175,6 +178,7 @@ def summarise(
         cf_achieved_by_step=list(raw["cf_achieved"]),
         gain_step_by_step=list(raw.get("gain_step", [])),
         gain_window_by_step=list(raw.get("gain_window", [])),
+        gain_shadow_by_step=list(raw.get("gain_shadow", [])),
     )
 
 

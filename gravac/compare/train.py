@@ -122,6 +122,7 @@ def train_mode(
             "cf_achieved",
             "gain_step",
             "gain_window",
+            "gain_shadow",
             "evaluations",
         )
     }
@@ -147,6 +148,7 @@ def train_mode(
         out["cf_achieved"].append(figures.cf_achieved)
         out["gain_step"].append(figures.gain_step)
         out["gain_window"].append(figures.gain_window)
+        out["gain_shadow"].append(figures.gain_shadow)
         if step % cfg.eval_every == 0 or step == cfg.steps:
             if rank == 0:
                 value = workload.metric(model, test_x, test_y)

@@ -168,6 +168,8 @@ class Compressor(ABC):
     collective: Collective
     #: whether :meth:`recompress` is implemented (multi-level compression, DESIGN.md 4)
     supports_multilevel: bool = False
+    #: what it sends at a CF can be replayed on a sample of the gradient (:meth:`shadow_kept`)
+    shadowable: ClassVar[bool] = False
     #: how :meth:`local_stats` are reduced across ranks
     stats_op: ClassVar[StatsOp] = "sum"
     #: whether :meth:`compress` stays exact under error feedback with the previous step's
@@ -312,6 +314,12 @@ class Compressor(ABC):
         if dense.data_ptr() != out.data_ptr():  # a payload summed in place in out: no copy
             out.copy_(dense.reshape(-1))
         return out.view(ctx.shape)
+
+    def shadow_kept(self, values: Tensor, cf: float) -> Tensor:
+        """int64 positions of the entries of 1-D ``values`` (a sample of an error-fed
+        gradient) that this compressor keeps at ``cf``, for the shadow window gains
+        (:mod:`gravac.shadow`); only where :attr:`shadowable`."""
+        raise NotImplementedError(f"compressor {self.name!r} cannot be replayed on a sample")
 
     def make_memory(self) -> Memory:
         """A fresh error-feedback memory for this compressor (plain residuals by default)."""

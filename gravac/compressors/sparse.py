@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import ClassVar, cast
 
 import torch
 from torch import Tensor
@@ -26,7 +26,7 @@ from gravac.compressors.base import (
     k_for_cf,
 )
 from gravac.gain import kept_terms
-from gravac.kernels import index_dtype, scatter_add
+from gravac.kernels import index_dtype, scatter_add, topk_indices
 
 __all__ = ["SparseCompressor", "SparsePayload"]
 
@@ -44,6 +44,7 @@ class SparseCompressor(Compressor):
 
     collective: Collective = "allgather"
     supports_multilevel: bool = True
+    shadowable: ClassVar[bool] = True
 
     @abstractmethod
     def select(self, values: Tensor, k: int, rnd: Round) -> Tensor:
@@ -59,6 +60,12 @@ class SparseCompressor(Compressor):
         if k >= values.numel():
             return torch.arange(values.numel(), device=values.device)
         return self.select(values, k, rnd)
+
+    def shadow_kept(self, values: Tensor, cf: float) -> Tensor:
+        """The ``round(n / cf)`` largest magnitudes of the sample: every sparsifier here keeps
+        (about) the largest, so an exact top-k stands for them all, and needs no round's
+        randomness or per-key state."""
+        return topk_indices(values, k_for_cf(values.numel(), cf))
 
     def _payload(
         self, values: Tensor, indices: Tensor, numel: int, shape: torch.Size, dtype: torch.dtype

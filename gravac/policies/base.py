@@ -20,9 +20,10 @@ if TYPE_CHECKING:
 __all__ = ["SEARCHES", "ScalingPolicy", "check_search", "create", "get", "names", "register"]
 
 #: how an adaptive policy's candidates are judged: each sent for a window and judged by the
-#: gain error feedback delivered over it (:mod:`gravac.trial`), or GraVAC's Algorithm 1 as the
-#: paper states it, by each step's gain (:class:`gravac.controller.Controller`)
-SEARCHES = ("trial", "paper")
+#: gain error feedback delivered over it (:mod:`gravac.trial`), GraVAC's Algorithm 1 as the
+#: paper states it, by each step's gain (:class:`gravac.controller.Controller`), or all at once
+#: by error feedback replayed on a sample, without sending them (:mod:`gravac.shadow_search`)
+SEARCHES = ("trial", "paper", "shadow")
 
 
 def check_search(search: object, policy: str) -> str:
@@ -59,10 +60,12 @@ class ScalingPolicy(ABC):
         (:class:`gravac.controller.Controller`), as :attr:`search` says."""
         # imported here: gravac.controller imports this module
         from gravac.controller import Controller
+        from gravac.shadow_search import ShadowController
         from gravac.trial import TrialController
 
-        searched = self.static_cf is None and self.search == "trial"
-        kind = TrialController if searched else Controller
+        kind: type[Controller] = Controller
+        if self.static_cf is None and self.search != "paper":
+            kind = ShadowController if self.search == "shadow" else TrialController
         return kind(config, self, world_size, snap=snap)
 
     def __repr__(self) -> str:

@@ -7,7 +7,13 @@ from typing import Any
 
 import pytest
 
-from gravac.compare.evidence import evidence, markdown, write_evidence_plot
+from gravac.compare.evidence import (
+    evidence,
+    markdown,
+    shadow_checks,
+    shadow_markdown,
+    write_evidence_plot,
+)
 
 
 def _run(mode: str, variant: str | None, steps: int | None, cf: float | None, **extra: Any) -> dict:
@@ -64,3 +70,23 @@ def test_plot_is_written(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     path = write_evidence_plot(evidence([summary()]), tmp_path / "e" / "evidence.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_shadow_checks_set_the_sent_cfs_shadow_gain_beside_its_real_one() -> None:
+    shadowed = _run(
+        "gravac",
+        "shadow",
+        50,
+        None,
+        cf_sent_by_step=[10.0, 10.0, 40.0, 1.0],
+        gain_window_by_step=[None, 0.9, None, 0.5],
+        gain_shadow_by_step=[None, {"10": 0.95, "40": 0.7}, None, {"10": 0.99, "40": 0.8}],
+    )
+    summary = {"config": {"workload": "vgg-digits", "bandwidth": "1gbit"}, "runs": [shadowed]}
+    checks = shadow_checks([summary])
+    assert [(c.step, c.cf, c.real, c.shadow, c.link) for c in checks] == [
+        (2, 10.0, 0.9, 0.95, "1gbit")  # step 4 sent dense: no shadow of its own
+    ]
+    assert "| vgg-digits | 1gbit | shadow | 0 | 1 | 0.900 | 0.950 | +0.050 | +0.050 |" in (
+        shadow_markdown(checks)
+    )

@@ -1,0 +1,159 @@
+"""The search by shadow: every candidate CF judged on the same steps, none of them sent to try it.
+
+The search by trial (:mod:`gravac.trial`) sends each candidate CF for a window to measure its
+window gain, so it spends its first windows, while the model learns fastest, at the CFs it
+passes through: on the VGG-style digits CNN at 1 Gbit/s, 63 steps at CF 10-40 before it reaches
+the CF it keeps (``docs/CONTROLLER.md``). Here the window gain of every CF of the ladder
+(``theta_min`` and the policy's candidates ``theta_min * s`` up to ``theta_max``) is measured at
+every window by replaying error feedback on a sample of the gradient (:mod:`gravac.shadow`), and the
+system throughput of a CF not sent comes from the link model (:func:`gravac.trial.link_seconds`)::
+
+    warm-up:  send theta_min for warmup_steps (ended after MIN_WARMUP_STEPS on a slow link, as
+              the search by trial's)
+    each window's end, with the shadow window gains shadow[cf] of every cf of the ladder:
+        judged[cf] = shadow[cf] - excess[cf], where excess[cf] is how far cf's shadow gain
+                     exceeded its real window gain the last time cf was sent (0 before)
+        tsys[cf] = the median samples/s measured the last time cf was sent, or the link
+                   model from the largest CF below it that was sent (the smallest above, if
+                   none is below)
+        tput[cf] = tsys[cf] * judged[cf], for cf with judged[cf] >= epsilon
+        keep the CF sent if its tput is within omega of the largest; else send for the next
+        window the largest cf whose tput is within omega of the largest (as fast to the
+        target, for fewer bytes); dense if no cf keeps epsilon
+
+The CF sent changes only for one better by more than omega: without that, the geometric search
+on the CNN at 100 Mbit/s went 80, 320, 160, 80, 320 in its first 200 steps. And the shadow of a
+high CF is optimistic: replayed while a lower CF trains the model, it does not see the slower
+training the CF itself brings (the CNN at 100 Mbit/s: CF 320's real window gains 0.46-0.52 over
+the 6 windows it was sent, its shadow's 0.53-0.72; within 0.05 at CFs up to 40), so the real
+window gain of the CF sent corrects its shadow from then on (``excess``).
+
+Every decision reads only values agreed over ranks (the shadow terms are summed over ranks with
+the step's scalars, as the window's are), so the ranks decide alike. It needs a compressor whose
+sends a sample can replay (:attr:`gravac.compressors.Compressor.shadowable`) and plain error
+feedback; the engine says so otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from gravac.controller import Plan, cf_key
+from gravac.trial import TrialController, link_seconds
+
+__all__ = ["ShadowController"]
+
+#: the dense fallback: sent for a window when no CF of the ladder keeps epsilon of the gradient
+_DENSE_CF = 1.0
+
+
+class ShadowController(TrialController):
+    """The search by shadow; see the module docstring. Same arguments as
+    :class:`gravac.controller.Controller` (a policy's ``search="shadow"``)."""
+
+    plans_shadows = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ladder = self._ladder()  # the CFs whose window gains are measured, ascending
+        self.shadow_gain: dict[float, float] = {}  # the last window's, by CF
+        self.excess: dict[float, float] = {}  # shadow less real window gain, when last sent
+        self._shadow: dict[float, float] = {}  # this step's agreed shadow gains, if any
+
+    def _ladder(self) -> tuple[float, ...]:
+        """``theta_min`` and the policy's candidates above it, up to ``theta_max``."""
+        out, s, j, top = [self.theta_min], self.policy.first(), 0, self.config.theta_max
+        while True:
+            want = self.theta_min * s
+            cf = self.snap(min(want, top))
+            if cf > out[-1]:
+                out.append(cf)
+            if want >= top:
+                return tuple(out)
+            j += 1
+            s = self.policy.next(s, j)
+
+    def plan(self) -> Plan:
+        sent = self.theta_min if self.current == _DENSE_CF else self.current
+        return Plan(theta_min=sent, candidate=None, window_terms=self.awaiting, shadows=self.ladder)
+
+    def observe_shadows(self, plan: Plan, gains: Mapping[float, float]) -> None:
+        self._shadow = {cf_key(cf): g for cf, g in gains.items() if math.isfinite(g)}
+
+    def discard_step(self) -> None:
+        super().discard_step()
+        self._shadow = {}
+
+    def _end_window(self) -> None:
+        cf, g = self._close_window()
+        if g is not None and cf != _DENSE_CF:
+            self.wgain[cf] = g  # the real window gain of the CF sent
+        real = self._window_gain
+        if real is not None and math.isfinite(real) and cf in self._shadow:
+            self.excess[cf] = self._shadow[cf] - real
+        if self._shadow:
+            self.shadow_gain, self._shadow = self._shadow, {}
+        self._settle(self._choose())
+
+    def estimated_tsys(self, cf: float) -> float | None:
+        """System throughput at ``cf``: measured, or the link model's from the nearest CF sent
+        (see the module docstring); ``None`` before any CF was measured."""
+        sent = sorted(c for c in self.comm if c in self.tsys and c != _DENSE_CF)
+        if cf in sent:
+            return self.tsys[cf]
+        if not sent:
+            return None
+        below = [c for c in sent if c < cf]
+        anchor = below[-1] if below else sent[0]
+        seconds = link_seconds(cf, anchor, 1.0 / self.tsys[anchor], self.comm[anchor])
+        return math.inf if seconds <= 0 else 1.0 / seconds
+
+    def judged_gain(self, cf: float) -> float | None:
+        """``cf``'s last shadow window gain, less its excess over the real one (see the module
+        docstring); ``None`` before one was measured."""
+        g = self.shadow_gain.get(cf)
+        return None if g is None else g - self.excess.get(cf, 0.0)
+
+    def shadow_tput(self) -> dict[float, float]:
+        """Compression throughput of every CF of the ladder whose judged gain keeps epsilon."""
+        out = {}
+        for cf in self.shadow_gain:
+            g, t = self.judged_gain(cf), self.estimated_tsys(cf)
+            if g is not None and g >= self.config.epsilon and t is not None:
+                out[cf] = t * g
+        return out
+
+    def _choose(self) -> float:
+        """The CF sent if its compression throughput is within omega of the largest, else the
+        largest CF that is; dense if no CF keeps epsilon."""
+        tput = self.shadow_tput()
+        if not tput:
+            return _DENSE_CF
+        top = max(tput.values())
+        if math.isinf(top):
+            return max(cf for cf, t in tput.items() if math.isinf(t))
+        floor = (1.0 - self.config.omega) * top
+        if tput.get(self.current, -math.inf) >= floor:
+            return self.current
+        return max(cf for cf, t in tput.items() if t >= floor)
+
+    def resnap(self) -> None:
+        super().resnap()
+        self.ladder = self._ladder()
+        self.shadow_gain = {self.snap(cf): v for cf, v in sorted(self.shadow_gain.items())}
+        self.excess = {self.snap(cf): v for cf, v in sorted(self.excess.items())}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            **super().state_dict(),
+            "shadow_gain": sorted(self.shadow_gain.items()),
+            "excess": sorted(self.excess.items()),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.shadow_gain = {float(k): float(v) for k, v in state["shadow_gain"]}
+        self.excess = {float(k): float(v) for k, v in state["excess"]}
+        self._shadow = {}

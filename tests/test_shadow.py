@@ -1,0 +1,139 @@
+"""Error feedback replayed on a sample (gravac.shadow) against its definition and against the
+real compressor's error feedback."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gravac import compressors
+from gravac.compressors.base import Round, k_for_cf
+from gravac.gain import gain_from_terms
+from gravac.memory import ResidualMemory
+from gravac.shadow import SHADOW_STRIDE, ShadowSums, shadow_gradient, shadow_round
+from gravac.window import WINDOW_BLOCK, window_terms
+
+TOPK = compressors.create("topk")
+
+
+def test_the_replayed_gradient_is_one_block_in_shadow_stride_of_x_less_the_residual() -> None:
+    gen = torch.Generator().manual_seed(3)
+    numels = (3000, 1024 + 5)
+    g, e = torch.randn(4029, generator=gen), torch.randn(4029, generator=gen)
+    got = shadow_gradient(g + e, e, numels)
+    span = WINDOW_BLOCK * SHADOW_STRIDE
+    for part, want in zip(got, g.split(numels), strict=True):
+        picked = [i for i in range(want.numel()) if i % span < WINDOW_BLOCK]
+        assert torch.allclose(part, want[picked], atol=1e-6)
+    plain = shadow_gradient(g, None, numels)
+    assert [p.numel() for p in plain] == [48, 21]
+
+
+def test_a_shadow_round_sends_the_top_k_of_x_and_keeps_the_rest_exactly() -> None:
+    gen = torch.Generator().manual_seed(0)
+    g, r = torch.randn(1000, generator=gen), torch.randn(1000, generator=gen)
+    sent, residual = shadow_round(g, r, 50.0, TOPK.shadow_kept)
+    x = g + r
+    assert torch.equal(sent + residual, x)  # bit for bit: each element is in one of them
+    kept = sent.ne(0)
+    assert int(kept.sum()) == k_for_cf(1000, 50.0) == 20
+    assert float(x[kept].abs().min()) >= float(x[~kept].abs().max())
+
+
+def test_the_shadow_of_a_cf_replays_top_k_error_feedback_exactly() -> None:
+    """On a tensor that is its own sample, the shadow residual and window sum at CF 40 are
+    those of the real Top-k compressor with a residual memory, step for step."""
+    gen = torch.Generator().manual_seed(1)
+    memory, shadows = ResidualMemory(), ShadowSums()
+    sent_total = torch.zeros(16)
+    for t in range(6):
+        g = torch.randn(16, generator=gen)
+        x = memory.compensate(0, g)
+        payload, ctx = TOPK.compress(x, 4.0, Round(step=t, key=0, world_size=1))
+        sent_total += TOPK.decompress(payload, ctx)
+        memory.update_sent(0, x, TOPK, payload, ctx)
+        shadows.step((4.0,), (7,), [g], TOPK.shadow_kept, accumulate=True)
+        residual = memory.residual(0)
+        assert residual is not None
+        assert torch.equal(shadows.residual[(4.0, 7)], residual)
+    assert torch.allclose(shadows.sent[(4.0, 7)], sent_total, atol=1e-6)
+
+
+def test_window_terms_hold_the_error_feedback_identity_for_every_cf() -> None:
+    """Over a window, each CF's ``S + e_end`` is the window's gradients plus the residual it
+    started with (``X``), and the terms are ``window_terms(S, e_end)`` summed over tensors; a
+    higher CF delivers less of ``X``."""
+    gen = torch.Generator().manual_seed(2)
+    shadows, cfs, layers = ShadowSums(), (10.0, 100.0), (3, 5)
+    numels = (1024 * 3, 1024 * 5)  # samples of 48 and 80 elements
+    sizes = (48, 80)
+    signal = torch.randn(128, generator=gen)
+    for _ in range(3):  # residuals built up before the window
+        g = signal + torch.randn(128, generator=gen)
+        shadows.step(cfs, layers, list(g.split(sizes)), TOPK.shadow_kept, accumulate=True)
+    shadows.clear()
+    start = {cf: torch.cat([shadows.residual[(cf, k)] for k in layers]) for cf in cfs}
+    total = torch.zeros(128)
+    for _ in range(8):
+        g = signal + torch.randn(128, generator=gen)
+        total += g
+        shadows.step(cfs, layers, list(g.split(sizes)), TOPK.shadow_kept, accumulate=True)
+    terms = shadows.terms(cfs, layers, numels)
+    gains = []
+    for i, cf in enumerate(cfs):
+        s = torch.cat([shadows.sent[(cf, k)] for k in layers])
+        e = torch.cat([shadows.residual[(cf, k)] for k in layers])
+        assert torch.allclose(s + e, total + start[cf], atol=1e-5)
+        want = sum(window_terms(a, b) for a, b in zip(s.split(sizes), e.split(sizes), strict=True))
+        assert torch.allclose(terms[3 * i : 3 * i + 3], want)
+        gains.append(gain_from_terms(terms[3 * i : 3 * i + 3]))
+    assert 0.0 < gains[1] < gains[0] <= 1.0
+
+
+def test_a_closing_step_moves_the_residual_not_the_sums_and_a_new_window_keeps_residuals() -> None:
+    shadows = ShadowSums()
+    g = [torch.tensor([3.0, 1.0, 0.5, 0.25])]
+    shadows.step((2.0,), (0,), g, TOPK.shadow_kept, accumulate=True)
+    assert torch.equal(shadows.sent[(2.0, 0)], torch.tensor([3.0, 1.0, 0.0, 0.0]))
+    shadows.step((2.0,), (0,), g, TOPK.shadow_kept, accumulate=False)
+    assert torch.equal(shadows.sent[(2.0, 0)], torch.tensor([3.0, 1.0, 0.0, 0.0]))
+    # x = g + [0, 0, .5, .25] = [3, 1, 1, .5]: 3 and one of the 1s sent
+    assert float(shadows.residual[(2.0, 0)].sum()) == pytest.approx(1.5)
+    shadows.clear()
+    assert shadows.sent == {} and (2.0, 0) in shadows.residual
+
+
+def test_cfs_no_longer_asked_about_are_dropped() -> None:
+    shadows = ShadowSums()
+    g = [torch.ones(8)]
+    shadows.step((2.0, 4.0), (0,), g, TOPK.shadow_kept, accumulate=True)
+    shadows.step((4.0,), (0,), g, TOPK.shadow_kept, accumulate=True)
+    assert set(shadows.residual) == set(shadows.sent) == {(4.0, 0)}
+
+
+def test_state_round_trip_and_another_version_starts_afresh() -> None:
+    shadows = ShadowSums()
+    shadows.step((2.0,), (1,), [torch.arange(6.0)], TOPK.shadow_kept, accumulate=True)
+    state = shadows.state_dict()
+    again = ShadowSums()
+    again.load_state_dict(state)
+    assert torch.equal(again.residual[(2.0, 1)], shadows.residual[(2.0, 1)])
+    assert torch.equal(again.sent[(2.0, 1)], shadows.sent[(2.0, 1)])
+    again.load_state_dict({**state, "version": 0})
+    assert again.residual == {} and again.sent == {}
+
+
+@pytest.mark.parametrize("name", ["topk", "redsync", "dgc"])
+def test_the_sparsifiers_replay_as_an_exact_top_k(name: str) -> None:
+    c = compressors.create(name)
+    assert c.shadowable
+    x = torch.tensor([0.1, -5.0, 0.3, 2.0, -0.2, 0.0, 1.0, 0.05])
+    assert sorted(c.shadow_kept(x, 4.0).tolist()) == [1, 3]
+
+
+@pytest.mark.parametrize("name", ["none", "fp16", "thc", "powersgd", "randomk", "topkc"])
+def test_other_compressors_cannot_be_replayed(name: str) -> None:
+    c = compressors.create(name)
+    assert not c.shadowable
+    with pytest.raises(NotImplementedError, match="cannot be replayed on a sample"):
+        c.shadow_kept(torch.ones(4), 2.0)

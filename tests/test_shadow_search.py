@@ -1,0 +1,215 @@
+"""The search by shadow (gravac.shadow_search) on scripted shadow gains and links, and through
+the engine: logged gains, resume, and the compressors it refuses."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pytest
+
+from gravac import policies
+from gravac.controller import ControllerConfig, Phase
+from gravac.options import build_engine
+from gravac.shadow_search import ShadowController
+from gravac.trial import MIN_WARMUP_STEPS, link_seconds
+from tests.helpers import Records, train_square, windowed_optimizer
+from tests.test_trial import COMPUTE_BOUND, MODERATE, SLOW, WINDOW, Link, windows
+
+EXPONENTIAL_LADDER = (10.0, 20.0, 40.0, 160.0, 1000.0)
+
+
+def make(policy: str = "exponential", warmup: int = 2, **config: float) -> ShadowController:
+    cfg = ControllerConfig(
+        theta_min=10.0, window=WINDOW, warmup_steps=warmup, ewma_alpha=1.0, **config
+    )
+    c = policies.create(policy, search="shadow").make_controller(cfg, 2, snap=lambda cf: cf)
+    assert isinstance(c, ShadowController)
+    return c
+
+
+def run(
+    c: ShadowController,
+    steps: int,
+    gain: Callable[[int, float], float],
+    link: Link,
+    real: Callable[[int, float], float] | None = None,
+) -> list[float]:
+    """``steps`` steps in the engine's call order; ``gain(step, cf)`` is the shadow window gain
+    of ``cf`` at a step that closes a window, ``real`` the real window gain of the CF sent
+    (``gain``'s if not given). The CF sent at each step."""
+    real = real or gain
+    sent = []
+    for step in range(steps):
+        plan = c.plan()
+        assert plan.shadows == c.ladder
+        d = c.decide(plan)
+        if plan.window_terms:
+            c.observe_window(plan, real(step, c.current))
+            c.observe_shadows(plan, {cf: gain(step, cf) for cf in plan.shadows})
+        c.record_throughput(d.cf, link.tsys(d.cf))
+        c.record_comm(d.cf, link.comm(d.cf))
+        c.observe(plan, math.nan, None)
+        c.end_step()
+        sent.append(d.cf)
+    return sent
+
+
+def falling(step: int, cf: float) -> float:
+    """Gains that fall with the CF: 0.98 at 10, 0.9 at 20, 0.8 at 40, 0.6 at 160, 0.3 at 1000."""
+    return {10.0: 0.98, 20.0: 0.9, 40.0: 0.8, 160.0: 0.6}.get(cf, 0.3)
+
+
+def test_the_ladder_is_theta_min_and_the_policys_candidates() -> None:
+    assert make().ladder == EXPONENTIAL_LADDER
+    assert make("geometric").ladder == (10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0, 1000.0)
+
+
+def test_on_a_slow_link_it_goes_from_theta_min_straight_to_the_best_cf() -> None:
+    """No window is spent at 20 or 40: CF 160's throughput times gain is the largest."""
+    c = make(warmup=10)
+    sent = run(c, 12, falling, SLOW)
+    assert windows(sent) == [10.0, 160.0]
+    assert sent.count(10.0) == MIN_WARMUP_STEPS + 1  # the warm-up ended early, and its bridge
+    tput = c.shadow_tput()
+    assert max(tput, key=tput.__getitem__) == 160.0 and 1000.0 not in tput  # 0.3 < epsilon
+
+
+def test_when_compute_bound_it_stays_at_theta_min() -> None:
+    c = make()
+    assert set(run(c, 20, falling, COMPUTE_BOUND)) == {10.0}
+    assert c.phase is Phase.SETTLED and c.theta_ideal == 10.0
+
+
+def test_of_cfs_within_omega_of_the_best_throughput_the_largest_is_chosen() -> None:
+    c = make(omega=0.05)
+    run(c, 3, lambda step, cf: 0.9, MODERATE)  # warm-up (2 steps) and its bridge
+    tput = c.shadow_tput()
+    top = max(tput.values())
+    assert c.theta_ideal == max(cf for cf, t in tput.items() if t >= 0.95 * top)
+    assert c.theta_ideal == 1000.0  # equal gains: the cheapest CF
+
+
+def test_the_cf_sent_stays_while_within_omega_of_the_best() -> None:
+    """Once CF 160 is sent, CF 1000 edging ahead by less than omega (3%) does not move it; by
+    more (20%), it does."""
+    first = {10.0: 0.98, 20.0: 0.8, 40.0: 0.75, 160.0: 0.72, 1000.0: 0.3}
+    tput_160 = MODERATE.tsys(160.0) * first[160.0]
+
+    def gain(step: int, cf: float) -> float:
+        if cf != 1000.0 or step < 10:
+            return first[cf]
+        edge = 1.03 if step < 20 else 1.2
+        return edge * tput_160 / MODERATE.tsys(1000.0)
+
+    sent = run(make(), 30, gain, MODERATE)
+    assert windows(sent) == [10.0, 160.0, 1000.0]
+    assert sent.index(1000.0) > 20
+
+
+def test_the_real_window_gain_of_the_cf_sent_corrects_its_shadow() -> None:
+    """CF 160's shadow says 0.6, but sent it delivers 0.45: the search goes back down and does
+    not return while its shadow stays where it was."""
+
+    def real(step: int, cf: float) -> float:
+        return 0.45 if cf == 160.0 else falling(step, cf)
+
+    c = make()
+    sent = run(c, 30, falling, SLOW, real)
+    assert windows(sent) == [10.0, 160.0, 40.0]
+    assert c.excess[160.0] == pytest.approx(0.15) and c.judged_gain(160.0) == pytest.approx(0.45)
+    assert c.excess[40.0] == 0.0
+
+
+def test_the_choice_follows_the_gains_every_window_up_and_down() -> None:
+    """Gains that rise as training goes on move the CF up at the next window, without a probe;
+    gains that fall move it down."""
+
+    def changing(step: int, cf: float) -> float:
+        if step < 10:
+            return falling(step, cf)
+        if step < 20:
+            return {1000.0: 0.9}.get(cf, 0.95)
+        return {10.0: 0.98}.get(cf, 0.2)
+
+    sent = run(make(), 30, changing, SLOW)
+    assert windows(sent) == [10.0, 160.0, 1000.0, 10.0]
+
+
+def test_with_no_cf_keeping_epsilon_a_window_goes_dense_then_it_decides_again() -> None:
+    def gain(step: int, cf: float) -> float:
+        return 0.2 if step < 6 else falling(step, cf)
+
+    sent = run(make(), 14, gain, SLOW)
+    assert windows(sent) == [10.0, 1.0, 160.0]
+
+
+def test_a_cf_not_sent_takes_the_link_model_from_the_nearest_cf_sent_below() -> None:
+    c = make()
+    c.tsys, c.comm = {10.0: 2.0, 160.0: 8.0}, {10.0: 0.4, 160.0: 0.02}
+    assert c.estimated_tsys(10.0) == 2.0 and c.estimated_tsys(160.0) == 8.0
+    assert c.estimated_tsys(40.0) == pytest.approx(1.0 / link_seconds(40.0, 10.0, 0.5, 0.4))
+    want = 1.0 / link_seconds(1000.0, 160.0, 0.125, 0.02)
+    assert c.estimated_tsys(1000.0) == pytest.approx(want)
+    c.tsys, c.comm = {40.0: 4.0}, {40.0: 0.1}
+    assert c.estimated_tsys(10.0) == pytest.approx(1.0 / link_seconds(10.0, 40.0, 0.25, 0.1))
+
+
+def test_a_skipped_bridge_step_is_repeated_with_its_gains() -> None:
+    c = make(warmup=1)
+    run(c, 1, falling, SLOW)
+    plan = c.plan()
+    assert plan.window_terms
+    c.observe_shadows(plan, {cf: 0.9 for cf in plan.shadows})
+    c.discard_step()  # the bridge step was skipped on every rank
+    assert c.plan().window_terms and c.current == 10.0 and c.shadow_gain == {}
+    run(c, 1, falling, SLOW)
+    assert c.current == 160.0 and c.shadow_gain[1000.0] == 0.3
+
+
+def test_resume_gives_the_same_decisions() -> None:
+    def gain(step: int, cf: float) -> float:
+        return falling(step, cf) * (1.0 + 0.01 * (step % 7))
+
+    a = make()
+    run(a, 8, gain, MODERATE)
+    b = make()
+    b.load_state_dict(a.state_dict())
+    assert b.shadow_gain == a.shadow_gain
+    assert run(a, 30, gain, MODERATE) == run(b, 30, gain, MODERATE)
+
+
+@pytest.mark.parametrize(
+    ("compressor", "options"),
+    [("dgc", {}), ("randomk", {}), ("thc", {}), ("topk", {"error_feedback": False})],
+)
+def test_a_compressor_that_cannot_be_replayed_is_refused(
+    compressor: str, options: dict[str, bool]
+) -> None:
+    with pytest.raises(ValueError, match="search='shadow' needs a compressor") as info:
+        build_engine(compressor=compressor, policy_options={"search": "shadow"}, **options)
+    assert repr(compressor) in str(info.value)
+
+
+def test_the_engine_logs_every_shadow_gain_once_a_window_and_resumes_them() -> None:
+    full = Records()
+    model, opt = windowed_optimizer(full, WINDOW, policy_options={"search": "shadow"})
+    train_square(model, opt, range(20))
+    logged = [(r.step, r.gain_shadow) for r in full.items if r.gain_shadow]
+    assert [s for s, _ in logged] == [2, 6, 10, 14, 18]
+    for _, gains in logged:
+        assert [cf for cf, _ in gains] == list(EXPONENTIAL_LADDER)
+        assert all(0.0 <= g <= 1.0 for _, g in gains)
+        assert gains[0][1] > gains[-1][1]  # CF 10 delivers more than CF 1000
+    assert "gain_shadow/cf160" in full.items[2].scalars()
+
+    part = Records()
+    model_a, opt_a = windowed_optimizer(part, WINDOW, policy_options={"search": "shadow"})
+    train_square(model_a, opt_a, range(9))
+    state = opt_a.state_dict()
+    model_b, opt_b = windowed_optimizer(part, WINDOW, policy_options={"search": "shadow"})
+    model_b.load_state_dict(model_a.state_dict())
+    opt_b.load_state_dict(state)
+    train_square(model_b, opt_b, range(9, 20))
+    resumed = [(r.step, r.gain_shadow, r.cf_sent) for r in part.items[9:]]
+    assert resumed == [(r.step, r.gain_shadow, r.cf_sent) for r in full.items[9:]]

@@ -1,4 +1,4 @@
-"""Window gains of CFs that are not sent: error feedback simulated on the window's sample.
+"""Window gains of CFs that are not sent: error feedback replayed on a sample of the gradient.
 
 The window gain (:mod:`gravac.window`) of a CF is measured by sending that CF for a window, so a
 search that judges candidates by it pays for each with a window of steps at that CF. A

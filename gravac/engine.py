@@ -62,7 +62,7 @@ from gravac.gain import gain_from_terms, squared_norm
 from gravac.memory import Memory, NoMemory, ResidualMemory
 from gravac.monitor import Monitor, StepRecord, TensorBoardMonitor
 from gravac.policies.base import ScalingPolicy
-from gravac.shadow import ShadowSums, shadow_gradient
+from gravac.shadow import ShadowSums
 from gravac.window import WindowSums
 
 __all__ = ["Engine", "Outcome", "Step", "Unit", "all_finite"]
@@ -193,7 +193,7 @@ class _Flight:
     # the new residual, settled at launch in x's storage (Memory.settle; None: made at commit)
     residual: Tensor | None = None
     taken: list[Tensor] | None = None  # the window's sample of x, taken before settling
-    shadow: list[Tensor] | None = None  # the sampled gradient, for the plan's shadow CFs
+    shadow: Tensor | None = None  # the sampled gradient, for the plan's shadow CFs
     # x is in the front end's buffer and becomes the residual: the aggregate goes into the old
     # residual's storage at commit (out, still x's, receives a skipped step's NaN)
     rotate: bool = False
@@ -365,8 +365,11 @@ class Engine:
     def _make_controller(self, config: ControllerConfig, policy: ScalingPolicy) -> Controller:
         """A controller that plans only CFs this compressor delivers at this world size."""
         world, c = self.comm.world_size, self.compressor
-        controller = policy.make_controller(config, world, lambda cf: c.deliverable_cf(cf, world))
-        if controller.plans_shadows and not (c.shadowable and type(self.memory) is ResidualMemory):
+        replayable = c.shadowable and type(self.memory) is ResidualMemory
+        controller = policy.make_controller(
+            config, world, lambda cf: c.deliverable_cf(cf, world), replayable=replayable
+        )
+        if controller.plans_shadows and not replayable:
             raise ValueError(
                 f"policy option search='shadow' needs a compressor whose sends can be replayed "
                 f"on a sample under plain error feedback (topk, redsync), got {c.name!r} with "
@@ -577,7 +580,7 @@ class Engine:
         local = [torch.stack(terms), window, shadows.to(x.device)]
         step.terms = step.terms.to(x.device) + torch.cat(local)
         taken = self.windows.taken(x, unit.numels) if early and self._sums(plan) else None
-        shadow = shadow_gradient(x, e, unit.numels) if plan.shadows else None
+        shadow = self.shadows.gradient(x, e, unit.numels) if plan.shadows else None
         if step.decision.which == "dense":
             total = x if early else x.clone()  # all-reduced in place
             reduced = self.comm.all_reduce_async(total)
@@ -885,8 +888,15 @@ class Engine:
         """Replay error feedback at each of ``plan.shadows`` on ``f``'s sampled gradient
         (:mod:`gravac.shadow`), added to the window's shadow sums as :meth:`_sums` says."""
         assert f.shadow is not None  # planned shadows: sampled at launch
-        select, layers = self.compressor.shadow_kept, f.unit.layer_ids
-        self.shadows.step(plan.shadows, layers, f.shadow, select, accumulate=self._sums(plan))
+        unit, select = f.unit, self.compressor.shadow_kept
+        self.shadows.step(
+            plan.shadows,
+            unit.layer_ids,
+            unit.numels,
+            f.shadow,
+            select,
+            accumulate=self._sums(plan),
+        )
 
     def _update_memory(self, f: _Flight, present: tuple[bool, ...]) -> None:
         """``e <- x - D(sent)``; what belongs to a tensor with a gradient on no rank stays in

@@ -15,7 +15,8 @@ and the window gain of ``c`` is the squared cosine of ``S_c`` and ``X_c = S_c + 
 CF sent (``X_c`` is the window's gradients plus the residual it started with, exactly: the
 shadow sends entries of ``x_c`` and keeps the rest). The gradient ``g`` is the real one, so
 every CF of the set is judged on the same steps, at the cost of one selection over the sample
-per CF and step, and two sampled buffers per CF. What the shadow does not see
+per CF and step, two sampled buffers per CF, and the sample's indices (int32, cached per
+layout: 1/64 of the gradient's memory). What the shadow does not see
 is the trajectory the model would have taken at ``c``; the CF actually sent is in the set as
 well, so its shadow gain can be compared with its real window gain (``docs/CONTROLLER.md``).
 """
@@ -28,9 +29,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gravac.window import sample, sample_size, window_terms
+from gravac.window import WINDOW_BLOCK, sample_size, window_terms
 
-__all__ = ["SHADOW_STRIDE", "ShadowSums", "shadow_gradient", "shadow_round"]
+__all__ = ["SHADOW_STRIDE", "ShadowSums", "shadow_round"]
 
 #: one block of 16 elements in every SHADOW_STRIDE is replayed: four times sparser than the
 #: window's sample, so that a ladder of 8 CFs (the geometric policy's) costs 8 selections over
@@ -42,112 +43,188 @@ SHADOW_STRIDE = 64
 _VERSION = 1
 
 Select = Callable[[Tensor, float], Tensor]
-
-
-def shadow_gradient(x: Tensor, residual: Tensor | None, numels: Sequence[int]) -> list[Tensor]:
-    """The replayed sample of each tensor's gradient ``g = x - e`` (float32), from a unit's
-    flat error-fed gradient ``x`` and the residual ``e`` that was added to it (``None``: 0)."""
-    xs = x.reshape(-1).split(list(numels))
-    if residual is None:
-        return [sample(t, SHADOW_STRIDE).float() for t in xs]
-    es = residual.reshape(-1).split(list(numels))
-    return [
-        (sample(t, SHADOW_STRIDE) - sample(e, SHADOW_STRIDE)).float()
-        for t, e in zip(xs, es, strict=True)
-    ]
+#: a unit: the layer ids of its tensors, in order
+Layers = tuple[int, ...]
 
 
 def shadow_round(
-    gradient: Tensor, residual: Tensor, cf: float, select: Select
-) -> tuple[Tensor, Tensor]:
-    """One step of error feedback at ``cf`` on a sample: ``(sent, new residual)``.
+    gradient: Tensor, residual: Tensor | None, cf: float, select: Select
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One step of error feedback at ``cf`` on a sample: ``(kept, values, new residual)``.
 
-    ``sent = x`` at ``select(x, cf)`` and 0 elsewhere, ``residual = x - sent`` (so the two add up
-    to ``x = gradient + residual`` exactly), both new tensors.
+    ``x = gradient + residual`` (``None``: 0); ``kept = select(x, cf)`` are the indices sent and
+    ``values`` their entries of ``x``; the new residual is ``x`` with them zeroed (a new tensor),
+    so that what is sent and what is kept add up to ``x`` exactly.
     """
-    x = gradient + residual
+    x = gradient.clone() if residual is None else gradient + residual
     kept = select(x, cf)
-    sent = torch.zeros_like(x)
-    sent.index_copy_(0, kept, x.index_select(0, kept))
-    return sent, x.index_fill_(0, kept, 0)
+    values = x.index_select(0, kept)
+    return kept, values, x.index_fill_(0, kept, 0)
 
 
 class ShadowSums:
-    """Per CF and tensor (by layer id, as :class:`gravac.window.WindowSums`): the shadow residual
-    and the sum of what the shadow sent over the current window."""
+    """Per CF and unit (a bucket's tensors, by their layer ids, as
+    :class:`gravac.window.WindowSums` keeps them): the shadow residual and the sum of what the
+    shadow sent over the current window, flat over the unit's sampled elements.
+
+    A unit's samples are gathered in one indexed read (the indices cached by layout), and each
+    CF is replayed over the whole unit at once, as the compressor selects over it. Per tensor
+    (by layer id) they are only split where the layout changes and in the checkpoint, so that
+    they survive bucket rebuilds and resumes: a unit whose key is new is joined from the pieces
+    of its tensors (zeros for a tensor without one).
+    """
 
     def __init__(self) -> None:
-        self.residual: dict[tuple[float, int], Tensor] = {}  # (cf, layer) -> sampled r_c
-        self.sent: dict[tuple[float, int], Tensor] = {}  # (cf, layer) -> sampled S_c
+        self.residual: dict[tuple[float, Layers], Tensor] = {}  # (cf, unit) -> sampled r_c
+        self.sent: dict[tuple[float, Layers], Tensor] = {}  # (cf, unit) -> sampled S_c
+        # per tensor, not yet joined into a unit (after a resume or a layout change)
+        self._loose: dict[str, dict[tuple[float, int], Tensor]] = {"residual": {}, "sent": {}}
+        self._sizes: dict[Layers, list[int]] = {}  # a unit's tensors' sample sizes
+        self._index: dict[tuple[tuple[int, ...], torch.device], Tensor] = {}  # by layout
+
+    def gradient(self, x: Tensor, residual: Tensor | None, numels: Sequence[int]) -> Tensor:
+        """The replayed sample of a unit's gradient ``g = x - e`` (flat, float32), from its
+        flat error-fed gradient ``x`` and the residual ``e`` that was added to it (``None``:
+        0): each tensor's :func:`gravac.window.sample` at :data:`SHADOW_STRIDE`, in order."""
+        index = self._sample_index(tuple(numels), x.device)
+        g = x.reshape(-1).index_select(0, index).float()
+        if residual is not None:
+            g.sub_(residual.reshape(-1).index_select(0, index))
+        return g
+
+    def _sample_index(self, numels: tuple[int, ...], device: torch.device) -> Tensor:
+        key = (numels, device)
+        if key not in self._index:
+            span = WINDOW_BLOCK * SHADOW_STRIDE
+            parts, offset = [], 0
+            for n in numels:
+                full, rest = divmod(n, span)
+                starts = torch.arange(full, dtype=torch.int64) * span + offset
+                parts.append((starts[:, None] + torch.arange(WINDOW_BLOCK)).reshape(-1))
+                tail = offset + full * span
+                parts.append(torch.arange(tail, tail + min(rest, WINDOW_BLOCK)))
+                offset += n
+            wide = sum(numels) > torch.iinfo(torch.int32).max
+            self._index[key] = torch.cat(parts).to(device, torch.int64 if wide else torch.int32)
+        return self._index[key]
 
     def terms(self, cfs: Sequence[float], layers: Sequence[int], numels: Sequence[int]) -> Tensor:
         """``[<S, X>, ||S||^2, ||X||^2]`` of every CF in ``cfs``, in that order, for one unit's
-        tensors (float64, ``3 len(cfs)`` values; a tensor with no shadow yet adds zeros)."""
+        tensors (float64, ``3 len(cfs)`` values; a unit with no shadow yet adds zeros)."""
         out = torch.zeros(3 * len(cfs), dtype=torch.float64)
+        unit = self._unit(layers, numels)
         for i, cf in enumerate(cfs):
-            for layer, n in zip(layers, numels, strict=True):
-                s, e = self.sent.get((cf, layer)), self.residual.get((cf, layer))
-                if s is None and e is None:
+            s, e = self._get("sent", cf, unit), self._get("residual", cf, unit)
+            if e is None:
+                if s is None:
                     continue
-                zero = torch.zeros(sample_size(n, SHADOW_STRIDE))
-                s = zero if s is None else s
-                e = zero.to(s.device) if e is None else e
-                out[3 * i : 3 * i + 3] += window_terms(s, e).cpu()
+                e = torch.zeros_like(s)
+            elif s is None:
+                s = torch.zeros_like(e)
+            out[3 * i : 3 * i + 3] += window_terms(s, e).cpu()
         return out
 
     def step(
         self,
         cfs: Sequence[float],
         layers: Sequence[int],
-        gradient: Sequence[Tensor],
+        numels: Sequence[int],
+        gradient: Tensor,
         select: Select,
         *,
         accumulate: bool,
     ) -> None:
         """Replay one committed step of one unit at every CF in ``cfs``: ``gradient`` is the
-        sample of each of its tensors' gradients (:func:`shadow_gradient`). The
-        selection runs over the unit's tensors together, as the compressor's does. What was
-        sent is added to the window's sums if ``accumulate`` (not at a step that closes a
-        window: :meth:`gravac.engine.Engine._sums`)."""
+        sample of its gradient (:meth:`gradient`). What was sent is added to the window's sums
+        if ``accumulate`` (not at a step that closes a window:
+        :meth:`gravac.engine.Engine._sums`)."""
         keep = set(cfs)
-        for store in (self.residual, self.sent):
+        stores: list[dict[Any, Tensor]] = [self.residual, self.sent, *self._loose.values()]
+        for store in stores:
             for key in [k for k in store if k[0] not in keep]:
                 del store[key]  # CFs the controller no longer asks about
-        if not gradient:
-            return
-        g_parts = [t.reshape(-1) for t in gradient]
-        g, sizes = torch.cat(g_parts), [t.numel() for t in g_parts]
+        unit = self._unit(layers, numels)
         for cf in cfs:
-            pairs = zip(layers, g_parts, strict=True)
-            r = torch.cat([self._residual(cf, layer, t) for layer, t in pairs])
-            sent, r = shadow_round(g, r, cf, select)
-            for layer, e, s in zip(layers, r.split(sizes), sent.split(sizes), strict=True):
-                self.residual[(cf, layer)] = e
-                if accumulate:
-                    old = self.sent.get((cf, layer))
-                    self.sent[(cf, layer)] = s if old is None else old.add_(s)
+            r = self._get("residual", cf, unit)
+            kept, values, self.residual[(cf, unit)] = shadow_round(gradient, r, cf, select)
+            if accumulate:
+                total = self._get("sent", cf, unit)
+                if total is None:
+                    total = self.sent[(cf, unit)] = torch.zeros_like(gradient)
+                total.index_add_(0, kept, values)
 
-    def _residual(self, cf: float, layer: int, like: Tensor) -> Tensor:
-        """The shadow residual of ``layer`` at ``cf`` (zeros shaped as ``like`` before one)."""
-        r = self.residual.get((cf, layer))
-        return torch.zeros_like(like) if r is None else r
+    def _unit(self, layers: Sequence[int], numels: Sequence[int]) -> Layers:
+        """The key of the unit of these tensors, its sample sizes recorded."""
+        unit = tuple(layers)
+        if unit not in self._sizes:
+            self._sizes[unit] = [sample_size(n, SHADOW_STRIDE) for n in numels]
+        return unit
+
+    def _get(self, name: str, cf: float, unit: Layers) -> Tensor | None:
+        """The ``name`` store's tensor of ``unit`` at ``cf``; for a unit new to it, joined
+        from its tensors' pieces (the other units of ``cf`` that share a tensor with it are
+        split into pieces first); ``None`` if no tensor of the unit has one."""
+        store: dict[tuple[float, Layers], Tensor] = getattr(self, name)
+        found = store.get((cf, unit))
+        if found is not None:
+            return found
+        loose = self._loose[name]
+        for key in [k for k in store if k[0] == cf and set(k[1]) & set(unit)]:
+            loose.update(self._pieces(cf, key[1], store.pop(key)))
+        pieces = [loose.pop((cf, layer), None) for layer in unit]
+        if all(p is None for p in pieces):
+            return None
+        sizes = self._sizes[unit]
+        like = next(p for p in pieces if p is not None)
+        joined = torch.cat(
+            [like.new_zeros(n) if p is None else p for p, n in zip(pieces, sizes, strict=True)]
+        )
+        store[(cf, unit)] = joined
+        return joined
+
+    def piece(self, name: str, cf: float, layer: int) -> Tensor | None:
+        """Tensor ``layer``'s part of the ``name`` store (``"residual"`` or ``"sent"``) at
+        ``cf``, wherever it is kept; ``None`` if it has none."""
+        for (c, unit), t in getattr(self, name).items():
+            if c == cf and layer in unit:
+                return self._pieces(cf, unit, t)[(cf, layer)]
+        return self._loose[name].get((cf, layer))
+
+    def _pieces(self, cf: float, unit: Layers, t: Tensor) -> dict[tuple[float, int], Tensor]:
+        """``t``, a flat tensor of ``unit`` at ``cf``, as its tensors' parts by (cf, layer)."""
+        keys = [(cf, layer) for layer in unit]
+        return dict(zip(keys, t.split(self._sizes[unit]), strict=True))
+
+    def nbytes(self) -> int:
+        """Bytes held: the shadow residuals and sums, and the cached sample indices."""
+        held = [*self.residual.values(), *self.sent.values(), *self._index.values()]
+        held += [t for loose in self._loose.values() for t in loose.values()]
+        return sum(t.numel() * t.element_size() for t in held)
 
     def clear(self) -> None:
         """Start a new window: the sums restart, the shadow residuals carry on."""
         self.sent.clear()
+        self._loose["sent"].clear()
 
     def state_dict(self) -> dict[str, Any]:
-        def rows(store: dict[tuple[float, int], Tensor]) -> list[tuple[float, int, Tensor]]:
-            return [(cf, layer, t.clone()) for (cf, layer), t in sorted(store.items())]
+        """The shadows per CF and tensor (by layer id), as in :meth:`piece`."""
 
-        return {"version": _VERSION, "residual": rows(self.residual), "sent": rows(self.sent)}
+        def rows(name: str) -> list[tuple[float, int, Tensor]]:
+            out = dict(self._loose[name])
+            for (cf, unit), t in getattr(self, name).items():
+                out.update(self._pieces(cf, unit, t))
+            return [(cf, layer, t.clone()) for (cf, layer), t in sorted(out.items())]
+
+        return {"version": _VERSION, "residual": rows("residual"), "sent": rows("sent")}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the shadows; a state of another version (or none) starts them afresh."""
+        """Restore the shadows (joined into units at their first use); a state of another
+        version (or none) starts them afresh."""
         same = state.get("version") == _VERSION
 
         def table(key: str) -> dict[tuple[float, int], Tensor]:
             rows = state.get(key, []) if same else []
             return {(float(cf), int(layer)): torch.as_tensor(t).clone() for cf, layer, t in rows}
 
-        self.residual, self.sent = table("residual"), table("sent")
+        self.residual, self.sent = {}, {}
+        self._loose = {"residual": table("residual"), "sent": table("sent")}

@@ -16,10 +16,12 @@ system throughput of a CF not sent comes from the link model (:func:`gravac.tria
         tsys[cf] = the median samples/s measured the last time cf was sent, or the link
                    model from the largest CF below it that was sent (the smallest above, if
                    none is below)
-        tput[cf] = tsys[cf] * judged[cf], for cf with judged[cf] >= epsilon
+        tput[cf] = tsys[cf] * p(judged[cf]), for cf with judged[cf] >= epsilon
         keep the CF sent if its tput is within omega of the largest; else send for the next
         window the largest cf whose tput is within omega of the largest (as fast to the
         target, for fewer bytes); dense if no cf keeps epsilon
+    where p(g) is the progress per step a gain predicts, as in the search by trial (the policy
+    option ``progress``: by default the gain itself, :func:`gravac.window.predicted_progress`)
 
 The CF sent changes only for one better by more than omega: without that, the geometric search
 on the CNN at 100 Mbit/s went 80, 320, 160, 80, 320 in its first 200 steps. And the shadow of a
@@ -122,7 +124,7 @@ class ShadowController(TrialController):
         for cf in self.shadow_gain:
             g, t = self.judged_gain(cf), self.estimated_tsys(cf)
             if g is not None and g >= self.config.epsilon and t is not None:
-                out[cf] = t * g
+                out[cf] = t * self.worth(g)
         return out
 
     def _choose(self) -> float:

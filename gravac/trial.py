@@ -17,7 +17,7 @@ was sent::
               theta_min * s, capped at theta_max, less those the link model rules out); the
               step after it carries the window's gain g_j (still sent at cf_j) and ends it:
                   tsys[cf_j] = median samples/s of the window; wgain[cf_j] = g_j
-                  tput[cf]   = tsys[cf] * wgain[cf]      (compression throughput)
+                  tput[cf]   = tsys[cf] * p(wgain[cf])   (compression throughput)
                   g_j < epsilon:                     settle on the best of the CFs kept
                                                      (those with wgain >= epsilon); dense if none
                   cf_j = theta_max:                  settle on the best
@@ -34,6 +34,11 @@ was sent::
               ending) the search starts again from theta_min; every PROBE_EVERY windows one
               window tries a policy step above theta_ideal, if the link model says it can pay,
               and the best is chosen again
+
+``p(g)`` is the fraction of a dense step's progress that a window gain ``g`` predicts: by
+default the gain itself, as the paper's compression throughput takes it; with the policy option
+``progress="cosine"`` its square root (:func:`gravac.window.predicted_progress`), which ranks
+higher CFs higher. Epsilon thresholds the window gain either way.
 
 The link model gives a CF never sent a throughput: each window also measures the communication
 its steps waited for (what backward did not hide, agreed over ranks one step later), and from
@@ -54,6 +59,7 @@ import statistics
 from typing import Any
 
 from gravac.controller import Controller, Decision, Phase, Plan, cf_key
+from gravac.window import predicted_progress
 
 __all__ = ["TrialController", "link_seconds"]
 
@@ -84,7 +90,8 @@ def link_seconds(cf: float, anchor: float, seconds: float, comm: float) -> float
 
 class TrialController(Controller):
     """The search by trial; see the module docstring. Same arguments as
-    :class:`gravac.controller.Controller` (a policy's ``search="trial"``, the default)."""
+    :class:`gravac.controller.Controller` (a policy's ``search="trial"``, or ``"auto"``, the
+    default, with a compressor the search by shadow cannot replay)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -167,10 +174,10 @@ class TrialController(Controller):
             return False
         tsys = statistics.median(self._samples)
         comm = statistics.median(self._comm_samples)
-        eps = self.config.epsilon
+        worst = self.worth(self.config.epsilon)
         for cf, _, _ in self._candidates(self.theta_min):
             seconds = link_seconds(cf, self.theta_min, 1.0 / tsys, comm)
-            if seconds <= 0 or eps / seconds >= tsys:
+            if seconds <= 0 or worst / seconds >= tsys:
                 return True
         return False
 
@@ -257,7 +264,7 @@ class TrialController(Controller):
         if probe <= ideal or not best:
             return None
         if predicted is not None:
-            g = self.wgain.get(ideal, 1.0)
+            g = self.worth(self.wgain.get(ideal, 1.0))
             if predicted * g <= (1.0 + self.config.omega) * max(best.values()):
                 return None
         return probe
@@ -289,12 +296,12 @@ class TrialController(Controller):
         against their own highest (the last window's: gains fall as the CF rises); ``None``
         once no deliverable CF above ``cf`` is left."""
         candidates = self._candidates(cf)
-        g = self.wgain.get(cf, 1.0)
+        g, worst = self.worth(self.wgain.get(cf, 1.0)), self.worth(self.config.epsilon)
         predicted = [self.predicted_tsys(c) for c, _, _ in candidates]
         for i, (c, s, j) in enumerate(candidates):
             mine = predicted[i]
             beaten = mine is not None and any(
-                p is not None and p * self.config.epsilon >= mine * g for p in predicted[i + 1 :]
+                p is not None and p * worst >= mine * g for p in predicted[i + 1 :]
             )
             if not beaten:
                 self.s, self.window_index = s, j
@@ -302,11 +309,18 @@ class TrialController(Controller):
                 return c
         return None
 
+    def worth(self, gain: float) -> float:
+        """The fraction of a dense step's progress that a window ``gain`` predicts, as the
+        policy's ``progress`` option says (:func:`gravac.window.predicted_progress`)."""
+        return predicted_progress(gain, self.policy.progress)
+
     def kept_tput(self) -> dict[float, float]:
         """Compression throughput of every CF sent for a window whose gain kept epsilon."""
         eps = self.config.epsilon
         return {
-            cf: self.tsys[cf] * g for cf, g in self.wgain.items() if g >= eps and cf in self.tsys
+            cf: self.tsys[cf] * self.worth(g)
+            for cf, g in self.wgain.items()
+            if g >= eps and cf in self.tsys
         }
 
     def _best(self) -> float:
@@ -337,7 +351,7 @@ class TrialController(Controller):
         g = self.wgain.get(self.current)
         if not best or predicted is None or g is None:
             return True
-        return predicted * g > (1.0 + self.config.omega) * max(best.values())
+        return predicted * self.worth(g) > (1.0 + self.config.omega) * max(best.values())
 
     def resnap(self) -> None:
         super().resnap()

@@ -10,8 +10,8 @@ from gravac import compressors
 from gravac.compressors.base import Round, k_for_cf
 from gravac.gain import gain_from_terms
 from gravac.memory import ResidualMemory
-from gravac.shadow import SHADOW_STRIDE, ShadowSums, shadow_gradient, shadow_round
-from gravac.window import WINDOW_BLOCK, window_terms
+from gravac.shadow import SHADOW_STRIDE, ShadowSums, shadow_round
+from gravac.window import WINDOW_BLOCK, sample, window_terms
 
 TOPK = compressors.create("topk")
 
@@ -20,21 +20,25 @@ def test_the_replayed_gradient_is_one_block_in_shadow_stride_of_x_less_the_resid
     gen = torch.Generator().manual_seed(3)
     numels = (3000, 1024 + 5)
     g, e = torch.randn(4029, generator=gen), torch.randn(4029, generator=gen)
-    got = shadow_gradient(g + e, e, numels)
+    shadows = ShadowSums()
+    got = shadows.gradient(g + e, e, numels)
     span = WINDOW_BLOCK * SHADOW_STRIDE
-    for part, want in zip(got, g.split(numels), strict=True):
+    for part, want in zip(got.split([48, 21]), g.split(numels), strict=True):
         picked = [i for i in range(want.numel()) if i % span < WINDOW_BLOCK]
         assert torch.allclose(part, want[picked], atol=1e-6)
-    plain = shadow_gradient(g, None, numels)
-    assert [p.numel() for p in plain] == [48, 21]
+    plain = shadows.gradient(g, None, numels)
+    assert plain.dtype == torch.float32 and plain.numel() == 48 + 21
+    assert torch.equal(plain, torch.cat([sample(t, SHADOW_STRIDE) for t in g.split(numels)]))
 
 
 def test_a_shadow_round_sends_the_top_k_of_x_and_keeps_the_rest_exactly() -> None:
     gen = torch.Generator().manual_seed(0)
     g, r = torch.randn(1000, generator=gen), torch.randn(1000, generator=gen)
-    sent, residual = shadow_round(g, r, 50.0, TOPK.shadow_kept)
+    kept_at, values, residual = shadow_round(g, r, 50.0, TOPK.shadow_kept)
+    sent = torch.zeros(1000).index_copy_(0, kept_at, values)
     x = g + r
     assert torch.equal(sent + residual, x)  # bit for bit: each element is in one of them
+    assert torch.equal(shadow_round(g, None, 50.0, TOPK.shadow_kept)[0], TOPK.shadow_kept(g, 50.0))
     kept = sent.ne(0)
     assert int(kept.sum()) == k_for_cf(1000, 50.0) == 20
     assert float(x[kept].abs().min()) >= float(x[~kept].abs().max())
@@ -52,11 +56,11 @@ def test_the_shadow_of_a_cf_replays_top_k_error_feedback_exactly() -> None:
         payload, ctx = TOPK.compress(x, 4.0, Round(step=t, key=0, world_size=1))
         sent_total += TOPK.decompress(payload, ctx)
         memory.update_sent(0, x, TOPK, payload, ctx)
-        shadows.step((4.0,), (7,), [g], TOPK.shadow_kept, accumulate=True)
+        shadows.step((4.0,), (7,), (16,), g, TOPK.shadow_kept, accumulate=True)
         residual = memory.residual(0)
         assert residual is not None
-        assert torch.equal(shadows.residual[(4.0, 7)], residual)
-    assert torch.allclose(shadows.sent[(4.0, 7)], sent_total, atol=1e-6)
+        assert torch.equal(shadows.residual[(4.0, (7,))], residual)
+    assert torch.allclose(shadows.sent[(4.0, (7,))], sent_total, atol=1e-6)
 
 
 def test_window_terms_hold_the_error_feedback_identity_for_every_cf() -> None:
@@ -70,57 +74,92 @@ def test_window_terms_hold_the_error_feedback_identity_for_every_cf() -> None:
     signal = torch.randn(128, generator=gen)
     for _ in range(3):  # residuals built up before the window
         g = signal + torch.randn(128, generator=gen)
-        shadows.step(cfs, layers, list(g.split(sizes)), TOPK.shadow_kept, accumulate=True)
+        shadows.step(cfs, layers, numels, g, TOPK.shadow_kept, accumulate=True)
     shadows.clear()
-    start = {cf: torch.cat([shadows.residual[(cf, k)] for k in layers]) for cf in cfs}
+    start = {cf: shadows.residual[(cf, layers)].clone() for cf in cfs}
     total = torch.zeros(128)
     for _ in range(8):
         g = signal + torch.randn(128, generator=gen)
         total += g
-        shadows.step(cfs, layers, list(g.split(sizes)), TOPK.shadow_kept, accumulate=True)
+        shadows.step(cfs, layers, numels, g, TOPK.shadow_kept, accumulate=True)
     terms = shadows.terms(cfs, layers, numels)
     gains = []
     for i, cf in enumerate(cfs):
-        s = torch.cat([shadows.sent[(cf, k)] for k in layers])
-        e = torch.cat([shadows.residual[(cf, k)] for k in layers])
+        s, e = shadows.sent[(cf, layers)], shadows.residual[(cf, layers)]
         assert torch.allclose(s + e, total + start[cf], atol=1e-5)
         want = sum(window_terms(a, b) for a, b in zip(s.split(sizes), e.split(sizes), strict=True))
         assert torch.allclose(terms[3 * i : 3 * i + 3], want)
+        for k, part in zip(layers, e.split(sizes), strict=True):
+            assert torch.equal(shadows.piece("residual", cf, k), part)
         gains.append(gain_from_terms(terms[3 * i : 3 * i + 3]))
     assert 0.0 < gains[1] < gains[0] <= 1.0
 
 
 def test_a_closing_step_moves_the_residual_not_the_sums_and_a_new_window_keeps_residuals() -> None:
     shadows = ShadowSums()
-    g = [torch.tensor([3.0, 1.0, 0.5, 0.25])]
-    shadows.step((2.0,), (0,), g, TOPK.shadow_kept, accumulate=True)
-    assert torch.equal(shadows.sent[(2.0, 0)], torch.tensor([3.0, 1.0, 0.0, 0.0]))
-    shadows.step((2.0,), (0,), g, TOPK.shadow_kept, accumulate=False)
-    assert torch.equal(shadows.sent[(2.0, 0)], torch.tensor([3.0, 1.0, 0.0, 0.0]))
+    g = torch.tensor([3.0, 1.0, 0.5, 0.25])
+    shadows.step((2.0,), (0,), (4,), g, TOPK.shadow_kept, accumulate=True)
+    assert torch.equal(shadows.sent[(2.0, (0,))], torch.tensor([3.0, 1.0, 0.0, 0.0]))
+    shadows.step((2.0,), (0,), (4,), g, TOPK.shadow_kept, accumulate=False)
+    assert torch.equal(shadows.sent[(2.0, (0,))], torch.tensor([3.0, 1.0, 0.0, 0.0]))
     # x = g + [0, 0, .5, .25] = [3, 1, 1, .5]: 3 and one of the 1s sent
-    assert float(shadows.residual[(2.0, 0)].sum()) == pytest.approx(1.5)
+    assert float(shadows.residual[(2.0, (0,))].sum()) == pytest.approx(1.5)
     shadows.clear()
-    assert shadows.sent == {} and (2.0, 0) in shadows.residual
+    assert shadows.sent == {} and (2.0, (0,)) in shadows.residual
 
 
 def test_cfs_no_longer_asked_about_are_dropped() -> None:
     shadows = ShadowSums()
-    g = [torch.ones(8)]
-    shadows.step((2.0, 4.0), (0,), g, TOPK.shadow_kept, accumulate=True)
-    shadows.step((4.0,), (0,), g, TOPK.shadow_kept, accumulate=True)
-    assert set(shadows.residual) == set(shadows.sent) == {(4.0, 0)}
+    g = torch.ones(8)
+    shadows.step((2.0, 4.0), (0,), (8,), g, TOPK.shadow_kept, accumulate=True)
+    shadows.step((4.0,), (0,), (8,), g, TOPK.shadow_kept, accumulate=True)
+    assert set(shadows.residual) == set(shadows.sent) == {(4.0, (0,))}
 
 
 def test_state_round_trip_and_another_version_starts_afresh() -> None:
     shadows = ShadowSums()
-    shadows.step((2.0,), (1,), [torch.arange(6.0)], TOPK.shadow_kept, accumulate=True)
+    g = torch.arange(10.0)
+    shadows.step((2.0,), (1, 3), (6, 4), g, TOPK.shadow_kept, accumulate=True)
     state = shadows.state_dict()
+    assert [(cf, layer, t.numel()) for cf, layer, t in state["residual"]] == [
+        (2.0, 1, 6),
+        (2.0, 3, 4),
+    ]
     again = ShadowSums()
     again.load_state_dict(state)
-    assert torch.equal(again.residual[(2.0, 1)], shadows.residual[(2.0, 1)])
-    assert torch.equal(again.sent[(2.0, 1)], shadows.sent[(2.0, 1)])
+    for name in ("residual", "sent"):
+        for layer in (1, 3):
+            assert torch.equal(again.piece(name, 2.0, layer), shadows.piece(name, 2.0, layer))
+    # joined into its unit at first use, and replayed as before
+    shadows.step((2.0,), (1, 3), (6, 4), g, TOPK.shadow_kept, accumulate=True)
+    again.step((2.0,), (1, 3), (6, 4), g, TOPK.shadow_kept, accumulate=True)
+    assert torch.equal(again.residual[(2.0, (1, 3))], shadows.residual[(2.0, (1, 3))])
+    assert torch.equal(again.sent[(2.0, (1, 3))], shadows.sent[(2.0, (1, 3))])
     again.load_state_dict({**state, "version": 0})
-    assert again.residual == {} and again.sent == {}
+    assert again.state_dict()["residual"] == [] and again.state_dict()["sent"] == []
+
+
+def test_a_new_layout_joins_its_units_from_the_tensors_pieces() -> None:
+    """Tensors 1 and 3 were one unit; after a rebuild 3 shares a unit with a new tensor 5 and
+    1 is alone: each keeps its own shadow residual, and 5 starts from zeros."""
+    shadows = ShadowSums()
+    shadows.step(
+        (2.0,), (1, 3), (6, 4), torch.arange(10.0).flip(0), TOPK.shadow_kept, accumulate=True
+    )
+    one, three = shadows.piece("residual", 2.0, 1), shadows.piece("residual", 2.0, 3)
+    assert one is not None and three is not None
+    one, three = one.clone(), three.clone()
+    assert torch.equal(three, torch.tensor([3.0, 2.0, 1.0, 0.0]))  # none of it sent
+    terms = shadows.terms((2.0,), (3, 5), (4, 2))  # a window closes first in the new layout
+    assert torch.allclose(
+        terms, window_terms(shadows.sent[(2.0, (3, 5))], shadows.residual[(2.0, (3, 5))])
+    )
+    assert torch.equal(shadows.residual[(2.0, (3, 5))], torch.cat([three, torch.zeros(2)]))
+    shadows.step((2.0,), (1,), (6,), torch.zeros(6), TOPK.shadow_kept, accumulate=False)
+    # tensor 1's residual carried on: a zero gradient sends the top half of it
+    want = one.clone().index_fill_(0, TOPK.shadow_kept(one, 2.0), 0)
+    assert torch.equal(shadows.residual[(2.0, (1,))], want) and bool(one.ne(want).any())
+    assert set(shadows.residual) == {(2.0, (3, 5)), (2.0, (1,))}
 
 
 @pytest.mark.parametrize("name", ["topk", "redsync", "dgc"])

@@ -12,18 +12,22 @@ from gravac import policies
 from gravac.controller import ControllerConfig, Phase
 from gravac.options import build_engine
 from gravac.shadow_search import ShadowController
-from gravac.trial import MIN_WARMUP_STEPS, link_seconds
+from gravac.trial import MIN_WARMUP_STEPS, TrialController, link_seconds
 from tests.helpers import Records, train_square, windowed_optimizer
 from tests.test_trial import COMPUTE_BOUND, MODERATE, SLOW, WINDOW, Link, windows
 
 EXPONENTIAL_LADDER = (10.0, 20.0, 40.0, 160.0, 1000.0)
 
 
-def make(policy: str = "exponential", warmup: int = 2, **config: float) -> ShadowController:
+def make(
+    policy: str = "exponential", warmup: int = 2, progress: str | None = None, **config: float
+) -> ShadowController:
+    """A search by shadow (``progress``: the policy option)."""
     cfg = ControllerConfig(
         theta_min=10.0, window=WINDOW, warmup_steps=warmup, ewma_alpha=1.0, **config
     )
-    c = policies.create(policy, search="shadow").make_controller(cfg, 2, snap=lambda cf: cf)
+    policy_ = policies.create(policy, search="shadow", progress=progress)
+    c = policy_.make_controller(cfg, 2, snap=lambda cf: cf)
     assert isinstance(c, ShadowController)
     return c
 
@@ -88,6 +92,22 @@ def test_of_cfs_within_omega_of_the_best_throughput_the_largest_is_chosen() -> N
     top = max(tput.values())
     assert c.theta_ideal == max(cf for cf, t in tput.items() if t >= 0.95 * top)
     assert c.theta_ideal == 1000.0  # equal gains: the cheapest CF
+
+
+def test_with_progress_cosine_it_ranks_cfs_by_the_square_root_of_their_gains() -> None:
+    """CF 160 keeps 0.7 of the energy at 97 samples/s, CF 40 0.8 at 89: as energies (the
+    default) CF 40 is ahead by more than omega (71.1 against 67.9); as cosines CF 160 is
+    (81.2 against 79.5)."""
+    gains = {10.0: 0.98, 20.0: 0.9, 40.0: 0.8, 160.0: 0.7, 1000.0: 0.3}
+    chosen = {}
+    for progress in ("cosine", None):
+        c = make(progress=progress)
+        run(c, 3, lambda step, cf: gains[cf], MODERATE)  # warm-up (2 steps) and its bridge
+        chosen[progress] = c.theta_ideal
+        assert c.shadow_tput()[160.0] == pytest.approx(
+            MODERATE.tsys(160.0) * (math.sqrt(gains[160.0]) if progress else gains[160.0])
+        )
+    assert chosen == {"cosine": 160.0, None: 40.0}
 
 
 def test_the_cf_sent_stays_while_within_omega_of_the_best() -> None:
@@ -189,6 +209,23 @@ def test_a_compressor_that_cannot_be_replayed_is_refused(
     with pytest.raises(ValueError, match="search='shadow' needs a compressor") as info:
         build_engine(compressor=compressor, policy_options={"search": "shadow"}, **options)
     assert repr(compressor) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("compressor", "options", "kind"),
+    [
+        ("topk", {}, ShadowController),
+        ("redsync", {}, ShadowController),
+        ("dgc", {}, TrialController),  # its memory keeps momentum besides the residual
+        ("thc", {}, TrialController),
+        ("topk", {"error_feedback": False}, TrialController),
+    ],
+)
+def test_search_auto_replays_where_the_compressor_can_be_replayed_and_tries_elsewhere(
+    compressor: str, options: dict[str, bool], kind: type
+) -> None:
+    engine = build_engine(compressor=compressor, policy_options={"search": "auto"}, **options)
+    assert type(engine.controller) is kind
 
 
 def test_the_engine_logs_every_shadow_gain_once_a_window_and_resumes_them() -> None:

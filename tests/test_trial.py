@@ -21,19 +21,26 @@ from gravac.window import (
     WINDOW_BLOCK,
     WINDOW_STRIDE,
     WindowSums,
+    predicted_progress,
     sample,
     sample_size,
     window_terms,
 )
 
 WINDOW = 3
+#: the search these tests are about (the default, "auto", takes the shadow for Top-k)
+TRIAL = {"search": "trial"}
 
 
-def make(policy: str = "exponential", warmup: int = 2, **config: float) -> TrialController:
+def make(
+    policy: str = "exponential", warmup: int = 2, progress: str | None = None, **config: float
+) -> TrialController:
+    """A search by trial (``progress``: the policy option)."""
     cfg = ControllerConfig(
         theta_min=10.0, window=WINDOW, warmup_steps=warmup, ewma_alpha=1.0, **config
     )
-    c = policies.create(policy).make_controller(cfg, 2, snap=lambda cf: cf)
+    policy_ = policies.create(policy, progress=progress)
+    c = policy_.make_controller(cfg, 2, snap=lambda cf: cf)
     assert isinstance(c, TrialController)
     return c
 
@@ -139,6 +146,24 @@ def test_of_cfs_within_omega_of_the_best_throughput_the_largest_is_chosen() -> N
     assert windows(sent) == [10.0, 20.0, 40.0, 160.0, 40.0]
     assert c.theta_ideal == 40.0
     assert c.kept_tput()[40.0] == pytest.approx(0.97 * c.kept_tput()[20.0], rel=0.01)
+
+
+def test_with_progress_cosine_a_window_gain_predicts_its_square_roots_progress() -> None:
+    """CF 40 keeps a window gain of 0.8 at 120 samples/s, CF 20 0.95 at 110. As energies (the
+    default, the paper's) CF 40's 96 is more than omega behind CF 20's 104.5; as cosines
+    (``progress="cosine"``) its 107.3 is level with CF 20's 107.2, and it is the larger CF."""
+    tsys = {10.0: 100.0, 20.0: 110.0, 40.0: 120.0, 160.0: 130.0}
+    comm = {10.0: 0.004, 20.0: 0.002, 40.0: 0.001, 160.0: 0.0005}
+    gains = {10.0: 0.99, 20.0: 0.95, 40.0: 0.8, 160.0: 0.3}
+    chosen = {}
+    for progress in ("cosine", None):
+        c = make(progress=progress)
+        sent = run(c, 40, gains.__getitem__, tsys.__getitem__, comm.__getitem__)
+        assert windows(sent)[:3] == [10.0, 20.0, 40.0]
+        chosen[progress] = c.theta_ideal
+        worth = c.worth(gains[40.0]) / gains[40.0]
+        assert c.kept_tput()[40.0] == pytest.approx(tsys[40.0] * gains[40.0] * worth)
+    assert chosen == {"cosine": 40.0, None: 20.0}
 
 
 def test_a_rejected_cf_backs_off_to_the_skipped_ones_and_a_settled_search_probes_up() -> None:
@@ -418,20 +443,29 @@ def test_engine_logs_a_window_gain_once_a_window_and_resumes_it() -> None:
     from tests.helpers import Records, train_square, windowed_optimizer
 
     full = Records()
-    model, opt = windowed_optimizer(full, WINDOW)
+    model, opt = windowed_optimizer(full, WINDOW, policy_options=TRIAL)
+    assert type(opt.engine.controller) is TrialController
     train_square(model, opt, range(20))
     gains = [(r.step, r.gain_window) for r in full.items if r.gain_window is not None]
     assert [s for s, _ in gains] == [2, 6, 10, 14, 18]
     assert all(0.0 <= g <= 1.0 for _, g in gains)
 
     part = Records()
-    model_a, opt_a = windowed_optimizer(part, WINDOW)
+    model_a, opt_a = windowed_optimizer(part, WINDOW, policy_options=TRIAL)
     train_square(model_a, opt_a, range(9))
     state = opt_a.state_dict()
-    model_b, opt_b = windowed_optimizer(part, WINDOW)
+    model_b, opt_b = windowed_optimizer(part, WINDOW, policy_options=TRIAL)
     model_b.load_state_dict(model_a.state_dict())
     opt_b.load_state_dict(state)
     train_square(model_b, opt_b, range(9, 20))
     assert [(r.cf_sent, r.gain_window) for r in part.items] == [
         (r.cf_sent, r.gain_window) for r in full.items
     ]
+
+
+def test_the_progress_a_window_gain_predicts() -> None:
+    assert predicted_progress(0.25, "cosine") == 0.5
+    assert predicted_progress(0.25, "energy") == 0.25
+    assert predicted_progress(-1e-12, "cosine") == 0.0  # a sum's rounding below zero
+    with pytest.raises(ValueError, match="measure must be one of"):
+        predicted_progress(0.5, "norm")

@@ -30,7 +30,7 @@ from gravac.bench.common import (
     synthetic_gradients,
 )
 from gravac.controller import ControllerConfig
-from gravac.shadow import ShadowSums, shadow_gradient
+from gravac.shadow import ShadowSums
 from gravac.shadow_search import ShadowController
 
 __all__ = ["ShadowResult", "bench_shadow", "format_shadow_table"]
@@ -87,21 +87,25 @@ def bench_shadow(
     layers = tuple(range(len(numels)))
     select = compressors.create(COMPRESSOR).shadow_kept
     dst = torch.empty_like(x)
-    sample = shadow_gradient(x, e, numels)
     rows = []
     for policy in POLICIES:
         cfs = ladder(policy)
         sums = ShadowSums()
+        sample = sums.gradient(x, e, numels)
 
-        def replay(sums: ShadowSums = sums, cfs: tuple[float, ...] = cfs) -> Any:
-            return lambda: sums.step(cfs, layers, sample, select, accumulate=True)
+        def gather(sums: ShadowSums = sums) -> Any:
+            return lambda: sums.gradient(x, e, numels)
+
+        def replay(
+            sums: ShadowSums = sums, cfs: tuple[float, ...] = cfs, sample: torch.Tensor = sample
+        ) -> Any:
+            return lambda: sums.step(cfs, layers, numels, sample, select, accumulate=True)
 
         sample_s, replay_s, copy_s = interleaved_medians(
-            [lambda: lambda: shadow_gradient(x, e, numels), replay, lambda: lambda: dst.copy_(x)],
+            [gather, replay, lambda: lambda: dst.copy_(x)],
             repeats=repeats,
             device=device,
         )
-        state = [*sums.residual.values(), *sums.sent.values()]
         rows.append(
             ShadowResult(
                 policy,
@@ -112,7 +116,7 @@ def bench_shadow(
                 replay_s,
                 copy_s,
                 (sample_s + replay_s) / copy_s,
-                sum(t.numel() * t.element_size() for t in state),
+                sums.nbytes(),
                 size * ELEMENT_BYTES,
             )
         )
@@ -127,7 +131,8 @@ def format_shadow_table(results: Sequence[ShadowResult], *, seed: int, device: t
         f" one warm-up, seed {seed}, {environment(device)}",
         "  sample: the replayed sample of x - e (at launch); replay: one selection per CF of"
         " the ladder (at commit); copy: dst.copy_(src) of the gradient",
-        "  of copy = (sample + replay) / copy; state: the shadows' residuals and sums",
+        "  of copy = (sample + replay) / copy; state: the shadows' residuals and sums, and the"
+        " sample's indices",
     ]
     headers = ["policy", "CFs", "sample ms", "replay ms", "copy ms", "of copy", "state/grad"]
     rows = [

@@ -93,7 +93,12 @@ class AccordionPolicy(ScalingPolicy):
         return s
 
     def make_controller(
-        self, config: ControllerConfig, world_size: int, snap: Callable[[float], float]
+        self,
+        config: ControllerConfig,
+        world_size: int,
+        snap: Callable[[float], float],
+        *,
+        replayable: bool = False,
     ) -> Controller:
         from gravac.accordion import AccordionController  # here: it imports gravac.controller
 

@@ -13,17 +13,29 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from gravac.registry import Registry
+from gravac.window import PROGRESS_MEASURES
 
 if TYPE_CHECKING:
     from gravac.controller import Controller, ControllerConfig
 
-__all__ = ["SEARCHES", "ScalingPolicy", "check_search", "create", "get", "names", "register"]
+__all__ = [
+    "SEARCHES",
+    "ScalingPolicy",
+    "check_progress",
+    "check_search",
+    "create",
+    "get",
+    "names",
+    "register",
+]
 
 #: how an adaptive policy's candidates are judged: each sent for a window and judged by the
 #: gain error feedback delivered over it (:mod:`gravac.trial`), GraVAC's Algorithm 1 as the
-#: paper states it, by each step's gain (:class:`gravac.controller.Controller`), or all at once
-#: by error feedback replayed on a sample, without sending them (:mod:`gravac.shadow_search`)
-SEARCHES = ("trial", "paper", "shadow")
+#: paper states it, by each step's gain (:class:`gravac.controller.Controller`), all at once
+#: by error feedback replayed on a sample, without sending them (:mod:`gravac.shadow_search`),
+#: or ``"auto"``: by shadow where the compressor's sends can be replayed (a sparsifier under
+#: plain error feedback), else by trial
+SEARCHES = ("trial", "paper", "shadow", "auto")
 
 
 def check_search(search: object, policy: str) -> str:
@@ -33,6 +45,29 @@ def check_search(search: object, policy: str) -> str:
     return str(search)
 
 
+def check_progress(progress: object, search: str, policy: str) -> str:
+    """How the searches by trial and shadow predict a CF's progress per step from its window
+    gain (:data:`gravac.window.PROGRESS_MEASURES`; ``None``: ``"energy"``). Algorithm 1 (the
+    ``"paper"`` search) ranks by its per-step gain as an energy ratio and takes no other.
+
+    Raises:
+        ValueError: ``progress`` is not a measure, or is given with the ``"paper"`` search.
+    """
+    if progress is not None and progress not in PROGRESS_MEASURES:
+        raise ValueError(
+            f"{policy} policy option progress must be one of {PROGRESS_MEASURES} or None, "
+            f"got {progress!r}"
+        )
+    if search == "paper":
+        if progress is not None:
+            raise ValueError(
+                f"{policy} policy option progress applies to the searches by trial and shadow; "
+                f"search='paper' ranks by Algorithm 1's per-step gain, got progress={progress!r}"
+            )
+        return "energy"
+    return "energy" if progress is None else str(progress)
+
+
 class ScalingPolicy(ABC):
     """How the candidate CF scales between search windows."""
 
@@ -40,7 +75,9 @@ class ScalingPolicy(ABC):
     #: a CF sent at every step, with no search; ``None`` for adaptive policies
     static_cf: float | None = None
     #: the search that runs the policy (:data:`SEARCHES`)
-    search: str = "trial"
+    search: str = "auto"
+    #: how its search predicts a CF's progress per step from the CF's gain (:func:`check_progress`)
+    progress: str = "energy"
     #: a static CF's steps still measure their gain (for studies; adaptive policies always do)
     measure: bool = False
 
@@ -53,11 +90,18 @@ class ScalingPolicy(ABC):
         """The step size after the ``window``-th search window (1-based) used step size ``s``."""
 
     def make_controller(
-        self, config: ControllerConfig, world_size: int, snap: Callable[[float], float]
+        self,
+        config: ControllerConfig,
+        world_size: int,
+        snap: Callable[[float], float],
+        *,
+        replayable: bool = False,
     ) -> Controller:
         """The controller that runs this policy, unless the policy needs its own: the search
-        by trial (:class:`gravac.trial.TrialController`) or GraVAC's Algorithm 1
-        (:class:`gravac.controller.Controller`), as :attr:`search` says."""
+        by trial (:class:`gravac.trial.TrialController`), by shadow
+        (:class:`gravac.shadow_search.ShadowController`) or GraVAC's Algorithm 1
+        (:class:`gravac.controller.Controller`), as :attr:`search` says; ``"auto"`` takes the
+        search by shadow if the compressor's sends are ``replayable``."""
         # imported here: gravac.controller imports this module
         from gravac.controller import Controller
         from gravac.shadow_search import ShadowController
@@ -65,7 +109,8 @@ class ScalingPolicy(ABC):
 
         kind: type[Controller] = Controller
         if self.static_cf is None and self.search != "paper":
-            kind = ShadowController if self.search == "shadow" else TrialController
+            shadow = self.search == "shadow" or (self.search == "auto" and replayable)
+            kind = ShadowController if shadow else TrialController
         return kind(config, self, world_size, snap=snap)
 
     def __repr__(self) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from gravac.policies.base import ScalingPolicy, check_search, register
+from gravac.policies.base import ScalingPolicy, check_progress, check_search, register
 from gravac.policies.geometric import DEFAULT_RATIO, check_ratio
 
 __all__ = ["ExponentialPolicy"]
@@ -18,13 +18,17 @@ __all__ = ["ExponentialPolicy"]
 
 @register
 class ExponentialPolicy(ScalingPolicy):
-    """``s_1 = r``; ``s_{j+1} = s_j * r^j``; ``search``: :data:`gravac.policies.base.SEARCHES`."""
+    """``s_1 = r``; ``s_{j+1} = s_j * r^j``; ``search``: :data:`gravac.policies.base.SEARCHES`;
+    ``progress``: :func:`gravac.policies.base.check_progress`."""
 
     name: ClassVar[str] = "exponential"
 
-    def __init__(self, *, ratio: float = DEFAULT_RATIO, search: str = "trial") -> None:
+    def __init__(
+        self, *, ratio: float = DEFAULT_RATIO, search: str = "auto", progress: str | None = None
+    ) -> None:
         self.ratio = check_ratio(ratio, self.name)
         self.search = check_search(search, self.name)
+        self.progress = check_progress(progress, self.search, self.name)
 
     def first(self) -> float:
         return self.ratio

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from gravac.compare.evidence import (
+    distances,
     evidence,
     markdown,
     shadow_checks,
@@ -61,9 +62,22 @@ def test_rows_set_gains_beside_the_progress_per_step() -> None:
     cf100, cf1000 = rows
     assert cf100.progress == pytest.approx(60 / 90)
     assert (cf100.gain_step, cf100.gain_window) == (0.5, 0.7)
+    assert cf100.cosine_window == pytest.approx(0.7**0.5)
     assert cf1000.progress == 0.0 and cf1000.gain_step is None  # never reached, unmeasured
+    assert cf1000.cosine_window is None
     table = markdown(rows)
-    assert "| vgg-digits | cf100 | 0 | 100 | 90 | 60 | 0.67 | 0.500 | 0.700 |" in table
+    assert "| vgg-digits | cf100 | 0 | 100 | 90 | 60 | 0.67 | 0.500 | 0.700 | 0.837 |" in table
+
+
+def test_distances_are_each_gains_mean_gap_from_the_progress_above_cf_10() -> None:
+    rows = evidence([summary()])
+    far = distances(rows)
+    # cf100 alone has both (cf1000 measured no gain): |gain - 2/3|
+    assert far["gain_step"] == pytest.approx(abs(0.5 - 60 / 90))
+    assert far["gain_window"] == pytest.approx(abs(0.7 - 60 / 90))
+    assert far["cosine_window"] == pytest.approx(abs(0.7**0.5 - 60 / 90))
+    assert distances([r for r in rows if r.cf > 100]) == dict.fromkeys(far)
+    assert "window cosine 0.170" in markdown(rows)
 
 
 def test_plot_is_written(tmp_path: Path) -> None:

@@ -56,11 +56,23 @@ def test_fixed_pins_the_cf() -> None:
         ("geometric", {"rate": 2.0}, "no option 'rate'"),
         ("fixed", {}, "needs option 'cf'"),
         ("fixed", {"cf": 0.5}, "cf"),
+        ("exponential", {"search": "guess"}, "option search must be one of"),
+        ("geometric", {"progress": "norm"}, "option progress must be one of"),
+        ("exponential", {"search": "paper", "progress": "cosine"}, "search='paper' ranks by"),
     ],
 )
 def test_bad_policies_raise(name: str, options: dict[str, float], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         policies.create(name, **options)
+
+
+@pytest.mark.parametrize("name", ["exponential", "geometric"])
+def test_the_searches_predict_progress_by_the_gain_itself_unless_told(name: str) -> None:
+    assert policies.create(name).progress == "energy"
+    assert policies.create(name, search="shadow").progress == "energy"
+    assert policies.create(name, progress="cosine").progress == "cosine"
+    assert policies.create(name, search="shadow", progress="cosine").progress == "cosine"
+    assert policies.create(name, search="paper").progress == "energy"  # Algorithm 1's
 
 
 def test_registry_names() -> None:

@@ -155,7 +155,10 @@ class ShadowController(TrialController):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a search by shadow's state, or adopt a search by trial's (a checkpoint from
+        before ``search="auto"`` made this search the default): its measured throughputs and
+        window gains carry over, and the shadows' gains come from the next window's end."""
         super().load_state_dict(state)
-        self.shadow_gain = {float(k): float(v) for k, v in state["shadow_gain"]}
-        self.excess = {float(k): float(v) for k, v in state["excess"]}
+        self.shadow_gain = {float(k): float(v) for k, v in state.get("shadow_gain", [])}
+        self.excess = {float(k): float(v) for k, v in state.get("excess", [])}
         self._shadow = {}

@@ -250,3 +250,22 @@ def test_the_engine_logs_every_shadow_gain_once_a_window_and_resumes_them() -> N
     train_square(model_b, opt_b, range(9, 20))
     resumed = [(r.step, r.gain_shadow, r.cf_sent) for r in part.items[9:]]
     assert resumed == [(r.step, r.gain_shadow, r.cf_sent) for r in full.items[9:]]
+
+
+def test_a_checkpoint_of_the_search_by_trial_resumes_under_the_default_search() -> None:
+    """Saved when the search by trial was the default, resumed where ``"auto"`` runs the search
+    by shadow: the trial's measurements carry over, the shadows start at the next window and
+    their gains are judged from the window after (as after a resume of its own)."""
+    model, opt = windowed_optimizer(Records(), WINDOW, policy_options={"search": "trial"})
+    train_square(model, opt, range(8))
+    state = opt.state_dict()
+    resumed = Records()
+    model_b, opt_b = windowed_optimizer(resumed, WINDOW)
+    model_b.load_state_dict(model.state_dict())
+    opt_b.load_state_dict(state)
+    controller = opt_b.engine.controller
+    assert isinstance(controller, ShadowController)
+    assert controller.tsys == opt.engine.controller.tsys and controller.shadow_gain == {}
+    train_square(model_b, opt_b, range(8, 20))
+    assert controller.shadow_gain  # judged again from the shadows' windows
+    assert [r.step for r in resumed.items if r.gain_shadow] == [10, 14, 18]

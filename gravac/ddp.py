@@ -281,7 +281,7 @@ class GravacHookState:
         momenta restart; residuals are restored exactly).
 
         Raises:
-            ValueError: the state was saved with another compressor.
+            ValueError: the state was saved with another compressor or controller.
         """
         self.engine.check_state(state)
         # the saved CFs are those the saved shapes deliver: bind them first

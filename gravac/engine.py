@@ -1009,22 +1009,40 @@ class Engine:
             "compressor": self.compressor.state_dict(),
             "controller": self.controller.state_dict(),
             # What the state above is only valid with (checked by check_state).
+            "controller_kind": type(self.controller).__name__,
             "compressor_config": repr(self.compressor),
             "world_size": self.comm.world_size,
         }
 
     def check_state(self, state: dict[str, Any]) -> None:
-        """Check a saved state before loading it: the same compressor (name and options); a
-        different world size loads with a warning.
+        """Check a saved state before loading it: the same compressor (name and options), and
+        a controller of the same kind (the searches by trial and by shadow take each other's:
+        the shadow's is the trial's and its shadows); a different world size loads with a
+        warning.
 
         Raises:
-            ValueError: the state was saved with another compressor.
+            ValueError: the state was saved with another compressor or controller.
         """
         saved = state.get("compressor_config")
         if saved is not None and saved != repr(self.compressor):
             raise ValueError(
                 f"the checkpoint was saved with compressor {saved}, this one has "
                 f"{self.compressor!r}: its compressor state and residuals do not apply"
+            )
+        kind = type(self.controller).__name__
+        saved_kind = state.get("controller_kind")
+        old = saved_kind is None and kind in _WINDOW_SEARCHES
+        if old and "current" not in state.get("controller", {}):
+            saved_kind = "another controller"  # saved before the kind was: no window search
+        if (
+            saved_kind is not None
+            and saved_kind != kind
+            and not ({saved_kind, kind} <= _WINDOW_SEARCHES)
+        ):
+            raise ValueError(
+                f"the checkpoint was saved by {saved_kind}, this optimizer runs {kind} "
+                f"({self.controller.policy!r}): its search state does not apply; build the "
+                "optimizer with the policy and policy options it was saved with"
             )
         world = state.get("world_size")
         if world is not None and world != self.comm.world_size:
@@ -1051,6 +1069,10 @@ class Engine:
         self._lagged = {tuple(k): torch.tensor(v, dtype=torch.float64) for k, v in lagged}
         self.windows.load_state_dict(state.get("window_sums", {"sent": []}))
         self.shadows.load_state_dict(state.get("shadow_sums", {}))
+
+
+#: the controllers whose checkpoints load into each other (:meth:`Engine.check_state`)
+_WINDOW_SEARCHES = {"TrialController", "ShadowController"}
 
 
 def _aliases(payload: Payload, x: Tensor) -> bool:

@@ -491,6 +491,10 @@ def test_small_transformer_is_compressed_and_learns_like_dense() -> None:
 # -- item 11: checkpoints -----------------------------------------------------------------------
 
 
+PAPER = {"policy_options": {"search": "paper"}}
+TRIAL = {"policy_options": {"search": "trial"}}
+
+
 def _trained(**kw: Any) -> tuple[nn.Module, GravacOptimizer]:
     model = tiny_model()
     opt = make(model, **kw)
@@ -506,6 +510,9 @@ def _trained(**kw: Any) -> tuple[nn.Module, GravacOptimizer]:
         ({"compressor": "topk"}, {"compressor": "randomk"}, "saved with compressor TopK"),
         ({}, {"bucket_bytes": 1024}, "bucket layout"),
         ({"theta_min": 50.0}, {"theta_max": 20.0}, "theta_min 50 is outside"),
+        (PAPER, {}, "saved by Controller, this optimizer runs ShadowController"),
+        ({}, PAPER, "saved by ShadowController, this optimizer runs Controller"),
+        (TRIAL, {"policy": "fixed", "policy_options": {"cf": 10}}, "saved by TrialController"),
     ],
 )
 def test_a_mismatched_checkpoint_is_refused_and_changes_nothing(
@@ -520,6 +527,23 @@ def test_a_mismatched_checkpoint_is_refused_and_changes_nothing(
     assert after["gravac"]["steps"] == before["gravac"]["steps"]
     assert after["gravac"]["controller"] == before["gravac"]["controller"]
     assert after["optimizer"]["param_groups"] == before["optimizer"]["param_groups"]
+
+
+def test_the_searches_by_trial_and_shadow_load_each_others_checkpoints() -> None:
+    for saved, loading in ((TRIAL, {}), ({}, TRIAL)):
+        _, source = _trained(**saved)
+        _, target = _trained(**loading)
+        target.load_state_dict(source.state_dict())
+        assert target.state_dict()["gravac"]["steps"] == source.state_dict()["gravac"]["steps"]
+
+
+def test_a_checkpoint_from_before_the_kind_was_saved_is_still_checked() -> None:
+    _, source = _trained(**PAPER)
+    state = source.state_dict()
+    del state["gravac"]["controller_kind"]
+    _, target = _trained()
+    with pytest.raises(ValueError, match="saved by another controller"):
+        target.load_state_dict(state)
 
 
 def test_another_world_size_loads_with_a_warning() -> None:

@@ -107,24 +107,16 @@ def markdown(rows: Sequence[RatioRow]) -> str:
     """A table of variants (rows) by studies (columns): the median ratio over seeds, each
     seed's in brackets (``–``: not reached), and how many studies each variant is within
     :data:`WITHIN` of the best static CF in."""
-    studies = sorted({r.study for r in rows})
-    variants = sorted({r.variant for r in rows})
+    studies, grid = _grid(rows)
     lines = [
         "| variant | " + " | ".join(studies) + f" | within {WITHIN:g}x |",
         "|---|" + "--:|" * (len(studies) + 1),
     ]
-    for v in variants:
-        cells, within, measured = [], 0, 0
-        for s in studies:
-            mine = sorted((r for r in rows if r.variant == v and r.study == s), key=_seed)
-            if not mine:
-                cells.append("")
-                continue
-            values = [r.ratio for r in mine]
-            measured += 1
-            within += statistics.median(values) <= WITHIN
-            cells.append(_ratio_cell(values))
-        lines.append(f"| {v} | " + " | ".join(cells) + f" | {within} of {measured} |")
+    for v, cells in grid.items():
+        medians = [statistics.median(r.ratio for r in mine) for mine in cells if mine]
+        within = sum(m <= WITHIN for m in medians)
+        texts = [_ratio_cell([r.ratio for r in mine]) if mine else "" for mine in cells]
+        lines.append(f"| {v} | " + " | ".join(texts) + f" | {within} of {len(medians)} |")
     seeds = sorted({r.seed for r in rows})
     lines += [
         "",
@@ -137,24 +129,31 @@ def markdown(rows: Sequence[RatioRow]) -> str:
 def totals_markdown(rows: Sequence[RatioRow]) -> str:
     """A table of variants by studies: the median over seeds of the megabytes a rank sent in
     the whole run, and of the final metric."""
-    studies = sorted({r.study for r in rows})
+    studies, grid = _grid(rows)
     lines = [
         "| variant | " + " | ".join(studies) + " |",
         "|---|" + "--:|" * len(studies),
     ]
-    for v in sorted({r.variant for r in rows}):
-        cells = []
-        for s in studies:
-            mine = [r for r in rows if r.variant == v and r.study == s]
-            if not mine:
-                cells.append("")
-                continue
-            mb = statistics.median(r.wire_bytes for r in mine) / _MB
-            final = statistics.median(r.final_metric for r in mine)
-            cells.append(f"{mb:.0f} MB, {final:.3f}")
-        lines.append(f"| {v} | " + " | ".join(cells) + " |")
+    for v, cells in grid.items():
+        texts = [_totals_cell(mine) if mine else "" for mine in cells]
+        lines.append(f"| {v} | " + " | ".join(texts) + " |")
     lines += ["", "Median over seeds of the MB a rank sent in the run, and of the final metric."]
     return "\n".join(lines) + "\n"
+
+
+def _totals_cell(rows: Sequence[RatioRow]) -> str:
+    mb = statistics.median(r.wire_bytes for r in rows) / _MB
+    return f"{mb:.0f} MB, {statistics.median(r.final_metric for r in rows):.3f}"
+
+
+def _grid(rows: Sequence[RatioRow]) -> tuple[list[str], dict[str, list[list[RatioRow]]]]:
+    """The studies, sorted, and for each variant (sorted) its rows in each study, by seed."""
+    studies = sorted({r.study for r in rows})
+    grid = {
+        v: [sorted((r for r in rows if (r.variant, r.study) == (v, s)), key=_seed) for s in studies]
+        for v in sorted({r.variant for r in rows})
+    }
+    return studies, grid
 
 
 def _seed(row: RatioRow) -> int:

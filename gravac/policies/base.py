@@ -58,13 +58,11 @@ def check_progress(progress: object, search: str, policy: str) -> str:
             f"{policy} policy option progress must be one of {PROGRESS_MEASURES} or None, "
             f"got {progress!r}"
         )
-    if search == "paper":
-        if progress is not None:
-            raise ValueError(
-                f"{policy} policy option progress applies to the searches by trial and shadow; "
-                f"search='paper' ranks by Algorithm 1's per-step gain, got progress={progress!r}"
-            )
-        return "energy"
+    if search == "paper" and progress is not None:
+        raise ValueError(
+            f"{policy} policy option progress applies to the searches by trial and shadow; "
+            f"search='paper' ranks by Algorithm 1's per-step gain, got progress={progress!r}"
+        )
     return "energy" if progress is None else str(progress)
 
 

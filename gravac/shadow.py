@@ -81,6 +81,7 @@ class ShadowSums:
         self._loose: dict[str, dict[tuple[float, int], Tensor]] = {"residual": {}, "sent": {}}
         self._sizes: dict[Layers, list[int]] = {}  # a unit's tensors' sample sizes
         self._index: dict[tuple[tuple[int, ...], torch.device], Tensor] = {}  # by layout
+        self._used: set[tuple[tuple[int, ...], torch.device]] = set()  # layouts of this window
 
     def gradient(self, x: Tensor, residual: Tensor | None, numels: Sequence[int]) -> Tensor:
         """The replayed sample of a unit's gradient ``g = x - e`` (flat, float32), from its
@@ -94,6 +95,7 @@ class ShadowSums:
 
     def _sample_index(self, numels: tuple[int, ...], device: torch.device) -> Tensor:
         key = (numels, device)
+        self._used.add(key)
         if key not in self._index:
             span = WINDOW_BLOCK * SHADOW_STRIDE
             parts, offset = [], 0
@@ -202,9 +204,13 @@ class ShadowSums:
         return sum(t.numel() * t.element_size() for t in held)
 
     def clear(self) -> None:
-        """Start a new window: the sums restart, the shadow residuals carry on."""
+        """Start a new window: the sums restart, the shadow residuals carry on, and the sample
+        indices of layouts the ended window did not read are dropped (a bucket rebuild's old
+        layout would otherwise stay cached for the rest of the run)."""
         self.sent.clear()
         self._loose["sent"].clear()
+        self._index = {k: v for k, v in self._index.items() if k in self._used}
+        self._used = set()
 
     def state_dict(self) -> dict[str, Any]:
         """The shadows per CF and tensor (by layer id), as in :meth:`piece`."""

@@ -162,6 +162,21 @@ def test_a_new_layout_joins_its_units_from_the_tensors_pieces() -> None:
     assert set(shadows.residual) == {(2.0, (3, 5)), (2.0, (1,))}
 
 
+def test_sample_indices_of_a_layout_no_window_read_are_dropped() -> None:
+    """A bucket rebuild changes a unit's layout: its old indices go at the end of the first
+    window that did not read them, and those read in the window that ends stay."""
+    shadows = ShadowSums()
+    x = torch.arange(20.0)
+    old = shadows.gradient(x, None, (12, 8))
+    assert shadows.nbytes() == old.numel() * 4  # int32 indices, nothing replayed yet
+    shadows.clear()  # the window that read the old layout ends
+    new = shadows.gradient(x, None, (20,))
+    assert shadows.nbytes() == (old.numel() + new.numel()) * 4
+    shadows.clear()  # a window that read only the new layout
+    assert shadows.nbytes() == new.numel() * 4
+    assert torch.equal(shadows.gradient(x, None, (20,)), new)
+
+
 @pytest.mark.parametrize("name", ["topk", "redsync", "dgc"])
 def test_the_sparsifiers_replay_as_an_exact_top_k(name: str) -> None:
     c = compressors.create(name)

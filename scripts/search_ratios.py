@@ -1,29 +1,39 @@
 """Each variant's time to target against the best static CF's, seed by seed (gravac.compare.ratios).
 
-    python scripts/search_ratios.py vgg-1g.json vgg-1g-more-seeds.json resnet-1g.json ...
+    python scripts/search_ratios.py [--hold K] vgg-1g.json vgg-1g-more-seeds.json resnet-1g.json ...
 
 reads ``gravac compare --out`` JSON files of studies that ran static CFs (``fixed`` variants)
 beside other variants, pools the files of one workload and link, and prints two markdown tables:
 the median over seeds of each variant's time to target over the fastest static CF's of the same
-seed, and the median bytes sent and final metric.
+seed, and the median bytes sent and final metric. With ``--hold K`` a run reaches the target at
+the first evaluation from which K evaluations in a row meet it.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 from gravac.compare.ratios import markdown, ratios, totals_markdown
 
 
-def main(argv: list[str]) -> None:
-    if not argv:
-        raise SystemExit(__doc__)
-    rows = ratios([json.loads(Path(a).read_text()) for a in argv])
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("files", nargs="+", type=Path, help="gravac compare --out JSON files")
+    parser.add_argument(
+        "--hold",
+        type=int,
+        default=1,
+        help="evaluations in a row that must meet the target (default 1: the first that does)",
+    )
+    args = parser.parse_args(argv)
+    rows = ratios([json.loads(f.read_text()) for f in args.files], hold=args.hold)
     print(markdown(rows))
+    if args.hold > 1:
+        print(f"The target counts as reached where {args.hold} evaluations in a row meet it.\n")
     print(totals_markdown(rows))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

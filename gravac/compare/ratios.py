@@ -8,6 +8,11 @@ CFs (``fixed`` policy variants) beside other variants on the same seeds, :func:`
 every run's time to the target over that of the fastest static CF *of the same study and seed*,
 and :func:`markdown` the median over seeds of each variant and study.
 
+With ``hold`` above 1 a run's time to target is that of the first evaluation from which the
+metric stays at the target for ``hold`` evaluations in a row (or to the run's end, if fewer
+are left), read from the run's evaluations: a stricter clock, that one lucky evaluation does not
+stop, for asking how much a ranking owes to where the metric happened to cross.
+
 A study is a workload on a link (``--bandwidth``, or loopback). Files of the same study are
 pooled: a seed's best static CF may come from another file than the variant (a later study that
 ran only new variants on the seeds of an earlier one); both must then have run on the same
@@ -22,7 +27,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["RatioRow", "markdown", "ratios", "static_labels", "study_label", "totals_markdown"]
+from gravac.compare import workloads
+
+__all__ = [
+    "RatioRow",
+    "held_seconds",
+    "markdown",
+    "ratios",
+    "static_labels",
+    "study_label",
+    "totals_markdown",
+]
 
 #: bytes in a megabyte, as ``gravac compare`` reports them
 _MB = 1e6
@@ -62,22 +77,52 @@ def static_labels(summary: dict[str, Any]) -> set[str]:
     return {v["label"] for v in variants if v["policy"] == "fixed"}
 
 
-def ratios(summaries: Sequence[dict[str, Any]]) -> list[RatioRow]:
+def held_seconds(run: dict[str, Any], workload: str, hold: int) -> float | None:
+    """The training time of ``run``'s first evaluation from which the metric reaches the
+    target at ``hold`` evaluations in a row (fewer where the run ends first); ``None`` if
+    there is none. ``hold=1`` is the run's own time to target.
+
+    Raises:
+        ValueError: ``hold`` is not an integer >= 1, or ``run`` has no evaluations.
+    """
+    if not isinstance(hold, int) or isinstance(hold, bool) or hold < 1:
+        raise ValueError(f"hold must be an integer >= 1, got {hold!r}")
+    evaluations = run.get("evaluations")
+    if not evaluations:
+        raise ValueError(f"run {run.get('variant')!r} (seed {run.get('seed')}) has no evaluations")
+    reached = [workloads.get(workload).reached(m, run["target"]) for _, _, m in evaluations]
+    for i, (_, seconds, _) in enumerate(evaluations):
+        if all(reached[i : i + hold]):
+            return float(seconds)
+    return None
+
+
+def ratios(summaries: Sequence[dict[str, Any]], hold: int = 1) -> list[RatioRow]:
     """A row for every gravac variant run in ``summaries`` whose study and seed have a static
-    CF that reached the target (static runs included: the best one's ratio is 1)."""
-    runs: list[tuple[str, bool, dict[str, Any]]] = []
+    CF that reached the target (static runs included: the best one's ratio is 1); with
+    ``hold`` above 1 every time to target is :func:`held_seconds`'s."""
+    runs: list[tuple[str, bool, dict[str, Any], float | None]] = []
     for summary in summaries:
         static = static_labels(summary)
         label = study_label(summary)
-        runs += [(label, r["variant"] in static, r) for r in summary["runs"] if r["variant"]]
+        workload = summary["config"]["workload"]
+        runs += [
+            (
+                label,
+                r["variant"] in static,
+                r,
+                r["time_to_target_seconds"] if hold == 1 else held_seconds(r, workload, hold),
+            )
+            for r in summary["runs"]
+            if r["variant"]
+        ]
     best: dict[tuple[str, int], tuple[float, str]] = {}
-    for study, is_static, r in runs:
-        t = r["time_to_target_seconds"]
+    for study, is_static, r, t in runs:
         key = (study, r["seed"])
         if is_static and t is not None and (key not in best or t < best[key][0]):
             best[key] = (t, r["variant"])
     rows = []
-    for study, _, r in runs:
+    for study, _, r, t in runs:
         key = (study, r["seed"])
         if key not in best:
             continue
@@ -86,7 +131,7 @@ def ratios(summaries: Sequence[dict[str, Any]]) -> list[RatioRow]:
                 study=study,
                 variant=r["variant"],
                 seed=r["seed"],
-                seconds=r["time_to_target_seconds"],
+                seconds=t,
                 best=best[key][1],
                 best_seconds=best[key][0],
                 wire_bytes=r["wire_bytes"],

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gravac.compare.ratios import markdown, ratios, study_label, totals_markdown
+from gravac.compare.ratios import held_seconds, markdown, ratios, study_label, totals_markdown
 
 
 def _run(variant: str, seed: int, seconds: float | None, mb: float = 1.0) -> dict[str, Any]:
@@ -84,3 +84,50 @@ def test_the_tables_give_medians_over_seeds_and_the_studies_within_the_target() 
     assert "seeds 0, 1, 2" in table
     assert "| search | 1 MB, 0.980 |" in totals_markdown(rows)
     assert "| cf10 | 100 MB, 0.980 |" in totals_markdown(rows)
+
+
+def _evaluated(variant: str, metrics: list[float], target: float = 0.95) -> dict[str, Any]:
+    """A run evaluated every 10 steps, one second of training apart, reaching ``target`` first
+    where ``metrics`` first meets it (the harness's own time to target)."""
+    evaluations = [(10 * (i + 1), float(i + 1), m) for i, m in enumerate(metrics)]
+    first = next((t for _, t, m in evaluations if m >= target), None)
+    return {**_run(variant, 0, first), "target": target, "evaluations": evaluations}
+
+
+def test_a_held_target_needs_that_many_evaluations_in_a_row_or_the_rest_of_the_run() -> None:
+    run = _evaluated("cf10", [0.96, 0.90, 0.97, 0.94, 0.96, 0.97])
+    assert held_seconds(run, "vgg-digits", 1) == 1.0 == run["time_to_target_seconds"]
+    assert held_seconds(run, "vgg-digits", 2) == 5.0
+    assert held_seconds(run, "vgg-digits", 3) == 5.0  # meets it to the end, two left
+    assert held_seconds(_evaluated("cf10", [0.9, 0.8]), "vgg-digits", 2) is None
+    # perplexity is met from above
+    lstm = {
+        "target": 5.0,
+        "evaluations": [(10, 1.0, 6.0), (20, 2.0, 4.9), (30, 3.0, 5.2), (40, 4.0, 4.8)],
+    }
+    assert held_seconds(lstm, "lstm-text", 1) == 2.0 and held_seconds(lstm, "lstm-text", 2) == 4.0
+
+
+@pytest.mark.parametrize("hold", [0, -1, 1.5, True])
+def test_a_hold_that_is_not_a_count_of_evaluations_is_refused(hold: Any) -> None:
+    with pytest.raises(ValueError, match="hold must be an integer >= 1"):
+        held_seconds(_evaluated("cf10", [0.96]), "vgg-digits", hold)
+
+
+def test_a_held_target_needs_the_runs_evaluations() -> None:
+    with pytest.raises(ValueError, match=r"'cf10' .* has no evaluations"):
+        held_seconds(_run("cf10", 0, 1.0), "vgg-digits", 2)
+
+
+def test_ratios_with_a_held_target_time_every_run_by_it() -> None:
+    runs = [
+        _evaluated("cf10", [0.96, 0.90, 0.97, 0.97]),  # first at 1 s, held from 3 s
+        _evaluated("cf100", [0.90, 0.96, 0.96, 0.96]),  # first and held at 2 s
+        _evaluated("search", [0.90, 0.90, 0.96, 0.97]),  # first and held at 3 s
+    ]
+    summary = _summary("1gbit", {**STATICS, "search": "exponential"}, runs)
+    first = {r.variant: r for r in ratios([summary])}
+    held = {r.variant: r for r in ratios([summary], hold=2)}
+    assert first["search"].best == "cf10" and first["search"].ratio == 3.0
+    assert held["search"].best == "cf100" and held["search"].ratio == 1.5
+    assert held["cf10"].seconds == 3.0

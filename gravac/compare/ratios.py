@@ -90,7 +90,8 @@ def held_seconds(run: dict[str, Any], workload: str, hold: int) -> float | None:
     evaluations = run.get("evaluations")
     if not evaluations:
         raise ValueError(f"run {run.get('variant')!r} (seed {run.get('seed')}) has no evaluations")
-    reached = [workloads.get(workload).reached(m, run["target"]) for _, _, m in evaluations]
+    meets = workloads.get(workload).reached
+    reached = [meets(m, run["target"]) for _, _, m in evaluations]
     for i, (_, seconds, _) in enumerate(evaluations):
         if all(reached[i : i + hold]):
             return float(seconds)

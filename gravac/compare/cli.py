@@ -2,7 +2,8 @@
 
 :func:`add_parser` adds ``gravac compare`` to the ``gravac`` command line (:mod:`gravac.cli`).
 A study (:mod:`gravac.compare.study`) is the modes, the gravac variants (``--variant``,
-repeated; without it, the one variant of ``--compressor``, ``--policy`` and their options) and
+repeated; without it, the one variant of ``--compressor``, ``--policy`` and the options of
+those and of the engine) and
 the seeds (``--seeds``). The table goes to stdout; ``--out`` writes the JSON, ``--csv`` a row
 a run, ``--plots`` the figures (:mod:`gravac.compare.export`, :mod:`gravac.compare.plots`).
 
@@ -95,6 +96,7 @@ _SINGLE_VARIANT = (
     ("--compressor-options", "compressor_options"),
     ("--policy", "policy"),
     ("--policy-options", "policy_options"),
+    ("--engine-options", "engine_options"),
 )
 
 
@@ -192,6 +194,13 @@ def add_parser(subparsers: Any) -> None:
         "without --variant (default none)",
     )
     p.add_argument(
+        "--engine-options",
+        type=argtype(_json_object("--engine-options")),
+        default=None,
+        help=f"JSON object of more optimizer options ({', '.join(modes.ENGINE_OPTIONS)}), "
+        """e.g. '{"error_feedback": false}', without --variant (default none)""",
+    )
+    p.add_argument(
         "--variant",
         dest="variants",
         action="append",
@@ -200,8 +209,8 @@ def add_parser(subparsers: Any) -> None:
         metavar=VARIANT_SYNTAX,
         help="a gravac configuration, named LABEL in the outputs; repeat it to run each gravac "
         """mode once per variant, e.g. --variant 'cf100=topk:fixed{"cf": 100}' --variant """
-        "topk:geometric (unlabelled: topk-geometric). Replaces --compressor, --policy and their "
-        "options "
+        "topk:geometric (unlabelled: topk-geometric); a third part, :{JSON}, holds its "
+        "--engine-options. Replaces --compressor, --policy and their options "
         f"(default: the one variant they make). Compressors {compressors.names()}, policies "
         f"{policies.names()}",
     )

@@ -87,6 +87,9 @@ class CompareConfig:
             gravac modes' compression options (as :class:`gravac.GravacOptimizer` takes them);
             a study's variants (:class:`gravac.compare.study.Variant`) replace the first four
             in each of their jobs' configurations.
+        engine_options: more keyword options of the gravac modes' optimizer or hook state, of
+            :data:`gravac.compare.modes.ENGINE_OPTIONS` (``{"error_feedback": false}``); a
+            study's variants replace them too.
         overlap: the gravac mode's ``overlap`` option, where its optimizer has one.
         bucket_view: DDP's ``gradient_as_bucket_view`` in every mode that runs DDP (the
             gradients are views of DDP's buckets: no copy of a bucket's result into them
@@ -117,6 +120,7 @@ class CompareConfig:
     compressor_options: dict[str, Any] = field(default_factory=dict)
     policy: str = "exponential"
     policy_options: dict[str, Any] = field(default_factory=dict)
+    engine_options: dict[str, Any] = field(default_factory=dict)
     theta_min: float = ControllerConfig.theta_min
     theta_max: float = ControllerConfig.theta_max
     overlap: bool = True
@@ -159,6 +163,7 @@ class CompareConfig:
         for option, value in (
             ("--compressor-options", self.compressor_options),
             ("--policy-options", self.policy_options),
+            ("--engine-options", self.engine_options),
         ):
             if not isinstance(value, dict):
                 raise ValueError(f"{option} must be a JSON object, got {value!r}")

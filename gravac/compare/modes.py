@@ -61,17 +61,21 @@ from gravac.compare.workloads import parameter_count
 from gravac.controller import ControllerConfig
 from gravac.ddp import GravacHookState, gravac_hook
 from gravac.optimizer import GravacOptimizer, broadcast_parameters
+from gravac.options import build_engine
 
 if TYPE_CHECKING:
     from gravac.compare.config import CompareConfig
+    from gravac.engine import Engine
 
 __all__ = [
+    "ENGINE_OPTIONS",
     "FLOAT16_BYTES",
     "FLOAT32_BYTES",
     "MODES",
     "Mode",
     "Session",
     "StepFigures",
+    "check_engine_options",
     "check_registered",
     "get",
     "names",
@@ -84,9 +88,19 @@ FLOAT16_BYTES = 2
 _MIB = 2**20
 #: seed of PowerSGD's random initial factors (torch's default), the same on every rank
 POWERSGD_SEED = 0
+#: the optimizer's options a configuration or a variant may set beside the compressor, the
+#: policy and the CF range (the controller's, error feedback, what a non-finite gradient does)
+ENGINE_OPTIONS = (
+    "error_feedback",
+    "epsilon",
+    "omega",
+    "window",
+    "warmup_steps",
+    "ewma_alpha",
+    "nonfinite",
+)
 
 
-#: where the ``gravac-ddp`` mode's hook lives
 @dataclass(frozen=True)
 class StepFigures:
     """What a mode knows of one step on this rank.
@@ -161,8 +175,25 @@ def check_registered(
         raise ValueError(f"{options_option} {options} do not fit {name!r}: {exc}") from None
 
 
+def check_engine_options(options: dict[str, Any], gravac: dict[str, Any], *, option: str) -> None:
+    """Reject engine options (``option`` names where they were given) that are not of
+    :data:`ENGINE_OPTIONS` or that the optimizer refuses beside ``gravac``, the compressor and
+    policy options they go with (the optimizer's own checks, on one rank, no process group)."""
+    if not options:
+        return
+    unknown = sorted(set(options) - set(ENGINE_OPTIONS))
+    if unknown:
+        raise ValueError(
+            f"{option} {options} has no option {unknown[0]!r}; allowed: {list(ENGINE_OPTIONS)}"
+        )
+    try:
+        build_engine(None, **gravac, **options)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{option} {options} do not fit: {exc}") from None
+
+
 def _check_gravac_options(cfg: CompareConfig) -> None:
-    """Reject compressor, policy and CF-range options before any worker starts."""
+    """Reject compressor, policy, engine and CF-range options before any worker starts."""
     for option, registry, name, kwargs in (
         ("--compressor-options", compressors, cfg.compressor, cfg.compressor_options),
         ("--policy-options", policies, cfg.policy, cfg.policy_options),
@@ -178,6 +209,7 @@ def _check_gravac_options(cfg: CompareConfig) -> None:
         ControllerConfig(theta_min=cfg.theta_min, theta_max=cfg.theta_max)
     except ValueError as exc:
         raise ValueError(f"--{str(exc).replace('_', '-')}") from None
+    check_engine_options(cfg.engine_options, _gravac_options(cfg), option="--engine-options")
 
 
 class Mode(ABC):
@@ -307,7 +339,7 @@ class DdpPowerSgdMode(Mode):
 
 def _gravac_options(cfg: CompareConfig) -> dict[str, Any]:
     """The keyword options GravacOptimizer and GravacHookState share (batch size per rank:
-    gravac's throughput is in samples/s)."""
+    gravac's throughput is in samples/s), without the engine options."""
     return {
         "compressor": cfg.compressor,
         "compressor_options": cfg.compressor_options or None,
@@ -334,12 +366,17 @@ def _figures(record: Any) -> StepFigures:
     )
 
 
+def _memory(engine: Engine) -> str:
+    """The error-feedback memory the engine keeps (``NoMemory``: none)."""
+    return type(engine.memory).__name__
+
+
 class _GravacSession(Session):
     def __init__(self, model: nn.Module, cfg: CompareConfig) -> None:
         broadcast_parameters(model)
         self._overlap = cfg.overlap
         self.module = model
-        options = _gravac_options(cfg)
+        options = {**_gravac_options(cfg), **cfg.engine_options}
         self._gravac = GravacOptimizer(_sgd(model, cfg), overlap=cfg.overlap, **options)
         self.optimizer = self._gravac
 
@@ -347,7 +384,7 @@ class _GravacSession(Session):
         return _figures(self._gravac.last_record)
 
     def options(self) -> dict[str, Any]:
-        return {"overlap": self._overlap}
+        return {"overlap": self._overlap, "memory": _memory(self._gravac.engine)}
 
     def close(self) -> None:
         self._gravac.close()
@@ -369,13 +406,18 @@ class GravacMode(Mode):
 class _GravacDdpSession(Session):
     def __init__(self, model: nn.Module, cfg: CompareConfig) -> None:
         self.module = _ddp(model, cfg)
-        self.state = GravacHookState(process_group=None, **_gravac_options(cfg))
+        self.state = GravacHookState(
+            process_group=None, **_gravac_options(cfg), **cfg.engine_options
+        )
         self.module.register_comm_hook(self.state, gravac_hook)
         self.optimizer = _sgd(model, cfg)
         self.state.watch(self.optimizer)  # learning-rate decays reach the accordion policy
 
     def after_step(self) -> StepFigures:
         return _figures(self.state.engine.last_record)
+
+    def options(self) -> dict[str, Any]:
+        return {"memory": _memory(self.state.engine)}
 
 
 class GravacDdpMode(Mode):

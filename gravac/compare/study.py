@@ -1,14 +1,18 @@
 """What a ``gravac compare`` study runs: every mode, gravac variant and seed, one job each.
 
 A :class:`Variant` is one labelled gravac configuration: a compressor and a scaling policy with
-their options (what :class:`gravac.GravacOptimizer` takes). On the command line a variant is
-written (:func:`parse_variant`)::
+their options, and optionally more of the optimizer's options (what
+:class:`gravac.GravacOptimizer` takes; :data:`gravac.compare.modes.ENGINE_OPTIONS`). On the
+command line a variant is written (:func:`parse_variant`)::
 
-    [LABEL=]COMPRESSOR[{JSON options}]:POLICY[{JSON options}]
+    [LABEL=]COMPRESSOR[{JSON options}]:POLICY[{JSON options}][:{JSON engine options}]
 
     cf100=topk:fixed{"cf": 100}        Top-k at a static CF of 100, labelled cf100
     topk:exponential                   labelled topk-exponential
     thc{"bits": 4}:geometric           labelled thc-bits4-geometric
+    fp16:fixed{"cf": 2}:{"error_feedback": false}
+                                       without error feedback, labelled
+                                       fp16-fixed-cf2-error_feedbackFalse
 
 A label, when not given, is the compressor and the policy with their options' names and values
 (``topk-fixed-cf100``); labels are letters, digits and ``_ . + -``, so that they read in the
@@ -57,7 +61,7 @@ _LABEL_FILLER = "_"
 #: a compressor or policy name, as the registries spell them
 _NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]+")
 #: the ``--variant`` syntax, for messages and ``--help``
-_SPEC_SYNTAX = "COMPRESSOR[{JSON}]:POLICY[{JSON}]"
+_SPEC_SYNTAX = "COMPRESSOR[{JSON}]:POLICY[{JSON}][:{JSON}]"
 VARIANT_SYNTAX = f"[LABEL=]{_SPEC_SYNTAX}"
 #: an example of it, for messages
 _VARIANT_EXAMPLE = """cf100=topk:fixed{"cf": 100}"""
@@ -75,6 +79,8 @@ class Variant:
         label: names the variant in the table, the CSV, the JSON and the plots.
         compressor, compressor_options: a name in :mod:`gravac.compressors` and its options.
         policy, policy_options: a name in :mod:`gravac.policies` and its options.
+        engine_options: the optimizer's options of
+            :data:`gravac.compare.modes.ENGINE_OPTIONS` (the configuration's replaced).
 
     Raises:
         ValueError: an unknown name, options that do not fit, or a label outside
@@ -87,6 +93,7 @@ class Variant:
     policy: str
     compressor_options: dict[str, Any] = field(default_factory=dict)
     policy_options: dict[str, Any] = field(default_factory=dict)
+    engine_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.label, str) or not LABEL_PATTERN.fullmatch(self.label):
@@ -103,6 +110,15 @@ class Variant:
             modes.check_registered(
                 registry, name, options, name_option=part, options_option=f"{part} options"
             )
+        if not isinstance(self.engine_options, dict):
+            raise ValueError(f"engine options must be a JSON object, got {self.engine_options!r}")
+        gravac = {
+            "compressor": self.compressor,
+            "compressor_options": self.compressor_options,
+            "policy": self.policy,
+            "policy_options": self.policy_options,
+        }
+        modes.check_engine_options(self.engine_options, gravac, option="engine options")
 
     @staticmethod
     def default_label(
@@ -110,12 +126,13 @@ class Variant:
         policy: str,
         compressor_options: dict[str, Any],
         policy_options: dict[str, Any],
+        engine_options: dict[str, Any] | None = None,
     ) -> str:
-        """``compressor[-key value...]-policy[-key value...]``, e.g. ``topk-fixed-cf100``
-        (characters a label may not hold become ``_``)."""
+        """``compressor[-key value...]-policy[-key value...][-key value...]``, e.g.
+        ``topk-fixed-cf100`` (characters a label may not hold become ``_``)."""
         label = (
             f"{compressor}{_options_label(compressor_options)}-"
-            f"{policy}{_options_label(policy_options)}"
+            f"{policy}{_options_label(policy_options)}{_options_label(engine_options or {})}"
         )
         return re.sub(f"[^{_LABEL_CHARS}]+", _LABEL_FILLER, label)
 
@@ -124,12 +141,17 @@ class Variant:
         """The single variant of ``cfg``'s own compression options, labelled by default."""
         return cls(
             label=cls.default_label(
-                cfg.compressor, cfg.policy, cfg.compressor_options, cfg.policy_options
+                cfg.compressor,
+                cfg.policy,
+                cfg.compressor_options,
+                cfg.policy_options,
+                cfg.engine_options,
             ),
             compressor=cfg.compressor,
             policy=cfg.policy,
             compressor_options=dict(cfg.compressor_options),
             policy_options=dict(cfg.policy_options),
+            engine_options=dict(cfg.engine_options),
         )
 
     @property
@@ -140,16 +162,19 @@ class Variant:
             return name + (json.dumps(options) if options else "")
 
         compressor = part(self.compressor, self.compressor_options)
-        return f"{self.label}={compressor}:{part(self.policy, self.policy_options)}"
+        engine = f":{json.dumps(self.engine_options)}" if self.engine_options else ""
+        return f"{self.label}={compressor}:{part(self.policy, self.policy_options)}{engine}"
 
     def apply(self, cfg: CompareConfig) -> CompareConfig:
-        """``cfg`` with this variant's compressor and policy (checked again)."""
+        """``cfg`` with this variant's compressor, policy and engine options (checked
+        again)."""
         return replace(
             cfg,
             compressor=self.compressor,
             compressor_options=dict(self.compressor_options),
             policy=self.policy,
             policy_options=dict(self.policy_options),
+            engine_options=dict(self.engine_options),
         )
 
 
@@ -168,14 +193,20 @@ def _name_and_options(text: str, whole: str, part: str) -> tuple[str, dict[str, 
     if match is None:
         raise _syntax_error(whole, f"no {part} name")
     name, rest = match.group(), text[match.end() :].lstrip()
-    options: dict[str, Any] = {}
-    if rest.startswith("{"):  # what decodes from "{" is an object
-        try:
-            options, end = json.JSONDecoder().raw_decode(rest)
-        except ValueError as exc:
-            raise _syntax_error(whole, f"the {part} options are not JSON ({exc})") from None
-        rest = rest[end:].lstrip()
+    options, rest = _options(rest, whole, part)
     return name, options, rest
+
+
+def _options(text: str, whole: str, part: str) -> tuple[dict[str, Any], str]:
+    """The ``{JSON}`` options at the start of ``text`` (none: ``{}``) and the rest of it
+    (``whole``: the ``--variant`` value, for messages)."""
+    if not text.startswith("{"):
+        return {}, text
+    try:  # what decodes from "{" is an object
+        options, end = json.JSONDecoder().raw_decode(text)
+    except ValueError as exc:
+        raise _syntax_error(whole, f"the {part} options are not JSON ({exc})") from None
+    return options, text[end:].lstrip()
 
 
 def parse_variant(text: str) -> Variant:
@@ -191,12 +222,22 @@ def parse_variant(text: str) -> Variant:
     if not rest.startswith(":"):
         raise _syntax_error(text, "expected ':' and a policy after the compressor")
     policy, policy_options, rest = _name_and_options(rest[1:], text, "policy")
+    engine_options: dict[str, Any] = {}
+    if rest.startswith(":"):
+        rest = rest[1:].lstrip()
+        if not rest.startswith("{"):
+            raise _syntax_error(text, f"expected {{JSON}} engine options after ':', got {rest!r}")
+        engine_options, rest = _options(rest, text, "engine")
     if rest:
         raise _syntax_error(text, f"unexpected {rest!r} after the policy")
     if label is None:
-        label = Variant.default_label(compressor, policy, compressor_options, policy_options)
+        label = Variant.default_label(
+            compressor, policy, compressor_options, policy_options, engine_options
+        )
     try:
-        return Variant(label, compressor, policy, compressor_options, policy_options)
+        return Variant(
+            label, compressor, policy, compressor_options, policy_options, engine_options
+        )
     except ValueError as exc:
         raise ValueError(f"--variant {text!r}: {exc}") from None
 
@@ -308,6 +349,7 @@ class Study:
                     "compressor_options": v.compressor_options,
                     "policy": v.policy,
                     "policy_options": v.policy_options,
+                    "engine_options": v.engine_options,
                     "spec": v.spec,
                 }
                 for v in self.variants

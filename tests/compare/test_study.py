@@ -24,6 +24,22 @@ from gravac.compare.study import Study, Variant, parse_seeds, parse_variant
             'x=powersgd:exponential{"ratio": 4}',
             Variant("x", "powersgd", "exponential", {}, {"ratio": 4}),
         ),
+        (
+            'fp16:fixed{"cf": 2}:{"error_feedback": false}',
+            Variant(
+                "fp16-fixed-cf2-error_feedbackFalse",
+                "fp16",
+                "fixed",
+                {},
+                {"cf": 2},
+                {"error_feedback": False},
+            ),
+        ),
+        (
+            'e=topk:exponential : { "epsilon": 0.3, "window": 10 }',
+            Variant("e", "topk", "exponential", {}, {}, {"epsilon": 0.3, "window": 10}),
+        ),
+        ("topk:exponential:{}", Variant("topk-exponential", "topk", "exponential")),
     ],
 )
 def test_parse_variant_reads_label_names_and_options(text: str, variant: Variant) -> None:
@@ -55,7 +71,15 @@ def test_an_unlabelled_variant_with_odd_options_gets_a_label_it_may_hold() -> No
         ("topk:fixed{cf: 100}", "the policy options are not JSON"),
         ("topk[1]:fixed", "expected ':'"),
         ("topk:fixed[1]", "unexpected '[1]' after the policy"),
-        ("topk:exponential:geometric", "unexpected ':geometric'"),
+        ("topk:exponential:geometric", "expected {JSON} engine options after ':', got 'geometric'"),
+        ('topk:exponential:{"speed": 1}', "engine options {'speed': 1} has no option 'speed'"),
+        (
+            'topk:exponential:{"error_feedback": "no"}',
+            "error_feedback must be True or False, got 'no'",
+        ),
+        ('topk:exponential:{"epsilon": 2}', "epsilon must be a number in [0, 1], got 2"),
+        ("topk:exponential:{epsilon: 1}", "the engine options are not JSON"),
+        ('topk:exponential:{"window": 5} x', "unexpected 'x' after the policy"),
         ('topk:exponential{"speed": 1}', "has no option 'speed'"),
         ('topk:fixed{"cf": 0.5}', "cf must be a finite number >= 1"),
         ("a|b=topk:exponential", "label 'a|b' must be letters, digits and _ . + - only"),
@@ -155,7 +179,10 @@ def test_variants_need_a_gravac_mode() -> None:
 
 
 def test_study_lists_its_variants_as_written() -> None:
-    variants = (parse_variant('cf100=topk:fixed{"cf": 100}'),)
+    variants = (
+        parse_variant('cf100=topk:fixed{"cf": 100}'),
+        parse_variant('noef=fp16:fixed{"cf": 2}:{"error_feedback": false}'),
+    )
     listed = Study(CompareConfig(modes=("gravac",)), variants, (0, 1)).to_dict()
     assert listed["seeds"] == [0, 1]
     assert listed["variants"] == [
@@ -165,6 +192,46 @@ def test_study_lists_its_variants_as_written() -> None:
             "compressor_options": {},
             "policy": "fixed",
             "policy_options": {"cf": 100},
+            "engine_options": {},
             "spec": 'cf100=topk:fixed{"cf": 100}',
-        }
+        },
+        {
+            "label": "noef",
+            "compressor": "fp16",
+            "compressor_options": {},
+            "policy": "fixed",
+            "policy_options": {"cf": 2},
+            "engine_options": {"error_feedback": False},
+            "spec": 'noef=fp16:fixed{"cf": 2}:{"error_feedback": false}',
+        },
     ]
+
+
+def test_a_variant_s_engine_options_replace_the_configuration_s_in_its_jobs() -> None:
+    cfg = CompareConfig(modes=("gravac",), engine_options={"window": 5})
+    variants = (
+        parse_variant("topk:exponential"),
+        parse_variant('e=topk:exponential:{"epsilon": 0.3}'),
+    )
+    jobs = Study(cfg, variants).jobs()
+    assert [j.config.engine_options for j in jobs] == [{}, {"epsilon": 0.3}]
+    # without variants, the configuration's own are the one variant's
+    (job,) = Study(cfg).jobs()
+    assert job.config.engine_options == {"window": 5}
+    assert job.variant is not None and job.variant.label == "topk-exponential-window5"
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"speed": 1}, "--engine-options {'speed': 1} has no option 'speed'"),
+        ({"nonfinite": "ignore"}, "nonfinite must be one of ('skip', 'raise'), got 'ignore'"),
+        ({"window": 0}, "window must be"),
+    ],
+)
+def test_engine_options_of_the_configuration_are_checked_before_any_worker(
+    options: dict[str, object], says: str
+) -> None:
+    with pytest.raises(ValueError) as exc:
+        CompareConfig(modes=("gravac",), engine_options=options)
+    assert says in str(exc.value)

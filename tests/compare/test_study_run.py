@@ -20,8 +20,9 @@ from gravac.compare import plots
 
 pytestmark = pytest.mark.slow
 
-#: a static CF, and an adaptive policy; 30 steps take the exponential search past its warm-up
-VARIANTS = ('cf10=topk:fixed{"cf": 10}', "topk:exponential")
+#: a static CF without error feedback, and an adaptive policy; 30 steps take the exponential
+#: search past its warm-up
+VARIANTS = ('cf10=topk:fixed{"cf": 10}:{"error_feedback": false}', "topk:exponential")
 LABELS = ["cf10", "topk-exponential"]
 SEEDS = [0, 1]
 STEPS = 30
@@ -68,8 +69,10 @@ def test_the_cf_sent_is_the_variant_s_and_every_rank_sent_the_same(
         assert r["ranks_agree"] is True, f"{r['variant']} seed {r['seed']}"
         if r["variant"] == "cf10":
             assert r["cf_sent_by_step"] == [10.0] * STEPS
+            assert r["options"]["memory"] == "NoMemory"  # the variant's engine options
         else:
             assert all(THETA_MIN <= cf <= THETA_MAX for cf in r["cf_sent_by_step"])
+            assert r["options"]["memory"] == "ResidualMemory"
     assert all(a["ranks_agree"] is True for a in summary["aggregates"])
 
 

@@ -14,7 +14,7 @@ from gravac.options import build_engine
 from gravac.shadow_search import ShadowController
 from gravac.trial import MIN_WARMUP_STEPS, TrialController, link_seconds
 from tests.helpers import Records, train_square, windowed_optimizer
-from tests.test_trial import COMPUTE_BOUND, MODERATE, SLOW, WINDOW, Link, windows
+from tests.test_trial import COMPUTE_BOUND, MODERATE, OMEGA, SLOW, WINDOW, Link, windows
 
 EXPONENTIAL_LADDER = (10.0, 20.0, 40.0, 160.0, 1000.0)
 
@@ -24,7 +24,11 @@ def make(
 ) -> ShadowController:
     """A search by shadow (``progress``: the policy option)."""
     cfg = ControllerConfig(
-        theta_min=10.0, window=WINDOW, warmup_steps=warmup, ewma_alpha=1.0, **config
+        theta_min=10.0,
+        window=WINDOW,
+        warmup_steps=warmup,
+        ewma_alpha=1.0,
+        **{"omega": OMEGA, **config},
     )
     policy_ = policies.create(policy, search="shadow", progress=progress)
     c = policy_.make_controller(cfg, 2, snap=lambda cf: cf)

@@ -28,6 +28,8 @@ from gravac.window import (
 )
 
 WINDOW = 3
+#: the tolerance the scripted sequences below are written for (the default was 0.05)
+OMEGA = 0.05
 #: the search these tests are about (the default, "auto", takes the shadow for Top-k)
 TRIAL = {"search": "trial"}
 
@@ -37,7 +39,11 @@ def make(
 ) -> TrialController:
     """A search by trial (``progress``: the policy option)."""
     cfg = ControllerConfig(
-        theta_min=10.0, window=WINDOW, warmup_steps=warmup, ewma_alpha=1.0, **config
+        theta_min=10.0,
+        window=WINDOW,
+        warmup_steps=warmup,
+        ewma_alpha=1.0,
+        **{"omega": OMEGA, **config},
     )
     policy_ = policies.create(policy, progress=progress)
     c = policy_.make_controller(cfg, 2, snap=lambda cf: cf)

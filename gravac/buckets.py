@@ -34,6 +34,7 @@ __all__ = [
     "Layout",
     "Run",
     "build_layout",
+    "check_bytes",
     "check_real",
     "gather_grads",
     "join_flat",
@@ -161,6 +162,16 @@ def check_real(params: Sequence[Tensor]) -> None:
                 "compressors work on real tensors, and casting would drop the imaginary part; "
                 "keep the real and imaginary parts as two real parameters instead"
             )
+
+
+def check_bytes(name: str, value: object, *, optional: bool = False) -> None:
+    """Raise ``ValueError`` naming the option ``name`` unless ``value`` is an integer >= 0
+    (or ``None``, where ``optional``)."""
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        allowed = "an integer >= 0" + (" or None" if optional else "")
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
 
 
 def build_layout(params: Sequence[Tensor], *, bucket_bytes: int, dense_bytes: int) -> Layout:

@@ -35,6 +35,7 @@ from gravac.buckets import (
     Layout,
     Run,
     build_layout,
+    check_bytes,
     check_real,
     gather_grads,
     join_flat,
@@ -93,9 +94,11 @@ class GravacOptimizer(torch.optim.Optimizer):
         error_feedback: keep residuals of what was not sent (default) or drop them.
         process_group: the group to communicate in (``None``: the default group, or a single
             worker when ``torch.distributed`` is not initialised).
-        bucket_bytes: largest compressed bucket (DDP's 25 MiB by default; the first one, of
-            the last layers, at most 1 MiB as DDP's). A tensor larger than this is split by
-            rows across buckets of its own, each compressed and sent on its own
+        bucket_bytes: largest compressed bucket; ``None`` (default): the compressor's
+            (:attr:`gravac.compressors.Compressor.bucket_bytes`: 2 MiB for the 16-bit casts,
+            whose pieces pipeline the cast with the wire), else DDP's 25 MiB. The first
+            bucket, of the last layers, is at most 1 MiB, as DDP's. A tensor larger than this
+            is split by rows across buckets of its own, each compressed and sent on its own
             (:mod:`gravac.buckets`).
         dense_bytes: tensors smaller than this, and every 1-D tensor, travel dense (default 0:
             every tensor of 2 or more dimensions is packed into a bucket and compressed).
@@ -136,7 +139,7 @@ class GravacOptimizer(torch.optim.Optimizer):
         policy_options: dict[str, Any] | None = None,
         error_feedback: bool = True,
         process_group: dist.ProcessGroup | None = None,
-        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        bucket_bytes: int | None = None,
         dense_bytes: int = DEFAULT_DENSE_BYTES,
         batch_size: int | None = None,
         nonfinite: str = "skip",
@@ -160,9 +163,8 @@ class GravacOptimizer(torch.optim.Optimizer):
             )
         if not isinstance(overlap, bool):
             raise ValueError(f"overlap must be True or False, got {overlap!r}")
-        for name, value in (("bucket_bytes", bucket_bytes), ("dense_bytes", dense_bytes)):
-            if not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        check_bytes("bucket_bytes", bucket_bytes, optional=True)
+        check_bytes("dense_bytes", dense_bytes)
         self.engine: Engine = build_engine(
             process_group,
             compressor=compressor,
@@ -187,7 +189,11 @@ class GravacOptimizer(torch.optim.Optimizer):
         super().__init__([{"params": params}], {})
         # From here on param_groups, state and defaults are the wrapped optimizer's own objects.
         self.optimizer = optimizer
-        self.bucket_bytes = bucket_bytes
+        self.bucket_bytes = (
+            bucket_bytes
+            if bucket_bytes is not None
+            else self.engine.compressor.bucket_bytes or DEFAULT_BUCKET_BYTES
+        )
         self.dense_bytes = dense_bytes
         self.sync_buffers = sync_buffers
         self.overlap = overlap
@@ -360,9 +366,10 @@ class GravacOptimizer(torch.optim.Optimizer):
         if layout is not None and layout != self._layout_shapes():
             raise ValueError(
                 f"the checkpoint's bucket layout {layout} differs from this optimizer's "
-                f"{self._layout_shapes()} (other parameters, bucket_bytes or dense_bytes, or "
-                "a checkpoint from before tensors larger than bucket_bytes were split across "
-                "buckets): its residuals do not apply"
+                f"{self._layout_shapes()} (other parameters, bucket_bytes or dense_bytes; a "
+                "checkpoint from before tensors larger than bucket_bytes were split across "
+                "buckets; or one of fp16 or bf16 from before their buckets became 2 MiB: "
+                f"bucket_bytes={DEFAULT_BUCKET_BYTES} loads it): its residuals do not apply"
             )
 
     def _load(self, state_dict: dict[str, Any]) -> None:

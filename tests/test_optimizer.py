@@ -11,6 +11,7 @@ from torch import nn
 
 from gravac import GravacOptimizer, TensorBoardMonitor
 from gravac.buckets import DEFAULT_BUCKET_BYTES, join_flat
+from gravac.compressors.dense import CAST_BUCKET_BYTES
 from gravac.controller import cf_key
 from gravac.memory import NoMemory, ResidualMemory
 from tests.helpers import batch, counter_clock, tiny_model, train_step
@@ -295,13 +296,33 @@ def test_tensorboard_event_file_holds_the_tags(
         ({"policy": "nope"}, "unknown policy"),
         ({"nonfinite": "ignore"}, "nonfinite"),
         ({"theta_min": 0.1}, "theta_min"),
-        ({"bucket_bytes": -1}, "bucket_bytes"),
+        ({"bucket_bytes": -1}, "bucket_bytes must be an integer >= 0 or None, got -1"),
+        ({"bucket_bytes": True}, "bucket_bytes must be an integer >= 0 or None, got True"),
+        ({"dense_bytes": None}, "dense_bytes must be an integer >= 0, got None"),
         ({"batch_size": 0}, "batch_size"),
     ],
 )
 def test_bad_arguments_raise(kw: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         make(tiny_model(), **kw)
+
+
+@pytest.mark.parametrize(
+    ("compressor", "bucket_bytes"),
+    [("fp16", CAST_BUCKET_BYTES), ("bf16", CAST_BUCKET_BYTES), ("topk", DEFAULT_BUCKET_BYTES)],
+)
+def test_the_bucket_size_is_the_compressor_s_unless_given(
+    compressor: str, bucket_bytes: int
+) -> None:
+    # a 3 MiB matrix: two pieces in the casts' 2 MiB buckets, one bucket in DDP's 25 MiB
+    model = nn.Linear(768, 1024, bias=False)
+    opt = make(model, compressor=compressor, policy="fixed", policy_options={"cf": 2})
+    assert opt.bucket_bytes == bucket_bytes
+    assert len(opt._fresh_layout().compressed) == (2 if bucket_bytes == CAST_BUCKET_BYTES else 1)
+    given = make(model, compressor=compressor, policy="fixed", policy_options={"cf": 2},
+                 bucket_bytes=DEFAULT_BUCKET_BYTES)  # fmt: skip
+    assert given.bucket_bytes == DEFAULT_BUCKET_BYTES
+    assert len(given._fresh_layout().compressed) == 1
 
 
 def test_wrapping_a_non_optimizer_raises() -> None:

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from gravac import GravacOptimizer, broadcast_parameters
+from gravac.buckets import DEFAULT_BUCKET_BYTES
 from gravac.controller import cf_key
 from gravac.launch import free_port, spawn_workers
 from tests.helpers import batch, counter_clock, tiny_model, train_step
@@ -527,6 +528,26 @@ def test_a_mismatched_checkpoint_is_refused_and_changes_nothing(
     assert after["gravac"]["steps"] == before["gravac"]["steps"]
     assert after["gravac"]["controller"] == before["gravac"]["controller"]
     assert after["optimizer"]["param_groups"] == before["optimizer"]["param_groups"]
+
+
+def test_a_16_bit_checkpoint_in_ddp_s_buckets_is_refused_naming_the_size_that_loads_it() -> None:
+    # saved in 25 MiB buckets (the casts' default before CAST_BUCKET_BYTES): a 3 MiB matrix is
+    # one bucket there and two pieces in the default 2 MiB now
+    fp16 = {"compressor": "fp16", "policy": "fixed", "policy_options": {"cf": 2}}
+    opts = []
+    for kw in ({"bucket_bytes": DEFAULT_BUCKET_BYTES}, {}, {"bucket_bytes": DEFAULT_BUCKET_BYTES}):
+        model = nn.Linear(768, 1024, bias=False)
+        opt = make(model, **fp16, **kw)
+        model(torch.randn(4, 768)).square().sum().backward()
+        opt.step()
+        opts.append(opt)
+    saved, default, given = opts
+    with pytest.raises(ValueError, match=f"bucket_bytes={DEFAULT_BUCKET_BYTES} loads it"):
+        default.load_state_dict(saved.state_dict())
+    given.load_state_dict(saved.state_dict())
+    (residual,) = saved.state_dict()["gravac"]["memory"]["residuals"].values()
+    (loaded,) = given.state_dict()["gravac"]["memory"]["residuals"].values()
+    assert residual.abs().sum() > 0 and torch.equal(loaded, residual)
 
 
 def test_the_searches_by_trial_and_shadow_load_each_others_checkpoints() -> None:

@@ -57,6 +57,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 from torch.nn.parallel import DistributedDataParallel
 
 from gravac import compressors, policies
+from gravac.buckets import check_bytes
 from gravac.compare.workloads import parameter_count
 from gravac.controller import ControllerConfig
 from gravac.ddp import GravacHookState, gravac_hook
@@ -89,7 +90,8 @@ _MIB = 2**20
 #: seed of PowerSGD's random initial factors (torch's default), the same on every rank
 POWERSGD_SEED = 0
 #: the optimizer's options a configuration or a variant may set beside the compressor, the
-#: policy and the CF range (the controller's, error feedback, what a non-finite gradient does)
+#: policy and the CF range (the controller's, error feedback, what a non-finite gradient does,
+#: the bucket size: the gravac-ddp mode's DDP takes it as its ``bucket_cap_mb``)
 ENGINE_OPTIONS = (
     "error_feedback",
     "epsilon",
@@ -98,7 +100,10 @@ ENGINE_OPTIONS = (
     "warmup_steps",
     "ewma_alpha",
     "nonfinite",
+    "bucket_bytes",
 )
+#: the one option of ENGINE_OPTIONS that the optimizer takes and the engine does not
+_BUCKET_BYTES = "bucket_bytes"
 
 
 @dataclass(frozen=True)
@@ -186,8 +191,10 @@ def check_engine_options(options: dict[str, Any], gravac: dict[str, Any], *, opt
         raise ValueError(
             f"{option} {options} has no option {unknown[0]!r}; allowed: {list(ENGINE_OPTIONS)}"
         )
+    engine = dict(options)
     try:
-        build_engine(None, **gravac, **options)
+        check_bytes(_BUCKET_BYTES, engine.pop(_BUCKET_BYTES, None), optional=True)
+        build_engine(None, **gravac, **engine)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{option} {options} do not fit: {exc}") from None
 
@@ -384,7 +391,11 @@ class _GravacSession(Session):
         return _figures(self._gravac.last_record)
 
     def options(self) -> dict[str, Any]:
-        return {"overlap": self._overlap, "memory": _memory(self._gravac.engine)}
+        return {
+            "overlap": self._overlap,
+            "memory": _memory(self._gravac.engine),
+            "bucket_bytes": self._gravac.bucket_bytes,
+        }
 
     def close(self) -> None:
         self._gravac.close()
@@ -405,10 +416,12 @@ class GravacMode(Mode):
 
 class _GravacDdpSession(Session):
     def __init__(self, model: nn.Module, cfg: CompareConfig) -> None:
-        self.module = _ddp(model, cfg)
-        self.state = GravacHookState(
-            process_group=None, **_gravac_options(cfg), **cfg.engine_options
-        )
+        options = dict(cfg.engine_options)
+        bucket_bytes = options.pop(_BUCKET_BYTES, None)
+        ddp = {} if bucket_bytes is None else {"bucket_cap_mb": bucket_bytes / _MIB}
+        self.module = _ddp(model, cfg, **ddp)
+        self._bucket_bytes = bucket_bytes
+        self.state = GravacHookState(process_group=None, **_gravac_options(cfg), **options)
         self.module.register_comm_hook(self.state, gravac_hook)
         self.optimizer = _sgd(model, cfg)
         self.state.watch(self.optimizer)  # learning-rate decays reach the accordion policy
@@ -417,7 +430,7 @@ class _GravacDdpSession(Session):
         return _figures(self.state.engine.last_record)
 
     def options(self) -> dict[str, Any]:
-        return {"memory": _memory(self.state.engine)}
+        return {"memory": _memory(self.state.engine), "bucket_bytes": self._bucket_bytes}
 
 
 class GravacDdpMode(Mode):

@@ -18,6 +18,11 @@ Under error feedback ``m`` is the previous step's, agreed beside that step's sca
 in flight; the scale then leaves room for ``m`` to grow 16 times, and what a larger jump clamps
 stays in the residual, sent at the next step.
 
+The optimizer packs them into buckets of :data:`CAST_BUCKET_BYTES` unless told otherwise
+(:attr:`Compressor.bucket_bytes`): a cast costs about the same per element in a piece as in a
+whole layer, so pieces pipeline the cast with the wire at little cost (the DDP comm hook casts
+DDP's buckets as they come).
+
 The cast, its inverse and the residual update run as one chunked pass each on the CPU
 (:mod:`gravac.kernels.cast`, bit-identical to the whole-tensor references), into payload and
 output buffers reused once the caller holds none of them (:class:`gravac.kernels.buffers.
@@ -51,7 +56,13 @@ from gravac.kernels.buffers import BufferPool
 from gravac.kernels.cast import scaled_widen, sub_scaled_
 from gravac.memory import Memory, NoMemory
 
-__all__ = ["BF16Compressor", "DensePayload", "FP16Compressor", "NoneCompressor"]
+__all__ = [
+    "CAST_BUCKET_BYTES",
+    "BF16Compressor",
+    "DensePayload",
+    "FP16Compressor",
+    "NoneCompressor",
+]
 
 #: Largest power-of-two shift: fp16's subnormals end at 2^-24 and float32's range at 2^127, so
 #: shifts beyond 2^+-64 only meet zeros or values that no longer fit float32.
@@ -63,6 +74,12 @@ _LAG_HEADROOM = 16.0
 #: ``N`` additions by at most a factor ``1 + u`` (``u`` the format's unit roundoff), stays under
 #: ``M`` while ``(1 + u)^N <= 2``: up to 1419 ranks in fp16, 177 in bf16
 _SUM_HEADROOM = 2.0
+#: the optimizer's default bucket for the casts: a large layer is cast and sent in pieces of
+#: 2 MiB, so the first piece is on the wire while the next is cast. On the VGG-style digits CNN
+#: at 1 Gbit/s (its 21 MB layer in 10 pieces) the step went from 1.09-1.12x PyTorch's fp16 hook
+#: in 25 MiB buckets to 0.99-1.03x (four runs); 1 MiB (the per-bucket work) and 4 MiB (a longer
+#: first cast) were slower (benchmarks/README.md, tenth measurement)
+CAST_BUCKET_BYTES = 2 * 2**20
 
 
 @dataclass(frozen=True)
@@ -127,6 +144,7 @@ class _HalfCompressor(Compressor):
     stats_op: ClassVar[StatsOp] = "max"
     stats_may_lag: ClassVar[bool] = True
     stats_show_nonfinite: ClassVar[bool] = True  # the largest magnitude: NaN or Inf with x
+    bucket_bytes: ClassVar[int | None] = CAST_BUCKET_BYTES
     wire_dtype: ClassVar[torch.dtype]
 
     def __init__(self, *, backend: str | None = None) -> None:

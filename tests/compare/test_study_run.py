@@ -15,14 +15,19 @@ from typing import Any
 
 import pytest
 
+from gravac.buckets import DEFAULT_BUCKET_BYTES
 from gravac.cli import main
 from gravac.compare import plots
 
 pytestmark = pytest.mark.slow
 
-#: a static CF without error feedback, and an adaptive policy; 30 steps take the exponential
-#: search past its warm-up
-VARIANTS = ('cf10=topk:fixed{"cf": 10}:{"error_feedback": false}', "topk:exponential")
+#: a static CF without error feedback in buckets of BUCKET_BYTES, and an adaptive policy;
+#: 30 steps take the exponential search past its warm-up
+BUCKET_BYTES = 4096
+VARIANTS = (
+    f'cf10=topk:fixed{{"cf": 10}}:{{"error_feedback": false, "bucket_bytes": {BUCKET_BYTES}}}',
+    "topk:exponential",
+)
 LABELS = ["cf10", "topk-exponential"]
 SEEDS = [0, 1]
 STEPS = 30
@@ -70,9 +75,11 @@ def test_the_cf_sent_is_the_variant_s_and_every_rank_sent_the_same(
         if r["variant"] == "cf10":
             assert r["cf_sent_by_step"] == [10.0] * STEPS
             assert r["options"]["memory"] == "NoMemory"  # the variant's engine options
+            assert r["options"]["bucket_bytes"] == BUCKET_BYTES
         else:
             assert all(THETA_MIN <= cf <= THETA_MAX for cf in r["cf_sent_by_step"])
             assert r["options"]["memory"] == "ResidualMemory"
+            assert r["options"]["bucket_bytes"] == DEFAULT_BUCKET_BYTES
     assert all(a["ranks_agree"] is True for a in summary["aggregates"])
 
 

@@ -7,6 +7,7 @@ import torch
 
 from gravac.compare import config, modes, netns, report, workloads
 from gravac.compare.config import CompareConfig
+from gravac.launch import spawn_workers
 
 #: parameters of the VGG-style workload: conv 1->64, conv 64->128 (3x3, biases), 8192->640,
 #: 640->10 (with biases)
@@ -167,3 +168,47 @@ def test_quick_defaults_are_consistent() -> None:
         eval_every=config.QUICK_EVAL_EVERY,
     )
     assert cfg.steps > cfg.timing_warmup
+
+
+def _bucket_sizes(rank: int, world_size: int, bucket_bytes: int | None) -> list[object]:
+    """The bucket size each gravac mode trains with, for ``bucket_bytes`` among the engine
+    options (``None``: not given), on the VGG-style CNN with the fp16 compressor."""
+    options = {} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}
+    cfg = CompareConfig(
+        modes=("gravac", "gravac-ddp"),
+        compressor="fp16",
+        policy="fixed",
+        policy_options={"cf": 2},
+        engine_options=options,
+    )
+    out: list[object] = []
+    for name in cfg.modes:
+        session = modes.get(name).open(workloads.get("vgg-digits").model(), cfg)
+        out.append(session.options()["bucket_bytes"])
+        if name == "gravac":
+            out.append(len(session.optimizer._fresh_layout().compressed))
+        else:
+            out.append(session.module.bucket_bytes_cap)
+        session.close()
+    return out
+
+
+@pytest.mark.parametrize(
+    ("bucket_bytes", "expected"),
+    [
+        # the cast's 2 MiB: the last layer (the first bucket), the 21 MB layer in 10 pieces,
+        # both convolutions in one; DDP keeps its 25 MiB
+        (None, [2 * 2**20, 12, None, 25 * 2**20]),
+        (2**24, [2**24, 4, 2**24, 2**24]),
+    ],
+    ids=["default", "given"],
+)
+def test_bucket_bytes_reaches_the_optimizer_and_the_hook_mode_s_ddp(
+    bucket_bytes: int | None, expected: list[object]
+) -> None:
+    assert spawn_workers(_bucket_sizes, 1, bucket_bytes, timeout=120)[0] == expected
+
+
+def test_engine_options_reject_a_negative_bucket_size_naming_it() -> None:
+    with pytest.raises(ValueError, match=r"bucket_bytes must be an integer >= 0 or None, got -1"):
+        modes.check_engine_options({"bucket_bytes": -1}, {}, option="--engine-options")

@@ -36,6 +36,7 @@ __all__ = [
     "build_layout",
     "check_bytes",
     "check_real",
+    "default_bucket_bytes",
     "gather_grads",
     "join_flat",
     "row_pieces",
@@ -51,6 +52,14 @@ FIRST_BUCKET_BYTES = 2**20
 #: tensors smaller than this travel dense; 0: every tensor of 2 or more dimensions is compressed
 #: (DESIGN.md 2)
 DEFAULT_DENSE_BYTES = 0
+#: a compressor's smaller preferred bucket (:attr:`gravac.compressors.Compressor.bucket_bytes`)
+#: grows so that the compressed gradient fills at most this many buckets: each costs a
+#: collective and the engine's per-bucket work. On ``mlp-digits`` (135 MB of gradient, fp16,
+#: 2 workers) at 1 Gbit/s the step was 0.96-1.01x PyTorch's fp16 hook's in 8.1 MiB buckets (a
+#: sixteenth), 0.98-1.07x in 2 MiB and 0.98-1.05x in 25 MiB; over loopback 2 MiB buckets (66)
+#: stepped 1.15-1.39x the time of 25 MiB ones (8), a sixteenth (18) 1.02-1.14x
+#: (benchmarks/README.md, tenth measurement)
+MAX_SMALL_BUCKETS = 16
 
 
 @dataclass(frozen=True)
@@ -162,6 +171,18 @@ def check_real(params: Sequence[Tensor]) -> None:
                 "compressors work on real tensors, and casting would drop the imaginary part; "
                 "keep the real and imaginary parts as two real parameters instead"
             )
+
+
+def default_bucket_bytes(preferred: int | None, params: Sequence[Tensor]) -> int:
+    """The largest compressed bucket when the caller chooses none: DDP's
+    :data:`DEFAULT_BUCKET_BYTES` where the compressor prefers no size (``preferred`` is
+    ``None``), else ``min(DEFAULT_BUCKET_BYTES, max(preferred, ceil(B / MAX_SMALL_BUCKETS)))``
+    for the ``B`` bytes of the tensors of 2 or more dimensions in ``params`` (those compressed
+    by default)."""
+    if preferred is None:
+        return DEFAULT_BUCKET_BYTES
+    total = sum(p.numel() * p.element_size() for p in params if p.dim() > 1)
+    return min(DEFAULT_BUCKET_BYTES, max(preferred, math.ceil(total / MAX_SMALL_BUCKETS)))
 
 
 def check_bytes(name: str, value: object, *, optional: bool = False) -> None:

@@ -37,6 +37,7 @@ from gravac.buckets import (
     build_layout,
     check_bytes,
     check_real,
+    default_bucket_bytes,
     gather_grads,
     join_flat,
     scatter_grads,
@@ -94,11 +95,13 @@ class GravacOptimizer(torch.optim.Optimizer):
         error_feedback: keep residuals of what was not sent (default) or drop them.
         process_group: the group to communicate in (``None``: the default group, or a single
             worker when ``torch.distributed`` is not initialised).
-        bucket_bytes: largest compressed bucket; ``None`` (default): the compressor's
-            (:attr:`gravac.compressors.Compressor.bucket_bytes`: 2 MiB for the 16-bit casts,
-            whose pieces pipeline the cast with the wire), else DDP's 25 MiB. The first
-            bucket, of the last layers, is at most 1 MiB, as DDP's. A tensor larger than this
-            is split by rows across buckets of its own, each compressed and sent on its own
+        bucket_bytes: largest compressed bucket; ``None`` (default): DDP's 25 MiB, or the
+            compressor's smaller size (:attr:`gravac.compressors.Compressor.bucket_bytes`:
+            2 MiB for the 16-bit casts, whose pieces pipeline the cast with the wire) raised
+            to a sixteenth of the compressed gradient's bytes
+            (:func:`gravac.buckets.default_bucket_bytes`). The first bucket, of the last
+            layers, is at most 1 MiB, as DDP's. A tensor larger than this is split by rows
+            across buckets of its own, each compressed and sent on its own
             (:mod:`gravac.buckets`).
         dense_bytes: tensors smaller than this, and every 1-D tensor, travel dense (default 0:
             every tensor of 2 or more dimensions is packed into a bucket and compressed).
@@ -192,7 +195,7 @@ class GravacOptimizer(torch.optim.Optimizer):
         self.bucket_bytes = (
             bucket_bytes
             if bucket_bytes is not None
-            else self.engine.compressor.bucket_bytes or DEFAULT_BUCKET_BYTES
+            else default_bucket_bytes(self.engine.compressor.bucket_bytes, params)
         )
         self.dense_bytes = dense_bytes
         self.sync_buffers = sync_buffers

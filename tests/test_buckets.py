@@ -8,8 +8,11 @@ from torch import nn
 
 from gravac import GravacOptimizer
 from gravac.buckets import (
+    DEFAULT_BUCKET_BYTES,
+    MAX_SMALL_BUCKETS,
     Bucket,
     build_layout,
+    default_bucket_bytes,
     gather_grads,
     join_flat,
     scatter_grads,
@@ -151,3 +154,21 @@ def test_join_flat_views_parts_that_lie_end_to_end_and_nothing_else() -> None:
     assert join_flat([b, a]) is None  # out of order
     assert join_flat([a, torch.arange(3.0)]) is None  # another storage
     assert join_flat([a, buf.double()[3:6]]) is None  # another dtype
+
+
+def _meta(*shape: int) -> torch.Tensor:
+    return torch.empty(shape, device="meta")
+
+
+def test_a_preferred_bucket_size_grows_with_the_model_up_to_ddp_s() -> None:
+    small = 2 * 2**20
+    mib = 2**18  # float32 elements in a MiB
+    # 8 MiB of matrices (the bias does not count): the preferred size holds
+    params = [_meta(8, mib), _meta(10**6)]
+    assert default_bucket_bytes(small, params) == small
+    # 200 MiB: a sixteenth of it
+    params = [_meta(200, mib)]
+    assert default_bucket_bytes(small, params) == 200 * 2**20 // MAX_SMALL_BUCKETS
+    # 1 GiB: DDP's 25 MiB at most; no preferred size: DDP's
+    assert default_bucket_bytes(small, [_meta(1024, mib)]) == DEFAULT_BUCKET_BYTES
+    assert default_bucket_bytes(None, [_meta(8, mib)]) == DEFAULT_BUCKET_BYTES

@@ -21,6 +21,11 @@ rank, so every rank starts from the same weights), the data split, the metric an
   per-tensor costs (many small tensors: batch-norm scales and biases, 3x3 kernels) and the
   batch-norm running statistics, buffers that are not gradients. Target: test accuracy 0.95,
   which dense DDP (2 workers, lr 0.05) reaches at step 80 of 300 (0.936 at 60, 0.986 at 300).
+* ``mlp-digits``: a large model, :class:`WideMLP`: the 64 pixels through three hidden layers
+  of 4,096 (ReLU) to the 10 classes; 33,869,834 parameters, 135 MB of float32 gradient, 99% of
+  it in the two 4096 x 4096 matrices. A step of batch 32 is about 6.5 GFLOP; sending the
+  gradient over 1 Gbit/s takes over a second. It stresses what grows with the model: the
+  number of buckets, the size of each, and memory.
 * ``lstm-text``: a character-level language model, :class:`CharLSTM` (a 64-wide byte
   embedding, two LSTM layers of 256, Linear(256, 256)); 938,240 parameters in 11 tensors,
   3.75 MB of gradient, 91% of it in the LSTM's four weight matrices. The text is the
@@ -67,6 +72,7 @@ __all__ = [
     "CharLSTM",
     "ResNetDigits",
     "VggDigitsCNN",
+    "WideMLP",
     "Workload",
     "classification_accuracy",
     "get",
@@ -92,6 +98,9 @@ DEFAULT_WORKLOAD = "vgg-digits"
 QUICK_WORKLOAD = "tiny-digits"
 #: side of the digits images
 _IMAGE_SIDE = 8
+#: ``mlp-digits``'s hidden layers and their width
+_MLP_DEPTH = 3
+_MLP_WIDTH = 4096
 #: digit classes
 _CLASSES = 10
 #: ``lstm-text``'s corpus: these standard-library modules' source files, in this (sorted)
@@ -189,6 +198,24 @@ class VggDigitsCNN(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.head(self.features(x))
+
+
+class WideMLP(nn.Module):
+    """``mlp-digits``'s model: flattened 8x8 digits through :data:`_MLP_DEPTH` hidden layers of
+    :data:`_MLP_WIDTH` with ReLU, then a linear layer to the 10 classes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Flatten()]
+        width = _IMAGE_SIDE * _IMAGE_SIDE
+        for _ in range(_MLP_DEPTH):
+            layers += [nn.Linear(width, _MLP_WIDTH), nn.ReLU()]
+            width = _MLP_WIDTH
+        layers.append(nn.Linear(width, _CLASSES))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
 
 
 class BasicBlock(nn.Module):
@@ -366,6 +393,11 @@ WORKLOADS: dict[str, Workload] = {
             name="resnet-digits",
             summary="ResNet of six BasicBlocks on digits, compute-heavy",
             model=ResNetDigits,
+        ),
+        Workload(
+            name="mlp-digits",
+            summary="wide MLP on digits (34M parameters), large",
+            model=WideMLP,
         ),
         Workload(
             name="lstm-text",

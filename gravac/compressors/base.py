@@ -182,9 +182,9 @@ class Compressor(ABC):
     #: whether :meth:`local_stats` is non-finite exactly when ``x`` holds a non-finite value:
     #: the engine then takes them as the non-finite check, without a pass of its own
     stats_show_nonfinite: ClassVar[bool] = False
-    #: the largest bucket :class:`gravac.GravacOptimizer` packs for this compressor when its
-    #: caller does not choose (``bucket_bytes=None``); ``None``: DDP's 25 MiB
-    #: (:data:`gravac.buckets.DEFAULT_BUCKET_BYTES`)
+    #: a smaller bucket than DDP's 25 MiB that :class:`gravac.GravacOptimizer` packs for this
+    #: compressor when its caller does not choose (``bucket_bytes=None``), raised for a large
+    #: model (:func:`gravac.buckets.default_bucket_bytes`); ``None``: DDP's 25 MiB
     bucket_bytes: ClassVar[int | None] = None
 
     def local_stats(self, x: Tensor, cf: float, rnd: Round) -> Tensor | None:

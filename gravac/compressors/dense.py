@@ -18,10 +18,11 @@ Under error feedback ``m`` is the previous step's, agreed beside that step's sca
 in flight; the scale then leaves room for ``m`` to grow 16 times, and what a larger jump clamps
 stays in the residual, sent at the next step.
 
-The optimizer packs them into buckets of :data:`CAST_BUCKET_BYTES` unless told otherwise
-(:attr:`Compressor.bucket_bytes`): a cast costs about the same per element in a piece as in a
-whole layer, so pieces pipeline the cast with the wire at little cost (the DDP comm hook casts
-DDP's buckets as they come).
+The optimizer packs them into buckets of :data:`CAST_BUCKET_BYTES` (more for a model of over
+32 MiB of compressed gradient: :func:`gravac.buckets.default_bucket_bytes`) unless told
+otherwise (:attr:`Compressor.bucket_bytes`): a cast costs about the same per element in a piece
+as in a whole layer, so pieces pipeline the cast with the wire at little cost (the DDP comm
+hook casts DDP's buckets as they come).
 
 The cast, its inverse and the residual update run as one chunked pass each on the CPU
 (:mod:`gravac.kernels.cast`, bit-identical to the whole-tensor references), into payload and
@@ -78,7 +79,8 @@ _SUM_HEADROOM = 2.0
 #: 2 MiB, so the first piece is on the wire while the next is cast. On the VGG-style digits CNN
 #: at 1 Gbit/s (its 21 MB layer in 10 pieces) the step went from 1.09-1.12x PyTorch's fp16 hook
 #: in 25 MiB buckets to 0.99-1.03x (four runs); 1 MiB (the per-bucket work) and 4 MiB (a longer
-#: first cast) were slower (benchmarks/README.md, tenth measurement)
+#: first cast) were slower (benchmarks/README.md, tenth measurement). A large model's buckets
+#: are larger (:data:`gravac.buckets.MAX_SMALL_BUCKETS`)
 CAST_BUCKET_BYTES = 2 * 2**20
 
 

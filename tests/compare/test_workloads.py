@@ -188,6 +188,7 @@ def test_parameter_counts() -> None:
     counts = {n: workloads.parameter_count(workloads.get(n).model()) for n in NAMES}
     assert counts["resnet-digits"] == 696_042
     assert counts["lstm-text"] == 938_240
+    assert counts["mlp-digits"] == 33_869_834
 
 
 # --- the real command line, on loopback --------------------------------------------------------
@@ -199,6 +200,7 @@ SMOKE_STEPS = 6
 METRIC_RANGE = {
     "vgg-digits": (0.0, 1.0),
     "resnet-digits": (0.0, 1.0),
+    "mlp-digits": (0.0, 1.0),
     "lstm-text": (1.0, UNTRAINED_PERPLEXITY_FACTOR * workloads.TEXT_VOCABULARY),
 }
 

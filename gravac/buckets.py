@@ -177,11 +177,11 @@ def default_bucket_bytes(preferred: int | None, params: Sequence[Tensor]) -> int
     """The largest compressed bucket when the caller chooses none: DDP's
     :data:`DEFAULT_BUCKET_BYTES` where the compressor prefers no size (``preferred`` is
     ``None``), else ``min(DEFAULT_BUCKET_BYTES, max(preferred, ceil(B / MAX_SMALL_BUCKETS)))``
-    for the ``B`` bytes of the tensors of 2 or more dimensions in ``params`` (those compressed
-    by default)."""
+    for the ``B`` bytes of the trainable tensors of 2 or more dimensions in ``params`` (those
+    compressed by default)."""
     if preferred is None:
         return DEFAULT_BUCKET_BYTES
-    total = sum(p.numel() * p.element_size() for p in params if p.dim() > 1)
+    total = sum(p.numel() * p.element_size() for p in params if p.dim() > 1 and p.requires_grad)
     return min(DEFAULT_BUCKET_BYTES, max(preferred, math.ceil(total / MAX_SMALL_BUCKETS)))
 
 

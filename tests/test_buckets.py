@@ -156,15 +156,15 @@ def test_join_flat_views_parts_that_lie_end_to_end_and_nothing_else() -> None:
     assert join_flat([a, buf.double()[3:6]]) is None  # another dtype
 
 
-def _meta(*shape: int) -> torch.Tensor:
-    return torch.empty(shape, device="meta")
+def _meta(*shape: int, trainable: bool = True) -> torch.Tensor:
+    return torch.empty(shape, device="meta", requires_grad=trainable)
 
 
 def test_a_preferred_bucket_size_grows_with_the_model_up_to_ddp_s() -> None:
     small = 2 * 2**20
     mib = 2**18  # float32 elements in a MiB
-    # 8 MiB of matrices (the bias does not count): the preferred size holds
-    params = [_meta(8, mib), _meta(10**6)]
+    # 8 MiB of matrices (neither the bias nor a frozen matrix counts): the preferred size holds
+    params = [_meta(8, mib), _meta(10**6), _meta(200, mib, trainable=False)]
     assert default_bucket_bytes(small, params) == small
     # 200 MiB: a sixteenth of it
     params = [_meta(200, mib)]

@@ -106,6 +106,12 @@ ENGINE_OPTIONS = (
 _BUCKET_BYTES = "bucket_bytes"
 
 
+def _split_bucket_bytes(options: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """``options``' bucket size (``None``: not given) and the rest, the engine's own."""
+    rest = dict(options)
+    return rest.pop(_BUCKET_BYTES, None), rest
+
+
 @dataclass(frozen=True)
 class StepFigures:
     """What a mode knows of one step on this rank.
@@ -191,9 +197,9 @@ def check_engine_options(options: dict[str, Any], gravac: dict[str, Any], *, opt
         raise ValueError(
             f"{option} {options} has no option {unknown[0]!r}; allowed: {list(ENGINE_OPTIONS)}"
         )
-    engine = dict(options)
+    bucket_bytes, engine = _split_bucket_bytes(options)
     try:
-        check_bytes(_BUCKET_BYTES, engine.pop(_BUCKET_BYTES, None), optional=True)
+        check_bytes(_BUCKET_BYTES, bucket_bytes, optional=True)
         build_engine(None, **gravac, **engine)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{option} {options} do not fit: {exc}") from None
@@ -416,8 +422,7 @@ class GravacMode(Mode):
 
 class _GravacDdpSession(Session):
     def __init__(self, model: nn.Module, cfg: CompareConfig) -> None:
-        options = dict(cfg.engine_options)
-        bucket_bytes = options.pop(_BUCKET_BYTES, None)
+        bucket_bytes, options = _split_bucket_bytes(cfg.engine_options)
         ddp = {} if bucket_bytes is None else {"bucket_cap_mb": bucket_bytes / _MIB}
         self.module = _ddp(model, cfg, **ddp)
         self._bucket_bytes = bucket_bytes

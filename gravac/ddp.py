@@ -10,10 +10,13 @@ bucket. Use it with any optimizer, and through DDP with Lightning and the HF ``T
     model.register_comm_hook(state, gravac_hook)
 
 Within a DDP bucket the 1-D tensors (biases, norms) travel dense and the rest is compressed as
-one unit. DDP never splits a tensor, so the hook casts a large layer to 16 bits whole, where
-the optimizer sends it in pieces of :data:`gravac.compressors.dense.CAST_BUCKET_BYTES` that
-pipeline the cast with the wire (on the VGG-style digits CNN at 1 Gbit/s the hook's ``fp16``
-step was 1.07x the optimizer's: ``benchmarks/README.md``, tenth measurement).
+one unit. Where a bucket mixes the two (DDP buckets in reverse parameter order), each unit's
+tensors are gathered out of the bucket with the residual added, and the engine lays each
+aggregate back into the bucket's spans (:mod:`gravac.spans`): sparsifiers and casts write it
+there directly, the others copy it. DDP never splits a tensor, so the hook casts a large
+layer to 16 bits whole, where the optimizer sends it in pieces of
+:data:`gravac.compressors.dense.CAST_BUCKET_BYTES` that pipeline the cast with the wire
+(``benchmarks/README.md``, tenth and eleventh measurements).
 
 A step ends at DDP's last bucket: the step's scalars are agreed beside the payloads, and every
 bucket's future completes once the step is committed. A step with a non-finite
@@ -43,6 +46,7 @@ from gravac.accordion import learning_rate
 from gravac.buckets import split_flat
 from gravac.engine import Engine, Outcome, Step, Unit
 from gravac.options import build_engine
+from gravac.spans import Spans, gather_spans, spans_of
 
 __all__ = ["GravacHookState", "gravac_hook"]
 
@@ -67,7 +71,7 @@ class _BucketPlan:
 
     compressed: Unit | None
     dense: Unit | None
-    spans: tuple[tuple[tuple[int, int], ...], ...]
+    spans: tuple[Spans, ...]
     params: tuple[Tensor, ...]
     flats: list[Tensor | None] = field(default_factory=lambda: [None, None])
 
@@ -139,12 +143,20 @@ class GravacHookState:
                 continue
             # a mixed bucket gathers each unit into a buffer of the hook's, which it hands to
             # the engine, adding the residual as it copies where the engine allows
-            flat = _flat(buffer, plan.spans[i], plan.flats[i])
+            spans = plan.spans[i]
+            flat = _flat(buffer, spans, plan.flats[i])
             plan.flats[i] = None  # the engine's until commit
             e = self.engine.addend(step, unit, flat, carry=carry is not None)
-            _gather(buffer, plan.spans[i], flat, e)
+            gather_spans(buffer, spans, flat, e)
             self.engine.launch(
-                step, unit, flat, out=flat, carry=carry, own=True, packed=e is not None
+                step,
+                unit,
+                flat,
+                out=flat,
+                carry=carry,
+                own=True,
+                packed=e is not None,
+                place=(buffer, spans),
             )
         if bucket.is_last():
             self._close(step, done)
@@ -156,12 +168,11 @@ class GravacHookState:
             grads = outcome.grads[first : first + len(units)]
             if not plan.spans:
                 return grads[0].to(buffer.dtype).view_as(buffer)
-            # The bucket's own gradients were copied out at launch: its buffer takes the
-            # aggregate (as PyTorch's all-reduce hook returns its buffer reduced in place), and
-            # the aggregate's buffer is the next step's gather buffer.
-            for i, (grad, spans) in enumerate(zip(grads, plan.spans, strict=True)):
-                _scatter(buffer, spans, grad)
-                plan.flats[i] = grad
+            # The bucket's own gradients were copied out at launch: the engine laid each unit's
+            # aggregate into the buffer's spans (as PyTorch's all-reduce hook returns its
+            # buffer reduced in place), and handed back a flat buffer for the next gather.
+            for i, spare in enumerate(grads):
+                plan.flats[i] = spare
             return buffer
 
         return done.then(result)
@@ -212,9 +223,10 @@ class GravacHookState:
             layers = tuple(self._position[id(p)] for p in comp)
             unit_c = Unit(self._key_for(comp), tuple(p.shape for p in comp), True, layers=layers)
         unit_d = Unit(-1, tuple(p.shape for p in dense), False) if dense else None
-        spans: tuple[tuple[tuple[int, int], ...], ...] = ()
+        spans: tuple[Spans, ...] = ()
         if comp and dense:
-            spans = (_spans(params, compressed, True), _spans(params, compressed, False))
+            numels = [p.numel() for p in params]
+            spans = (spans_of(numels, compressed, True), spans_of(numels, compressed, False))
         plan = _BucketPlan(unit_c, unit_d, spans, comp)
         self._plans[ids] = plan
         return plan
@@ -319,51 +331,13 @@ class GravacHookState:
         )
 
 
-def _spans(params: list[Tensor], kinds: list[bool], kind: bool) -> tuple[tuple[int, int], ...]:
-    """The buffer ranges of the parameters of ``kind``, adjacent ones merged."""
-    out: list[tuple[int, int]] = []
-    offset = 0
-    for p, k in zip(params, kinds, strict=True):
-        end = offset + p.numel()
-        if k == kind:
-            if out and out[-1][1] == offset:
-                out[-1] = (out[-1][0], end)
-            else:
-                out.append((offset, end))
-        offset = end
-    return tuple(out)
-
-
-def _flat(buffer: Tensor, spans: tuple[tuple[int, int], ...], out: Tensor | None) -> Tensor:
+def _flat(buffer: Tensor, spans: Spans, out: Tensor | None) -> Tensor:
     """A flat tensor for the buffer's ``spans``: ``out`` (reused across steps), or a new one
     when it is ``None`` or does not fit."""
     n = sum(b - a for a, b in spans)
     if out is None or out.numel() != n or out.dtype != buffer.dtype or out.device != buffer.device:
         out = torch.empty(n, dtype=buffer.dtype, device=buffer.device)
     return out
-
-
-def _gather(
-    buffer: Tensor, spans: tuple[tuple[int, int], ...], out: Tensor, plus: Tensor | None
-) -> None:
-    """The buffer's ``spans``, concatenated into ``out``, plus ``plus`` where given (in the
-    same pass)."""
-    offset = 0
-    for a, b in spans:
-        piece = slice(offset, offset + b - a)
-        if plus is None:
-            out[piece].copy_(buffer[a:b])
-        else:
-            torch.add(buffer[a:b], plus[piece], out=out[piece])
-        offset += b - a
-
-
-def _scatter(out: Tensor, spans: tuple[tuple[int, int], ...], flat: Tensor) -> None:
-    """Write ``flat`` back into ``out``'s ``spans``, in order."""
-    offset = 0
-    for a, b in spans:
-        out[a:b].copy_(flat[offset : offset + b - a])
-        offset += b - a
 
 
 def gravac_hook(state: GravacHookState, bucket: dist.GradBucket) -> Future[Tensor]:

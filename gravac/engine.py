@@ -63,6 +63,7 @@ from gravac.memory import Memory, NoMemory, ResidualMemory
 from gravac.monitor import Monitor, StepRecord, TensorBoardMonitor
 from gravac.policies.base import ScalingPolicy
 from gravac.shadow import ShadowSums
+from gravac.spans import Place, scatter_spans
 from gravac.window import WindowSums
 
 __all__ = ["Engine", "Outcome", "Step", "Unit", "all_finite"]
@@ -199,6 +200,8 @@ class _Flight:
     rotate: bool = False
     # where a rotating aggregate goes when there is no old residual yet (None: a new tensor)
     spare: Tensor | None = None
+    # the buffer and spans the aggregate is laid into (Engine.launch's place); None: flat
+    place: Place | None = None
 
     @property
     def dense(self) -> bool:
@@ -260,7 +263,9 @@ class Outcome:
 
     Attributes:
         skipped: the step is skipped on every rank (non-finite values); nothing else is set.
-        grads: each unit's aggregate divided by the world size, in launch order.
+        grads: each unit's aggregate divided by the world size, in launch order (for a unit
+            launched with ``place``: a flat buffer for the front end to reuse, the aggregate
+            being laid into the place).
         present: for each has-gradient flag, whether some rank had that gradient.
         record: what the step did (logged by :meth:`Engine.finish`).
         search: whether the step took part in the controller's search (something compressed).
@@ -413,6 +418,7 @@ class Engine:
         own: bool = False,
         packed: bool = False,
         spare: Tensor | None = None,
+        place: Place | None = None,
     ) -> Future[Tensor]:
         """Compensate, compress and start aggregating one unit's flat gradient ``flat`` (which
         the engine does not modify, unless ``own``).
@@ -440,13 +446,25 @@ class Engine:
                 where the unit has no residual yet whose storage it would take (the first
                 step): a front end that keeps several units' aggregates side by side (the
                 pieces of a split tensor) passes slices of one buffer. ``None``: a new tensor.
+            place: ``(buffer, spans)``: lay the aggregate into ``buffer``'s ``spans`` at commit
+                (:mod:`gravac.spans`; a DDP bucket that mixes this unit's tensors with others),
+                written there by the compressor where it can
+                (:meth:`Compressor.combine_mean_placed`), not copied from a flat aggregate.
+                The future then completes with a flat tensor of the unit's size that the
+                engine no longer needs, the front end's to reuse (the next ``flat``).
 
         Returns:
             A future that :meth:`commit` completes with the unit's aggregate (the mean over
-            ranks of what was sent), or with NaN where the step is skipped.
+            ranks of what was sent; with ``place``, see there), or with NaN where the step is
+            skipped.
         """
         if own and out is not flat:
             raise ValueError("Engine.launch(own=True) needs out to be flat itself")
+        if place is not None and sum(b - a for a, b in place[1]) != unit.numel:
+            raise ValueError(
+                f"Engine.launch(place=...) needs spans of the unit's {unit.numel} elements, "
+                f"got {place[1]}"
+            )
         if packed and not (own and self._packable(step, unit, complete, carry is not None)):
             raise ValueError(
                 "Engine.launch(packed=True) needs a unit that addend() returned a tensor for "
@@ -462,6 +480,7 @@ class Engine:
                 step, unit, flat, out, carry, settle=complete, own=own, packed=packed
             )
             flight.spare = spare
+        flight.place = place
         step.flights.append(flight)
         step.compress_seconds += self.clock() - t0
         return flight.result
@@ -753,7 +772,10 @@ class Engine:
         totals = []
         for i, f in enumerate(step.flights):
             target = self._target(f)  # swaps a rotating flight's residual in, vouched or not
-            totals.append(checked[i] if i in checked else self._aggregate(f, target))
+            if f.place is None:
+                totals.append(checked[i] if i in checked else self._aggregate(f, target))
+            else:
+                totals.append(self._lay(f, target, checked.get(i)))
         self.last_comm = comm_seconds  # agreed with the next step's scalars
         n_flags = step.flags
         flags = _HEAD + n_flags
@@ -849,6 +871,19 @@ class Engine:
             total = arrived if out is None or out is arrived else out.copy_(arrived)
             return total.div_(n) if n > 1 else total
         return c.combine_mean(arrived, f.sent[1], n, out=out).reshape(-1)
+
+    def _lay(self, f: _Flight, target: Tensor | None, checked: Tensor | None) -> Tensor:
+        """Lay ``f``'s aggregate into its place (``checked``: the aggregate, computed already);
+        return a flat buffer the front end may reuse: ``target`` where the compressor wrote
+        into the place itself, else the flat aggregate, copied into the place."""
+        assert f.place is not None  # only called for a placed flight
+        if checked is None and target is not None and f.sent is not None:
+            payloads, (_, ctx), n = f.arrived.value(), f.sent, self.comm.world_size
+            if self.compressor.combine_mean_placed(payloads, ctx, n, f.place):
+                return target
+        total = checked if checked is not None else self._aggregate(f, target)
+        scatter_spans(*f.place, total)
+        return total
 
     def _vouched(self, f: _Flight, bound: float) -> bool:
         """Whether ``f``'s aggregate is finite without a look at it: the compressor bounds

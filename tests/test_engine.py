@@ -261,3 +261,74 @@ def test_a_buffer_handed_over_gives_the_same_steps_and_swaps_with_the_residual(
     for t in (1, 2, 4):  # step 3 is skipped: its residual stays the one before
         given, mean, residual = ptrs[t]
         assert residual == given and mean == ptrs[t - 1 if t != 4 else 2][2]
+
+
+#: the 4 x 8 unit's elements in a buffer of 40 that holds other tensors (marked OTHER) before,
+#: between and after them, as a DDP bucket interleaves weights with biases
+PLACE_SPANS = ((2, 14), (20, 40))
+OTHER = -7.0
+
+
+def placed_through_engine(compressor: str, cf: float, grads: list[torch.Tensor]) -> Steps:
+    """``through_engine(own=True, pack=True)`` with the aggregate laid into the spans of a
+    larger buffer (``launch(place=...)``, the DDP hook's): each step's aggregate is read
+    back from the spans; checks that the rest of the buffer is left alone."""
+    engine = build_engine(compressor=compressor, policy="fixed", policy_options={"cf": 4.0})
+    unit = Unit(key=0, shapes=(torch.Size([4, 8]),), compressed=True)
+    bucket = torch.full((41,), OTHER)
+    inside = torch.zeros(41, dtype=torch.bool)
+    for a, b in PLACE_SPANS:
+        inside[a:b] = True
+    buf = torch.empty(32)
+    means, residuals, packed = [], [], []
+    for i, g in enumerate(grads):
+        step = engine.begin()
+        if cf == 1.0:
+            step.decision = Decision(cf=1.0, which="dense")
+        e = engine.addend(step, unit, buf)
+        if e is None:
+            buf.copy_(g)
+        else:
+            torch.add(g, e, out=buf)
+            packed.append(i)
+        future = engine.launch(
+            step, unit, buf, out=buf, own=True, packed=e is not None, place=(bucket, PLACE_SPANS)
+        )
+        engine.close(step).wait()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # the skipped step's warning
+            outcome = engine.commit(step)
+        engine.finish(outcome)
+        means.append(future.value().clone() if outcome.skipped else bucket[inside].clone())
+        assert bool((bucket[~inside] == OTHER).all())
+        e = engine.memory.residual(0)
+        residuals.append((torch.zeros(32) if e is None else e).clone())
+        buf = outcome.grads[0] if not outcome.skipped else buf
+        assert buf.numel() == 32
+    return means, residuals, [], packed
+
+
+@pytest.mark.parametrize(
+    "compressor",
+    ["topk", "redsync", "dgc", "randomk", "topkc", "fp16", "bf16", "thc", "powersgd"],
+)
+@pytest.mark.parametrize("cf", [1.0, 4.0])  # 1: sent dense
+def test_an_aggregate_laid_into_spans_is_the_flat_one(compressor: str, cf: float) -> None:
+    """``launch(place=(buffer, spans))``: bit for bit the aggregates and residuals of a flat
+    launch, through a skipped step too, in the spans and nowhere else; what the future gives
+    back is a buffer of the unit's size for the next launch."""
+    gen = torch.Generator().manual_seed(5)
+    grads = [torch.randn(32, generator=gen) for _ in range(5)]
+    grads[3][7] = math.nan
+    mine = placed_through_engine(compressor, cf, grads)
+    theirs = through_engine(compressor, cf, grads, own=True, pack=True)
+    assert_same_steps(mine, theirs)
+    assert mine[3] == theirs[3]  # the same steps packed
+
+
+def test_a_place_of_another_size_is_refused() -> None:
+    engine = build_engine(compressor="topk", policy="fixed", policy_options={"cf": 4.0})
+    unit = Unit(key=0, shapes=(torch.Size([4, 8]),), compressed=True)
+    step = engine.begin()
+    with pytest.raises(ValueError, match=r"spans of the unit's 32 elements, got \(\(0, 31\),\)"):
+        engine.launch(step, unit, torch.zeros(32), place=(torch.zeros(40), ((0, 31),)))

@@ -44,6 +44,7 @@ from torch import Tensor
 
 from gravac.gain import gain_terms
 from gravac.memory import Memory, ResidualMemory
+from gravac.spans import Place
 
 __all__ = [
     "Collective",
@@ -296,6 +297,19 @@ class Compressor(ABC):
         values, a 16-bit cast its scale)."""
         total = self.combine(payloads, ctx, out)
         return total.div_(world_size) if world_size > 1 else total
+
+    def combine_mean_placed(
+        self, payloads: Sequence[Payload], ctx: Context, world_size: int, place: Place
+    ) -> bool:
+        """:meth:`combine_mean` laid into a place (:mod:`gravac.spans`): the unit's flat
+        elements, span by span, into a buffer that holds other tensors between them (a DDP
+        bucket), written there by a compressor that makes its result element by element (a
+        sparsifier at moved positions, a cast span by span), with no copy of the aggregate.
+
+        Returns whether it did. The default does not: the caller combines into a flat tensor
+        and copies that into the spans (:func:`gravac.spans.scatter_spans`).
+        """
+        return False
 
     def mean_bound(self, ctx: Context, world_size: int, x_bound: float) -> float | None:
         """A bound on the magnitude of every value that aggregating ``world_size`` payloads

@@ -56,6 +56,7 @@ from gravac.kernels import check_backend_name, scaled_cast
 from gravac.kernels.buffers import BufferPool
 from gravac.kernels.cast import scaled_widen, sub_scaled_
 from gravac.memory import Memory, NoMemory
+from gravac.spans import Place, span_pieces
 
 __all__ = [
     "CAST_BUCKET_BYTES",
@@ -234,6 +235,18 @@ class _HalfCompressor(Compressor):
         ``2^-k`` exactly, so the division costs no pass of its own."""
         c = cast(ScaledContext, ctx)
         return self.combine(payloads, dataclasses.replace(c, scale=c.scale / world_size), out)
+
+    def combine_mean_placed(
+        self, payloads: Sequence[Payload], ctx: Context, world_size: int, place: Place
+    ) -> bool:
+        """:meth:`combine_mean` widened span by span into the place: each element's sum and
+        scaling as in the flat result."""
+        out, spans = place
+        scale = cast(ScaledContext, ctx).scale / world_size
+        values = [cast(DensePayload, p).values.reshape(-1) for p in payloads]
+        for in_out, in_flat in span_pieces(spans):
+            scaled_widen([v[in_flat] for v in values], scale, out[in_out])
+        return True
 
     def mean_bound(self, ctx: Context, world_size: int, x_bound: float) -> float | None:
         """``M 2^-k``: the 16-bit sum stays under ``M`` (:data:`_SUM_HEADROOM`; ``None`` for

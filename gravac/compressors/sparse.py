@@ -27,8 +27,15 @@ from gravac.compressors.base import (
 )
 from gravac.gain import kept_terms
 from gravac.kernels import index_dtype, scatter_add, topk_indices
+from gravac.spans import Place, place_indices
 
-__all__ = ["SparseCompressor", "SparsePayload"]
+__all__ = ["PLACE_RATIO", "SparseCompressor", "SparsePayload"]
+
+#: the gathered indices are moved into a bucket's spans (not the aggregate copied there) while
+#: indices x span boundaries <= numel / PLACE_RATIO: one thread moved an index across a
+#: boundary in 2.3 ns and copied an aggregate element in 0.39 ns (105K indices, 5.3M elements,
+#: ``gravac.spans.place_indices`` against ``Tensor.copy_``), a ratio of 6, with room to spare
+PLACE_RATIO = 8
 
 
 @dataclass(frozen=True)
@@ -127,15 +134,37 @@ class SparseCompressor(Compressor):
         for a power-of-two ``N`` (barring subnormals), within a rounding otherwise."""
         return self._scatter(payloads, ctx, out, world_size)
 
-    @staticmethod
+    def combine_mean_placed(
+        self, payloads: Sequence[Payload], ctx: Context, world_size: int, place: Place
+    ) -> bool:
+        """:meth:`combine_mean` scatter-added straight into the place's spans (zeroed first),
+        at the flat positions moved into them (:func:`gravac.spans.place_indices`): the same
+        sums in the same order. Not where moving the ``K`` gathered indices costs more than
+        copying the aggregate: ``K (len(spans) - 1) > numel /`` :data:`PLACE_RATIO`."""
+        out, spans = place
+        moves = sum(cast(SparsePayload, p).indices.numel() for p in payloads) * (len(spans) - 1)
+        if moves * PLACE_RATIO > ctx.numel:
+            return False
+        indices, values = self._gathered(payloads, ctx, world_size)
+        for a, b in spans:
+            out[a:b].zero_()
+        out.index_add_(0, place_indices(indices, spans), values)
+        return True
+
     def _scatter(
-        payloads: Sequence[Payload], ctx: Context, out: Tensor | None, divisor: int
+        self, payloads: Sequence[Payload], ctx: Context, out: Tensor | None, divisor: int
     ) -> Tensor:
+        indices, values = self._gathered(payloads, ctx, divisor)
+        return scatter_add(ctx.numel, indices, values, out=out).view(ctx.shape)
+
+    @staticmethod
+    def _gathered(payloads: Sequence[Payload], ctx: Context, divisor: int) -> tuple[Tensor, Tensor]:
+        """Every payload's indices and values, concatenated in rank order, the values in
+        ``ctx``'s dtype and divided by ``divisor``."""
         if not payloads:
             raise ValueError("combine() needs at least one payload, got none")
         ps = [cast(SparsePayload, p) for p in payloads]
         values = torch.cat([p.values.reshape(-1) for p in ps]).to(ctx.dtype)  # ours: a copy
         if divisor > 1:
             values.div_(divisor)
-        indices = torch.cat([p.indices.reshape(-1) for p in ps])
-        return scatter_add(ctx.numel, indices, values, out=out).view(ctx.shape)
+        return torch.cat([p.indices.reshape(-1) for p in ps]), values

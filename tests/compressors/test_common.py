@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 from gravac import compressors
 from gravac.compressors import Round, payload_tensors, wire_bytes
 from gravac.compressors.base import sum_payloads
+from gravac.compressors.sparse import SparseCompressor
 from gravac.gain import compression_gain, gain_terms, squared_norm
 from gravac.memory import ResidualMemory
 from gravac.simulation import reduce_stats, simulate
@@ -191,6 +193,47 @@ def test_combine_mean_is_the_sum_divided(name: str, workers: int) -> None:
         assert torch.equal(mean, total / 2)
     else:
         torch.testing.assert_close(mean, total / workers, rtol=1e-6, atol=1e-7)
+
+
+#: a buffer of 700 elements holding the 600 of a (20, 30) unit in three spans, other tensors
+#: (marked -7) before, between and after them: as DDP buckets weights among biases
+PLACE_SPANS = ((5, 105), (130, 530), (531, 631))
+PLACE_BUFFER = 700
+#: the compressors that lay their mean into a place themselves: the casts, and the
+#: sparsifiers where few indices move (CF 200 here, not 5)
+LAID = {"fp16", "bf16"}
+LAID_SPARSE = {n for n in NAMES if issubclass(compressors.get(n), SparseCompressor)}
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("workers", [2, 3])
+@pytest.mark.parametrize("cf", [5.0, 200.0])
+def test_a_mean_laid_into_spans_is_the_flat_mean(name: str, workers: int, cf: float) -> None:
+    """``combine_mean_placed`` lays bit for bit what ``combine_mean`` computes into the spans
+    (the DDP hook's mixed buckets) and leaves every other element of the buffer alone, where
+    the compressor can; where it cannot, it says so and touches nothing."""
+    torch.manual_seed(11)
+    c = compressors.create(name)
+    rnd = _round(workers)
+    compressed = [_compress(c, torch.randn(20, 30), cf, rnd) for _ in range(workers)]
+    payloads, ctx = [p for p, _ in compressed], compressed[0][1]
+    if c.collective == "allreduce":  # what the all-reduce delivers: one summed payload
+        payloads = [sum_payloads(payloads)]
+    state = c.state_dict()
+    # a copy: "none" divides its all-reduced payload in place
+    flat = c.combine_mean(copy.deepcopy(payloads), ctx, workers).reshape(-1)
+    c.load_state_dict(state)  # PowerSGD's combine advances its basis: combine again from it
+    buffer = torch.full((PLACE_BUFFER,), -7.0)
+    laid = c.combine_mean_placed(payloads, ctx, workers, (buffer, PLACE_SPANS))
+    assert laid == (name in LAID or (name in LAID_SPARSE and cf == 200.0))
+    if not laid:
+        assert bool((buffer == -7.0).all())
+        return
+    inside = torch.zeros(PLACE_BUFFER, dtype=torch.bool)
+    for a, b in PLACE_SPANS:
+        inside[a:b] = True
+    assert torch.equal(buffer[inside], flat)
+    assert bool((buffer[~inside] == -7.0).all())
 
 
 @pytest.mark.parametrize("name", NAMES)

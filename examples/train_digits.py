@@ -2,6 +2,7 @@
 
     torchrun --nproc_per_node=2 examples/train_digits.py --max-steps 300
     torchrun --nproc_per_node=2 examples/train_digits.py --ddp-hook   # the DDP comm hook
+    torchrun --nproc_per_node=2 examples/train_digits.py --policy fixed --cf 100
 
 Without ``--ddp-hook`` the model is plain and ``GravacOptimizer`` aggregates; with it the model
 is wrapped in ``DistributedDataParallel`` with gravac's comm hook and a plain SGD steps.
@@ -29,8 +30,14 @@ def main() -> None:
     parser.add_argument("--compressor", default="topk", choices=gravac.compressors.names())
     parser.add_argument("--policy", default="exponential", choices=gravac.policies.names())
     parser.add_argument("--log-dir", default="runs/torchrun-digits")
+    parser.add_argument("--cf", type=float, help="the CF of --policy fixed (required there)")
     parser.add_argument("--ddp-hook", action="store_true", help="DDP + gravac's comm hook")
     args = parser.parse_args()
+    if (args.policy == "fixed") != (args.cf is not None):
+        parser.error(
+            f"--cf goes with --policy fixed and only there, got --policy {args.policy}"
+            f" and --cf {args.cf}"
+        )
 
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")
@@ -53,6 +60,8 @@ def main() -> None:
         "batch_size": args.batch_size,
         "monitor": args.log_dir,
     }
+    if args.cf is not None:
+        options["policy_options"] = {"cf": args.cf}
     sgd = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     net: nn.Module = model
     if args.ddp_hook:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,27 @@ def test_torchrun_example_trains_with_the_ddp_hook(tmp_path: Path) -> None:
     sent, dense = out.stdout.split("wire bytes ")[1].split(" (dense fp32 ")
     assert int(sent.replace(",", "")) < int(dense.split(")")[0].replace(",", ""))
     assert any((tmp_path / "tb").iterdir())
+
+
+def test_a_fixed_cf_is_given_on_the_command_line(tmp_path: Path) -> None:
+    """``--policy fixed --cf 100`` through the hook: 1/100 of the weights' elements sent as a
+    value and an int32 index each (1/50 of their bytes), the biases dense: a little more than
+    1/50 of the dense bytes."""
+    args = ("--policy", "fixed", "--cf", "100", "--ddp-hook", "--max-steps", "20")
+    out = _torchrun(*args, "--log-dir", str(tmp_path / "tb"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    sent, dense = out.stdout.split("wire bytes ")[1].split(" (dense fp32 ")
+    ratio = int(dense.split(")")[0].replace(",", "")) / int(sent.replace(",", ""))
+    assert 30 < ratio < 50
+
+
+@pytest.mark.parametrize("args", [("--policy", "fixed"), ("--cf", "100")])
+def test_a_cf_without_the_fixed_policy_or_the_reverse_is_refused(args: tuple[str, ...]) -> None:
+    out = subprocess.run(
+        [sys.executable, str(EXAMPLE), *args], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 2
+    assert "--cf goes with --policy fixed and only there" in out.stderr
 
 
 @pytest.mark.parametrize("front", [("--compressor", "thc"), ("--ddp-hook",)], ids=["opt", "ddp"])

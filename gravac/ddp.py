@@ -46,7 +46,7 @@ from gravac.accordion import learning_rate
 from gravac.buckets import split_flat
 from gravac.engine import Engine, Outcome, Step, Unit
 from gravac.options import build_engine
-from gravac.spans import Spans, gather_spans, spans_of
+from gravac.spans import Spans, gather_spans, spans_numel, spans_of
 
 __all__ = ["GravacHookState", "gravac_hook"]
 
@@ -201,7 +201,8 @@ class GravacHookState:
         plan = self._plans.get(ids)
         if plan is not None:
             return plan
-        total = sum(p.numel() for p in params)
+        numels = [p.numel() for p in params]
+        total = sum(numels)
         if total != buffer.numel():
             raise RuntimeError(
                 f"DDP bucket of {buffer.numel()} elements holds parameters of {total}: gravac's "
@@ -225,7 +226,6 @@ class GravacHookState:
         unit_d = Unit(-1, tuple(p.shape for p in dense), False) if dense else None
         spans: tuple[Spans, ...] = ()
         if comp and dense:
-            numels = [p.numel() for p in params]
             spans = (spans_of(numels, compressed, True), spans_of(numels, compressed, False))
         plan = _BucketPlan(unit_c, unit_d, spans, comp)
         self._plans[ids] = plan
@@ -334,7 +334,7 @@ class GravacHookState:
 def _flat(buffer: Tensor, spans: Spans, out: Tensor | None) -> Tensor:
     """A flat tensor for the buffer's ``spans``: ``out`` (reused across steps), or a new one
     when it is ``None`` or does not fit."""
-    n = sum(b - a for a, b in spans)
+    n = spans_numel(spans)
     if out is None or out.numel() != n or out.dtype != buffer.dtype or out.device != buffer.device:
         out = torch.empty(n, dtype=buffer.dtype, device=buffer.device)
     return out

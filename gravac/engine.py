@@ -63,7 +63,7 @@ from gravac.memory import Memory, NoMemory, ResidualMemory
 from gravac.monitor import Monitor, StepRecord, TensorBoardMonitor
 from gravac.policies.base import ScalingPolicy
 from gravac.shadow import ShadowSums
-from gravac.spans import Place, scatter_spans
+from gravac.spans import Place, scatter_spans, spans_numel
 from gravac.window import WindowSums
 
 __all__ = ["Engine", "Outcome", "Step", "Unit", "all_finite"]
@@ -460,7 +460,7 @@ class Engine:
         """
         if own and out is not flat:
             raise ValueError("Engine.launch(own=True) needs out to be flat itself")
-        if place is not None and sum(b - a for a, b in place[1]) != unit.numel:
+        if place is not None and spans_numel(place[1]) != unit.numel:
             raise ValueError(
                 f"Engine.launch(place=...) needs spans of the unit's {unit.numel} elements, "
                 f"got {place[1]}"

@@ -27,6 +27,7 @@ __all__ = [
     "place_indices",
     "scatter_spans",
     "span_pieces",
+    "spans_numel",
     "spans_of",
 ]
 
@@ -50,6 +51,11 @@ def spans_of(numels: Sequence[int], kinds: Sequence[bool], kind: bool) -> Spans:
                 out.append((offset, end))
         offset = end
     return tuple(out)
+
+
+def spans_numel(spans: Spans) -> int:
+    """How many elements ``spans`` cover: the size of the flat layout."""
+    return sum(b - a for a, b in spans)
 
 
 def span_pieces(spans: Spans) -> list[tuple[slice, slice]]:

@@ -253,6 +253,12 @@ class Controller:
         else:
             self.phase = Phase.SEARCH
 
+    @property
+    def horizon(self) -> int:
+        """Windows a window gain spans: one, but for the search by shadow
+        (:func:`gravac.policies.base.check_horizon`)."""
+        return 1
+
     # ----------------------------------------------------------------- per step
     def snap(self, cf: float) -> float:
         """The deliverable CF nearest ``cf``, as a table key."""

@@ -380,6 +380,13 @@ class Engine:
                 f"on a sample under plain error feedback (topk, redsync), got {c.name!r} with "
                 f"{type(self.memory).__name__}; use search='trial'"
             )
+        if policy.horizon is not None and policy.horizon > 1 and not controller.plans_shadows:
+            raise ValueError(
+                f"policy option horizon={policy.horizon} needs the search by shadow, which "
+                f"{c.name!r} with {type(self.memory).__name__} cannot run (a compressor whose "
+                "sends can be replayed under plain error feedback: topk, redsync); leave "
+                "horizon at 1"
+            )
         return controller
 
     def _open_monitor(self) -> None:
@@ -788,8 +795,9 @@ class Engine:
             if f.shadow is not None:
                 self._replay(f, step.plan)
         if step.plan.window_terms:
-            self.windows.clear()
-            self.shadows.clear()
+            keep = self.controller.horizon - 1  # windows the next gains span too
+            self.windows.clear(keep)
+            self.shadows.clear(keep)
         compressed = [f for f in step.flights if f.unit.compressed]
         plan, decision = step.plan, step.decision
         if not compressed:  # nothing to compress: no gains, no search

@@ -79,6 +79,9 @@ class ShadowSums:
         self.sent: dict[tuple[float, Layers], Tensor] = {}  # (cf, unit) -> sampled S_c
         # per tensor, not yet joined into a unit (after a resume or a layout change)
         self._loose: dict[str, dict[tuple[float, int], Tensor]] = {"residual": {}, "sent": {}}
+        # the sums of the windows before this one that the gain's horizon spans, oldest first,
+        # per tensor: (cf, layer) -> sampled S_c of that window
+        self.earlier: list[dict[tuple[float, int], Tensor]] = []
         self._sizes: dict[Layers, list[int]] = {}  # a unit's tensors' sample sizes
         self._index: dict[tuple[tuple[int, ...], torch.device], Tensor] = {}  # by layout
         self._used: set[tuple[tuple[int, ...], torch.device]] = set()  # layouts of this window
@@ -117,6 +120,9 @@ class ShadowSums:
         unit = self._unit(layers, numels)
         for i, cf in enumerate(cfs):
             s, e = self._get("sent", cf, unit), self._get("residual", cf, unit)
+            before = self._before(cf, unit)
+            if before is not None:
+                s = before if s is None else s + before
             if e is None:
                 if s is None:
                     continue
@@ -141,7 +147,12 @@ class ShadowSums:
         if ``accumulate`` (not at a step that closes a window:
         :meth:`gravac.engine.Engine._sums`)."""
         keep = set(cfs)
-        stores: list[dict[Any, Tensor]] = [self.residual, self.sent, *self._loose.values()]
+        stores: list[dict[Any, Tensor]] = [
+            self.residual,
+            self.sent,
+            *self._loose.values(),
+            *self.earlier,
+        ]
         for store in stores:
             for key in [k for k in store if k[0] not in keep]:
                 del store[key]  # CFs the controller no longer asks about
@@ -154,6 +165,21 @@ class ShadowSums:
                 if total is None:
                     total = self.sent[(cf, unit)] = torch.zeros_like(gradient)
                 total.index_add_(0, kept, values)
+
+    def _before(self, cf: float, unit: Layers) -> Tensor | None:
+        """What the shadow at ``cf`` sent over the earlier windows of the horizon, flat over
+        ``unit``'s samples (zeros for a tensor without one); ``None`` if nothing."""
+        sizes, total = self._sizes[unit], None
+        for sums in self.earlier:
+            pieces = [sums.get((cf, layer)) for layer in unit]
+            if all(p is None for p in pieces):
+                continue
+            like = next(p for p in pieces if p is not None)
+            joined = torch.cat(
+                [like.new_zeros(n) if p is None else p for p, n in zip(pieces, sizes, strict=True)]
+            )
+            total = joined if total is None else total + joined
+        return total
 
     def _unit(self, layers: Sequence[int], numels: Sequence[int]) -> Layers:
         """The key of the unit of these tensors, its sample sizes recorded."""
@@ -200,15 +226,21 @@ class ShadowSums:
     def nbytes(self) -> int:
         """Bytes held: the shadow residuals and sums, and the cached sample indices."""
         held = [*self.residual.values(), *self.sent.values(), *self._index.values()]
-        held += [t for loose in self._loose.values() for t in loose.values()]
+        held += [t for loose in (*self._loose.values(), *self.earlier) for t in loose.values()]
         return sum(t.numel() * t.element_size() for t in held)
 
-    def clear(self) -> None:
-        """Start a new window: the sums restart, the shadow residuals carry on, and the sample
-        indices of layouts the ended window did not read are dropped (a bucket rebuild's old
-        layout would otherwise stay cached for the rest of the run)."""
-        self.sent.clear()
-        self._loose["sent"].clear()
+    def clear(self, keep: int = 0) -> None:
+        """Start a new window: the sums restart (those of the last ``keep`` windows, the one
+        that ended included, stay in the terms of the next window's end), the shadow
+        residuals carry on, and the sample indices of layouts the ended window did not read
+        are dropped (a bucket rebuild's old layout would otherwise stay cached for the rest
+        of the run)."""
+        ended = dict(self._loose["sent"])
+        for (cf, unit), t in self.sent.items():
+            ended.update(self._pieces(cf, unit, t))
+        self.earlier = [*self.earlier, ended][-keep:] if keep else []
+        self.sent = {}
+        self._loose["sent"] = {}
         self._index = {k: v for k, v in self._index.items() if k in self._used}
         self._used = set()
 
@@ -219,18 +251,29 @@ class ShadowSums:
             out = dict(self._loose[name])
             for (cf, unit), t in getattr(self, name).items():
                 out.update(self._pieces(cf, unit, t))
+            return pieces(out)
+
+        def pieces(out: dict[tuple[float, int], Tensor]) -> list[tuple[float, int, Tensor]]:
             return [(cf, layer, t.clone()) for (cf, layer), t in sorted(out.items())]
 
-        return {"version": _VERSION, "residual": rows("residual"), "sent": rows("sent")}
+        return {
+            "version": _VERSION,
+            "residual": rows("residual"),
+            "sent": rows("sent"),
+            "earlier": [pieces(sums) for sums in self.earlier],
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the shadows (joined into units at their first use); a state of another
         version (or none) starts them afresh."""
         same = state.get("version") == _VERSION
 
-        def table(key: str) -> dict[tuple[float, int], Tensor]:
-            rows = state.get(key, []) if same else []
+        def table(rows: list[Any]) -> dict[tuple[float, int], Tensor]:
             return {(float(cf), int(layer)): torch.as_tensor(t).clone() for cf, layer, t in rows}
 
+        def stored(key: str) -> Any:
+            return state.get(key, []) if same else []
+
         self.residual, self.sent = {}, {}
-        self._loose = {"residual": table("residual"), "sent": table("sent")}
+        self._loose = {"residual": table(stored("residual")), "sent": table(stored("sent"))}
+        self.earlier = [table(rows) for rows in stored("earlier")]

@@ -30,6 +30,16 @@ training the CF itself brings (the CNN at 100 Mbit/s: CF 320's real window gains
 the 6 windows it was sent, its shadow's 0.53-0.72; within 0.05 at CFs up to 40), so the real
 window gain of the CF sent corrects its shadow from then on (``excess``).
 
+The gains' horizon (the policy option ``horizon``, windows; 2 by default) may be longer than
+the interval between decisions: with ``horizon = h`` each window's end judges the gains over it
+and the ``h - 1`` windows before it (the sums ``S`` of those windows kept, :meth:`gravac.shadow.
+ShadowSums.clear`), shadows and the CF sent alike. A window gain grows with its horizon at a
+high CF, whose residual is delivered steps later (the CNN at 100 Mbit/s: 50-step windows send
+CF 1000, 25-step ones do not), so a longer horizon judges high CFs over more of what error
+feedback delivers without deciding less often. The real gain of a CF sent then spans the CFs
+sent before it until it was sent for ``h`` windows in a row, so it corrects the CF's shadow
+only from then on (``excess``).
+
 Every decision reads only values agreed over ranks (the shadow terms are summed over ranks with
 the step's scalars, as the window's are), so the ranks decide alike. It needs a compressor whose
 sends a sample can replay (:attr:`gravac.compressors.Compressor.shadowable`) and plain error
@@ -43,6 +53,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gravac.controller import Plan, cf_key
+from gravac.policies.base import DEFAULT_HORIZON
 from gravac.trial import TrialController, link_seconds
 
 __all__ = ["ShadowController"]
@@ -63,6 +74,14 @@ class ShadowController(TrialController):
         self.shadow_gain: dict[float, float] = {}  # the last window's, by CF
         self.excess: dict[float, float] = {}  # shadow less real window gain, when last sent
         self._shadow: dict[float, float] = {}  # this step's agreed shadow gains, if any
+        self.windows_closed = 0  # windows ended so far, the warm-up included
+        self.same_windows = 0  # of them, the last ones in a row that sent the same CF
+        self.last_sent: float | None = None  # the CF the last window that ended sent
+
+    @property
+    def horizon(self) -> int:
+        """Windows its gains span: the policy's ``horizon``, or :data:`DEFAULT_HORIZON`."""
+        return DEFAULT_HORIZON if self.policy.horizon is None else self.policy.horizon
 
     def _ladder(self) -> tuple[float, ...]:
         """``theta_min`` and the policy's candidates above it, up to ``theta_max``."""
@@ -90,10 +109,16 @@ class ShadowController(TrialController):
 
     def _end_window(self) -> None:
         cf, g = self._close_window()
-        if g is not None and cf != _DENSE_CF:
+        self.windows_closed += 1
+        self.same_windows = self.same_windows + 1 if cf == self.last_sent else 1
+        self.last_sent = cf
+        # the real gain spans the horizon's windows, as the shadows' do: it is the CF's own
+        # only if that CF was sent in all of them
+        own = self.same_windows >= min(self.horizon, self.windows_closed)
+        if own and g is not None and cf != _DENSE_CF:
             self.wgain[cf] = g  # the real window gain of the CF sent
         real = self._window_gain
-        if real is not None and math.isfinite(real) and cf in self._shadow:
+        if own and real is not None and math.isfinite(real) and cf in self._shadow:
             self.excess[cf] = self._shadow[cf] - real
         if self._shadow:
             self.shadow_gain, self._shadow = self._shadow, {}
@@ -144,6 +169,8 @@ class ShadowController(TrialController):
     def resnap(self) -> None:
         super().resnap()
         self.ladder = self._ladder()
+        if self.last_sent not in (None, _DENSE_CF):
+            self.last_sent = self.snap(self.last_sent)
         self.shadow_gain = {self.snap(cf): v for cf, v in sorted(self.shadow_gain.items())}
         self.excess = {self.snap(cf): v for cf, v in sorted(self.excess.items())}
 
@@ -152,6 +179,9 @@ class ShadowController(TrialController):
             **super().state_dict(),
             "shadow_gain": sorted(self.shadow_gain.items()),
             "excess": sorted(self.excess.items()),
+            "windows_closed": self.windows_closed,
+            "same_windows": self.same_windows,
+            "last_sent": self.last_sent,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -162,3 +192,7 @@ class ShadowController(TrialController):
         self.shadow_gain = {float(k): float(v) for k, v in state.get("shadow_gain", [])}
         self.excess = {float(k): float(v) for k, v in state.get("excess", [])}
         self._shadow = {}
+        self.windows_closed = int(state.get("windows_closed", 0))
+        self.same_windows = int(state.get("same_windows", 0))
+        last = state.get("last_sent")
+        self.last_sent = None if last is None else float(last)

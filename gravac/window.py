@@ -119,10 +119,12 @@ def _split(flat: Tensor, numels: Sequence[int]) -> list[Tensor]:
 
 class WindowSums:
     """What each compressed tensor sent over the current window, sampled (see the module
-    docstring), by layer id."""
+    docstring), by layer id; and over the windows before it that the gain's horizon spans
+    (:meth:`clear`), so that a gain judged at a window's end may cover several windows."""
 
     def __init__(self) -> None:
         self.sent: dict[int, Tensor] = {}  # sampled sum of what was sent, by layer id
+        self.earlier: list[dict[int, Tensor]] = []  # the windows before it, oldest first
 
     def terms(
         self, layers: Sequence[int], numels: Sequence[int], residual: Tensor | None
@@ -133,10 +135,11 @@ class WindowSums:
         parts = [None] * len(numels) if residual is None else _split(residual, numels)
         total = torch.zeros(3, dtype=torch.float64)
         for layer, n, e in zip(layers, numels, parts, strict=True):
-            s = self.sent.get(layer)
             es = torch.zeros(sample_size(n)) if e is None else sample(e).float()
-            if s is None:
-                s = torch.zeros_like(es)
+            s = torch.zeros_like(es)
+            for sums in (*self.earlier, self.sent):
+                if layer in sums:
+                    s = s.to(sums[layer].device) + sums[layer]
             total = total.to(s.device) + window_terms(s, es.to(s.device))
         return total
 
@@ -160,18 +163,29 @@ class WindowSums:
             old = self.sent.get(layer)
             self.sent[layer] = sent if old is None else old.add_(sent)
 
-    def clear(self) -> None:
-        """Start a new window."""
-        self.sent.clear()
+    def clear(self, keep: int = 0) -> None:
+        """Start a new window; the sums of the last ``keep`` windows (the one that ended
+        included) stay in the terms of the next window's end."""
+        self.earlier = [*self.earlier, self.sent][-keep:] if keep else []
+        self.sent = {}
 
     def state_dict(self) -> dict[str, Any]:
+        def rows(sums: dict[int, Tensor]) -> list[tuple[int, Tensor]]:
+            return [(k, v.clone()) for k, v in sorted(sums.items())]
+
         return {
             "sampling": _SAMPLING,
-            "sent": [(k, v.clone()) for k, v in sorted(self.sent.items())],
+            "sent": rows(self.sent),
+            "earlier": [rows(sums) for sums in self.earlier],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the sums; sums sampled otherwise (an older gravac's) are dropped, so the
         window restarts."""
         same = state.get("sampling") == _SAMPLING
-        self.sent = {int(k): torch.as_tensor(v).float().clone() for k, v in state["sent"] if same}
+
+        def sums(rows: list[Any]) -> dict[int, Tensor]:
+            return {int(k): torch.as_tensor(v).float().clone() for k, v in rows if same}
+
+        self.sent = sums(state["sent"])
+        self.earlier = [sums(rows) for rows in state.get("earlier", [])] if same else []

@@ -338,16 +338,17 @@ def test_a_step_issues_its_payloads_and_one_scalar_gather(
         assert steps == [expected] * 3
 
 
-def shadow_run(rank: int, world_size: int) -> dict[str, Any]:
-    """The search by shadow on two ranks with different data, real clocks; rank 1 alone has
-    a NaN gradient at step 5, which every rank skips with the shadows untouched."""
+def shadow_run(rank: int, world_size: int, horizon: int) -> dict[str, Any]:
+    """The search by shadow, its gains over ``horizon`` windows, on two ranks with different
+    data, real clocks; rank 1 alone has a NaN gradient at step 5, which every rank skips with
+    the shadows untouched."""
     model = tiny_model(seed=rank)
     broadcast_parameters(model)
     opt = GravacOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
         compressor="topk",
         policy="exponential",
-        policy_options={"search": "shadow"},
+        policy_options={"search": "shadow", "horizon": horizon},
         theta_min=4.0,
         theta_max=64.0,
         window=2,
@@ -365,10 +366,12 @@ def shadow_run(rank: int, world_size: int) -> dict[str, Any]:
         opt.step()
         if step == 5:
             after = opt.engine.shadows.state_dict()
+            tables = [(before[k], after[k]) for k in ("residual", "sent")]
+            tables += list(zip(before["earlier"], after["earlier"], strict=True))
             untouched = all(
                 (a[0], a[1]) == (b[0], b[1]) and torch.equal(a[2], b[2])
-                for key in ("residual", "sent")
-                for a, b in zip(before[key], after[key], strict=True)
+                for rows_before, rows_after in tables
+                for a, b in zip(rows_before, rows_after, strict=True)
             ) and len(before["residual"]) == len(after["residual"])
         record = opt.last_record
         assert record is not None
@@ -381,8 +384,9 @@ def shadow_run(rank: int, world_size: int) -> dict[str, Any]:
     }
 
 
-def test_the_search_by_shadow_decides_alike_on_two_ranks() -> None:
-    r0, r1 = spawn_workers(shadow_run, 2, timeout=SPAWN_TIMEOUT)
+@pytest.mark.parametrize("horizon", [1, 2])
+def test_the_search_by_shadow_decides_alike_on_two_ranks(horizon: int) -> None:
+    r0, r1 = spawn_workers(shadow_run, 2, horizon, timeout=SPAWN_TIMEOUT)
     assert r0["records"] == r1["records"]  # the CFs sent and every agreed shadow gain
     assert any(gains for _, gains in r0["records"])
     assert r0["skipped"] == r1["skipped"] == 1 and r0["untouched"] and r1["untouched"]

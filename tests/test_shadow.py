@@ -191,3 +191,43 @@ def test_other_compressors_cannot_be_replayed(name: str) -> None:
     assert not c.shadowable
     with pytest.raises(NotImplementedError, match="cannot be replayed on a sample"):
         c.shadow_kept(torch.ones(4), 2.0)
+
+
+def test_sums_kept_for_the_horizon_add_the_windows_before_to_the_terms() -> None:
+    """``clear(keep=1)``: the next window's terms are those of ``S`` summed over both windows
+    (the closing step between them sends nothing to either, as in one window) against the
+    residual the second ends with; one more window drops the first; ``keep=0`` forgets."""
+    gen = torch.Generator().manual_seed(5)
+    cfs, layers, numels = (10.0, 100.0), (2, 4), (1024 * 3, 1024 * 2)
+    kept, plain = ShadowSums(), ShadowSums()
+    sent = {cf: [torch.zeros(80), torch.zeros(80), torch.zeros(80)] for cf in cfs}
+    for window in range(3):
+        for step in range(4):
+            g = torch.randn(80, generator=gen)
+            closing = step == 3
+            for sums in (kept, plain):
+                before = {cf: sums.residual.get((cf, layers)) for cf in cfs}
+                sums.step(cfs, layers, numels, g, TOPK.shadow_kept, accumulate=not closing)
+            if not closing:
+                for cf in cfs:
+                    x = g if before[cf] is None else g + before[cf]
+                    sent[cf][window] += x - plain.residual[(cf, layers)]
+        if window < 2:
+            kept.clear(keep=1)
+            plain.clear()
+    got, alone = kept.terms(cfs, layers, numels), plain.terms(cfs, layers, numels)
+    for i, cf in enumerate(cfs):
+        e = plain.residual[(cf, layers)]
+        assert torch.equal(kept.residual[(cf, layers)], e)
+        both = sent[cf][1] + sent[cf][2]
+        want = sum(window_terms(a, b) for a, b in zip(both.split(48), e.split(48), strict=True))
+        assert torch.allclose(got[3 * i : 3 * i + 3], want)
+        last = sent[cf][2]
+        want = sum(window_terms(a, b) for a, b in zip(last.split(48), e.split(48), strict=True))
+        assert torch.allclose(alone[3 * i : 3 * i + 3], want)
+    again = ShadowSums()
+    again.load_state_dict(kept.state_dict())
+    assert torch.equal(again.terms(cfs, layers, numels), got)  # the earlier window survives
+    assert kept.nbytes() > plain.nbytes()
+    kept.clear()
+    assert kept.earlier == []

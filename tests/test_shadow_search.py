@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from gravac import policies
 from gravac.controller import ControllerConfig, Phase
 from gravac.options import build_engine
+from gravac.policies.base import DEFAULT_HORIZON
 from gravac.shadow_search import ShadowController
 from gravac.trial import MIN_WARMUP_STEPS, TrialController, link_seconds
 from tests.helpers import Records, train_square, windowed_optimizer
@@ -20,9 +22,13 @@ EXPONENTIAL_LADDER = (10.0, 20.0, 40.0, 160.0, 1000.0)
 
 
 def make(
-    policy: str = "exponential", warmup: int = 2, progress: str | None = None, **config: float
+    policy: str = "exponential",
+    warmup: int = 2,
+    progress: str | None = None,
+    horizon: int | None = None,
+    **config: float,
 ) -> ShadowController:
-    """A search by shadow (``progress``: the policy option)."""
+    """A search by shadow (``progress`` and ``horizon``: the policy options)."""
     cfg = ControllerConfig(
         theta_min=10.0,
         window=WINDOW,
@@ -30,7 +36,7 @@ def make(
         ewma_alpha=1.0,
         **{"omega": OMEGA, **config},
     )
-    policy_ = policies.create(policy, search="shadow", progress=progress)
+    policy_ = policies.create(policy, search="shadow", progress=progress, horizon=horizon)
     c = policy_.make_controller(cfg, 2, snap=lambda cf: cf)
     assert isinstance(c, ShadowController)
     return c
@@ -145,6 +151,26 @@ def test_the_real_window_gain_of_the_cf_sent_corrects_its_shadow() -> None:
     assert c.excess[40.0] == 0.0
 
 
+@pytest.mark.parametrize("horizon", [1, 2, 3])
+def test_a_real_gain_corrects_the_shadow_once_it_spans_the_cf_alone(horizon: int) -> None:
+    """With gains over ``horizon`` windows, the real gain of a CF just chosen still spans the
+    windows of the CF before it: CF 160's shadow is corrected (0.6 -> 0.45) only after it was
+    sent for ``horizon`` windows, and the search then goes down to 40 as with one window."""
+
+    def real(step: int, cf: float) -> float:
+        return 0.45 if cf == 160.0 else falling(step, cf)
+
+    c = make(horizon=horizon)
+    sent = run(c, 40, falling, SLOW, real)
+    assert windows(sent) == [10.0, 160.0, 40.0]
+    assert sent.count(160.0) == (WINDOW + 1) * horizon  # a window and its closing step
+    assert c.excess[160.0] == pytest.approx(0.15)
+    assert (c.windows_closed, c.same_windows) == (10, 9 - horizon)
+    b = make(horizon=horizon)
+    b.load_state_dict(c.state_dict())
+    assert (b.windows_closed, b.same_windows, b.last_sent) == (10, 9 - horizon, 40.0)
+
+
 def test_the_choice_follows_the_gains_every_window_up_and_down() -> None:
     """Gains that rise as training goes on move the CF up at the next window, without a probe;
     gains that fall move it down."""
@@ -216,6 +242,32 @@ def test_a_compressor_that_cannot_be_replayed_is_refused(
 
 
 @pytest.mark.parametrize(
+    ("compressor", "options"), [("dgc", {}), ("topk", {"error_feedback": False})]
+)
+def test_a_horizon_without_the_search_by_shadow_is_refused(
+    compressor: str, options: dict[str, bool]
+) -> None:
+    with pytest.raises(ValueError, match="horizon=2 needs the search by shadow") as info:
+        build_engine(compressor=compressor, policy_options={"horizon": 2}, **options)
+    assert repr(compressor) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("compressor", "options", "horizon"),
+    [
+        ("topk", {}, DEFAULT_HORIZON),
+        ("topk", {"policy_options": {"horizon": 1}}, 1),
+        ("dgc", {}, 1),
+    ],
+)
+def test_the_search_by_shadow_judges_over_two_windows_by_default_and_the_others_over_one(
+    compressor: str, options: dict[str, Any], horizon: int
+) -> None:
+    assert DEFAULT_HORIZON == 2
+    assert build_engine(compressor=compressor, **options).controller.horizon == horizon
+
+
+@pytest.mark.parametrize(
     ("compressor", "options", "kind"),
     [
         ("topk", {}, ShadowController),
@@ -232,9 +284,13 @@ def test_search_auto_replays_where_the_compressor_can_be_replayed_and_tries_else
     assert type(engine.controller) is kind
 
 
-def test_the_engine_logs_every_shadow_gain_once_a_window_and_resumes_them() -> None:
+@pytest.mark.parametrize("horizon", [1, 2])
+def test_the_engine_logs_every_shadow_gain_once_a_window_and_resumes_them(horizon: int) -> None:
+    """Logged and resumed bit for bit, with the sums of the window before kept over a
+    checkpoint for a horizon of two windows."""
+    search = {"search": "shadow", "horizon": horizon}
     full = Records()
-    model, opt = windowed_optimizer(full, WINDOW, policy_options={"search": "shadow"})
+    model, opt = windowed_optimizer(full, WINDOW, policy_options=search)
     train_square(model, opt, range(20))
     logged = [(r.step, r.gain_shadow) for r in full.items if r.gain_shadow]
     assert [s for s, _ in logged] == [2, 6, 10, 14, 18]
@@ -245,15 +301,31 @@ def test_the_engine_logs_every_shadow_gain_once_a_window_and_resumes_them() -> N
     assert "gain_shadow/cf160" in full.items[2].scalars()
 
     part = Records()
-    model_a, opt_a = windowed_optimizer(part, WINDOW, policy_options={"search": "shadow"})
+    model_a, opt_a = windowed_optimizer(part, WINDOW, policy_options=search)
     train_square(model_a, opt_a, range(9))
     state = opt_a.state_dict()
-    model_b, opt_b = windowed_optimizer(part, WINDOW, policy_options={"search": "shadow"})
+    model_b, opt_b = windowed_optimizer(part, WINDOW, policy_options=search)
     model_b.load_state_dict(model_a.state_dict())
     opt_b.load_state_dict(state)
     train_square(model_b, opt_b, range(9, 20))
     resumed = [(r.step, r.gain_shadow, r.cf_sent) for r in part.items[9:]]
     assert resumed == [(r.step, r.gain_shadow, r.cf_sent) for r in full.items[9:]]
+
+
+def test_a_horizon_of_two_windows_changes_the_gains_from_the_second_window_on() -> None:
+    """The warm-up has no window before it, so its gains are one window's either way; the
+    next window's (the same CF sent, so the same steps) span both with a horizon of two."""
+    logged = []
+    for horizon in (1, 2):
+        records = Records()
+        policy_options = {"search": "shadow", "horizon": horizon}
+        model, opt = windowed_optimizer(records, WINDOW, policy_options=policy_options)
+        train_square(model, opt, range(7))
+        logged.append([dict(r.gain_shadow) for r in records.items if r.gain_shadow])
+    one, two = logged
+    assert len(one) == len(two) == 2
+    assert one[0] == two[0]
+    assert all(one[1][cf] != two[1][cf] for cf in EXPONENTIAL_LADDER)
 
 
 def test_a_checkpoint_of_the_search_by_trial_resumes_under_the_default_search() -> None:

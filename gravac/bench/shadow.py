@@ -5,7 +5,8 @@ gradient for every CF of its ladder at every step (:mod:`gravac.shadow`): a samp
 at launch, then one selection per CF at commit. This times both for the exponential and the
 geometric policies' default ladders (CFs 10 to 1000) on a gradient of the benchmark's layout
 (:func:`gravac.bench.common.model_layout`, one bucket), against ``dst.copy_(src)`` of the whole
-gradient in the same loop, and reports the memory the shadows keep against the gradient's.
+gradient in the same loop, and reports the memory the shadows keep against the gradient's (with
+the sums of the earlier windows that the default horizon keeps).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from gravac.bench.common import (
     synthetic_gradients,
 )
 from gravac.controller import ControllerConfig
+from gravac.policies.base import DEFAULT_HORIZON
 from gravac.shadow import ShadowSums
 from gravac.shadow_search import ShadowController
 
@@ -106,6 +108,10 @@ def bench_shadow(
             repeats=repeats,
             device=device,
         )
+        # a window closes, kept for the default horizon, and the next one sends: the memory
+        # of a run's steady state, which holds the earlier window's sums beside this one's
+        sums.clear(DEFAULT_HORIZON - 1)
+        replay()()
         rows.append(
             ShadowResult(
                 policy,
@@ -131,8 +137,8 @@ def format_shadow_table(results: Sequence[ShadowResult], *, seed: int, device: t
         f" one warm-up, seed {seed}, {environment(device)}",
         "  sample: the replayed sample of x - e (at launch); replay: one selection per CF of"
         " the ladder (at commit); copy: dst.copy_(src) of the gradient",
-        "  of copy = (sample + replay) / copy; state: the shadows' residuals and sums, and the"
-        " sample's indices",
+        "  of copy = (sample + replay) / copy; state: the shadows' residuals and sums (this"
+        " window's and the horizon's earlier ones), and the sample's indices",
     ]
     headers = ["policy", "CFs", "sample ms", "replay ms", "copy ms", "of copy", "state/grad"]
     rows = [

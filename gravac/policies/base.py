@@ -19,8 +19,10 @@ if TYPE_CHECKING:
     from gravac.controller import Controller, ControllerConfig
 
 __all__ = [
+    "DEFAULT_HORIZON",
     "SEARCHES",
     "ScalingPolicy",
+    "check_horizon",
     "check_progress",
     "check_search",
     "create",
@@ -66,6 +68,37 @@ def check_progress(progress: object, search: str, policy: str) -> str:
     return "energy" if progress is None else str(progress)
 
 
+#: windows the search by shadow's window gains span unless told: with 2 (50 steps, decisions
+#: every 25) the default search sent as many bytes as with 1 or fewer on every controller
+#: study (the CNN on loopback: 436-644 MB against 1,059-1,269 MB, two runs) and reached the
+#: target as soon (its time over one window's, median of 24 runs: 0.99); 3 and 4 did no
+#: better on loopback (``docs/CONTROLLER.md`` section 9)
+DEFAULT_HORIZON = 2
+
+
+def check_horizon(horizon: object, search: str, policy: str) -> int | None:
+    """How many windows the search by shadow's window gains span (``None``: the search's
+    default, :data:`DEFAULT_HORIZON` for the search by shadow, 1 for the others): at each
+    window's end, the gains judged cover that window and the ``horizon - 1`` before it, so a
+    gain's horizon may exceed how often the search decides. Only the search by shadow takes
+    more than one (the search by trial judges each candidate by the one window it was sent).
+
+    Raises:
+        ValueError: ``horizon`` is not an integer >= 1, or is more than 1 with a search that
+            is neither ``"shadow"`` nor ``"auto"``.
+    """
+    if horizon is None:
+        return None
+    if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
+        raise ValueError(f"{policy} policy option horizon must be an integer >= 1, got {horizon!r}")
+    if horizon > 1 and search not in ("shadow", "auto"):
+        raise ValueError(
+            f"{policy} policy option horizon applies to the search by shadow; search={search!r} "
+            f"judges a window at a time, got horizon={horizon!r}"
+        )
+    return horizon
+
+
 class ScalingPolicy(ABC):
     """How the candidate CF scales between search windows."""
 
@@ -76,6 +109,9 @@ class ScalingPolicy(ABC):
     search: str = "auto"
     #: how its search predicts a CF's progress per step from the CF's gain (:func:`check_progress`)
     progress: str = "energy"
+    #: windows its search by shadow's window gains span (:func:`check_horizon`; ``None``: the
+    #: search's default)
+    horizon: int | None = None
     #: a static CF's steps still measure their gain (for studies; adaptive policies always do)
     measure: bool = False
 

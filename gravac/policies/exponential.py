@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from gravac.policies.base import ScalingPolicy, check_progress, check_search, register
+from gravac.policies.base import (
+    ScalingPolicy,
+    check_horizon,
+    check_progress,
+    check_search,
+    register,
+)
 from gravac.policies.geometric import DEFAULT_RATIO, check_ratio
 
 __all__ = ["ExponentialPolicy"]
@@ -19,16 +25,23 @@ __all__ = ["ExponentialPolicy"]
 @register
 class ExponentialPolicy(ScalingPolicy):
     """``s_1 = r``; ``s_{j+1} = s_j * r^j``; ``search``: :data:`gravac.policies.base.SEARCHES`;
-    ``progress``: :func:`gravac.policies.base.check_progress`."""
+    ``progress``: :func:`gravac.policies.base.check_progress`; ``horizon``:
+    :func:`gravac.policies.base.check_horizon`."""
 
     name: ClassVar[str] = "exponential"
 
     def __init__(
-        self, *, ratio: float = DEFAULT_RATIO, search: str = "auto", progress: str | None = None
+        self,
+        *,
+        ratio: float = DEFAULT_RATIO,
+        search: str = "auto",
+        progress: str | None = None,
+        horizon: int | None = None,
     ) -> None:
         self.ratio = check_ratio(ratio, self.name)
         self.search = check_search(search, self.name)
         self.progress = check_progress(progress, self.search, self.name)
+        self.horizon = check_horizon(horizon, self.search, self.name)
 
     def first(self) -> float:
         return self.ratio

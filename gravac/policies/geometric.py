@@ -9,7 +9,13 @@ from __future__ import annotations
 import math
 from typing import ClassVar
 
-from gravac.policies.base import ScalingPolicy, check_progress, check_search, register
+from gravac.policies.base import (
+    ScalingPolicy,
+    check_horizon,
+    check_progress,
+    check_search,
+    register,
+)
 
 __all__ = ["GeometricPolicy"]
 
@@ -29,16 +35,23 @@ def check_ratio(ratio: float, policy: str) -> float:
 @register
 class GeometricPolicy(ScalingPolicy):
     """``s_1 = r``; ``s_{j+1} = s_j * r``; ``search``: :data:`gravac.policies.base.SEARCHES`;
-    ``progress``: :func:`gravac.policies.base.check_progress`."""
+    ``progress``: :func:`gravac.policies.base.check_progress`; ``horizon``:
+    :func:`gravac.policies.base.check_horizon`."""
 
     name: ClassVar[str] = "geometric"
 
     def __init__(
-        self, *, ratio: float = DEFAULT_RATIO, search: str = "auto", progress: str | None = None
+        self,
+        *,
+        ratio: float = DEFAULT_RATIO,
+        search: str = "auto",
+        progress: str | None = None,
+        horizon: int | None = None,
     ) -> None:
         self.ratio = check_ratio(ratio, self.name)
         self.search = check_search(search, self.name)
         self.progress = check_progress(progress, self.search, self.name)
+        self.horizon = check_horizon(horizon, self.search, self.name)
 
     def first(self) -> float:
         return self.ratio

@@ -23,8 +23,9 @@ def test_a_row_per_policy_with_its_ladder_and_the_shadows_memory() -> None:
     assert rows[1].cfs == (10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0, 1000.0)
     sampled = sum(sample_size(s.numel(), SHADOW_STRIDE) for s in model_layout(SIZE))
     for r in rows:
-        # a residual and a sum per CF, float32, and the sample's int32 indices
-        assert r.state_bytes == (2 * len(r.cfs) + 1) * sampled * 4
+        # a residual, this window's sum and the earlier window's per CF (the default horizon
+        # of two), float32, and the sample's int32 indices
+        assert r.state_bytes == (3 * len(r.cfs) + 1) * sampled * 4
         assert r.gradient_bytes == SIZE * 4
         assert min(r.sample_s, r.replay_s, r.copy_s) > 0.0
         assert r.of_copy == pytest.approx((r.sample_s + r.replay_s) / r.copy_s)

@@ -59,6 +59,11 @@ def test_fixed_pins_the_cf() -> None:
         ("exponential", {"search": "guess"}, "option search must be one of"),
         ("geometric", {"progress": "norm"}, "option progress must be one of"),
         ("exponential", {"search": "paper", "progress": "cosine"}, "search='paper' ranks by"),
+        ("geometric", {"horizon": 0}, "option horizon must be an integer >= 1, got 0"),
+        ("exponential", {"horizon": 2.0}, "option horizon must be an integer >= 1, got 2.0"),
+        ("exponential", {"horizon": True}, "option horizon must be an integer"),
+        ("exponential", {"search": "trial", "horizon": 2}, "search='trial' judges a window"),
+        ("geometric", {"search": "paper", "horizon": 3}, "search='paper' judges a window"),
     ],
 )
 def test_bad_policies_raise(name: str, options: dict[str, float], match: str) -> None:
@@ -73,6 +78,15 @@ def test_the_searches_predict_progress_by_the_gain_itself_unless_told(name: str)
     assert policies.create(name, progress="cosine").progress == "cosine"
     assert policies.create(name, search="shadow", progress="cosine").progress == "cosine"
     assert policies.create(name, search="paper").progress == "energy"  # Algorithm 1's
+
+
+@pytest.mark.parametrize("name", ["exponential", "geometric"])
+def test_the_horizon_is_the_searchs_default_unless_told(name: str) -> None:
+    assert policies.create(name).horizon is None  # the search's default
+    assert policies.create(name, search="trial", horizon=1).horizon == 1
+    assert policies.create(name, horizon=2).horizon == 2
+    assert policies.create(name, search="shadow", horizon=3).horizon == 3
+    assert policies.create("fixed", cf=10).horizon is None
 
 
 def test_registry_names() -> None:

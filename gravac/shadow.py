@@ -169,17 +169,23 @@ class ShadowSums:
     def _before(self, cf: float, unit: Layers) -> Tensor | None:
         """What the shadow at ``cf`` sent over the earlier windows of the horizon, flat over
         ``unit``'s samples (zeros for a tensor without one); ``None`` if nothing."""
-        sizes, total = self._sizes[unit], None
+        total = None
         for sums in self.earlier:
-            pieces = [sums.get((cf, layer)) for layer in unit]
-            if all(p is None for p in pieces):
-                continue
-            like = next(p for p in pieces if p is not None)
-            joined = torch.cat(
-                [like.new_zeros(n) if p is None else p for p, n in zip(pieces, sizes, strict=True)]
-            )
-            total = joined if total is None else total + joined
+            joined = self._join(unit, [sums.get((cf, layer)) for layer in unit])
+            if joined is not None:
+                total = joined if total is None else total + joined
         return total
+
+    def _join(self, unit: Layers, pieces: Sequence[Tensor | None]) -> Tensor | None:
+        """``unit``'s tensors' pieces, in order, as one flat tensor (zeros for a tensor
+        without one); ``None`` if no tensor has one."""
+        if all(p is None for p in pieces):
+            return None
+        like = next(p for p in pieces if p is not None)
+        sizes = self._sizes[unit]
+        return torch.cat(
+            [like.new_zeros(n) if p is None else p for p, n in zip(pieces, sizes, strict=True)]
+        )
 
     def _unit(self, layers: Sequence[int], numels: Sequence[int]) -> Layers:
         """The key of the unit of these tensors, its sample sizes recorded."""
@@ -199,15 +205,9 @@ class ShadowSums:
         loose = self._loose[name]
         for key in [k for k in store if k[0] == cf and set(k[1]) & set(unit)]:
             loose.update(self._pieces(cf, key[1], store.pop(key)))
-        pieces = [loose.pop((cf, layer), None) for layer in unit]
-        if all(p is None for p in pieces):
-            return None
-        sizes = self._sizes[unit]
-        like = next(p for p in pieces if p is not None)
-        joined = torch.cat(
-            [like.new_zeros(n) if p is None else p for p, n in zip(pieces, sizes, strict=True)]
-        )
-        store[(cf, unit)] = joined
+        joined = self._join(unit, [loose.pop((cf, layer), None) for layer in unit])
+        if joined is not None:
+            store[(cf, unit)] = joined
         return joined
 
     def piece(self, name: str, cf: float, layer: int) -> Tensor | None:
@@ -217,6 +217,14 @@ class ShadowSums:
             if c == cf and layer in unit:
                 return self._pieces(cf, unit, t)[(cf, layer)]
         return self._loose[name].get((cf, layer))
+
+    def _by_tensor(self, name: str) -> dict[tuple[float, int], Tensor]:
+        """The ``name`` store (``"residual"`` or ``"sent"``) by (cf, layer): its units split
+        into their tensors' pieces, with the loose pieces."""
+        out = dict(self._loose[name])
+        for (cf, unit), t in getattr(self, name).items():
+            out.update(self._pieces(cf, unit, t))
+        return out
 
     def _pieces(self, cf: float, unit: Layers, t: Tensor) -> dict[tuple[float, int], Tensor]:
         """``t``, a flat tensor of ``unit`` at ``cf``, as its tensors' parts by (cf, layer)."""
@@ -235,10 +243,7 @@ class ShadowSums:
         residuals carry on, and the sample indices of layouts the ended window did not read
         are dropped (a bucket rebuild's old layout would otherwise stay cached for the rest
         of the run)."""
-        ended = dict(self._loose["sent"])
-        for (cf, unit), t in self.sent.items():
-            ended.update(self._pieces(cf, unit, t))
-        self.earlier = [*self.earlier, ended][-keep:] if keep else []
+        self.earlier = [*self.earlier, self._by_tensor("sent")][-keep:] if keep else []
         self.sent = {}
         self._loose["sent"] = {}
         self._index = {k: v for k, v in self._index.items() if k in self._used}
@@ -247,20 +252,14 @@ class ShadowSums:
     def state_dict(self) -> dict[str, Any]:
         """The shadows per CF and tensor (by layer id), as in :meth:`piece`."""
 
-        def rows(name: str) -> list[tuple[float, int, Tensor]]:
-            out = dict(self._loose[name])
-            for (cf, unit), t in getattr(self, name).items():
-                out.update(self._pieces(cf, unit, t))
-            return pieces(out)
-
-        def pieces(out: dict[tuple[float, int], Tensor]) -> list[tuple[float, int, Tensor]]:
+        def rows(out: dict[tuple[float, int], Tensor]) -> list[tuple[float, int, Tensor]]:
             return [(cf, layer, t.clone()) for (cf, layer), t in sorted(out.items())]
 
         return {
             "version": _VERSION,
-            "residual": rows("residual"),
-            "sent": rows("sent"),
-            "earlier": [pieces(sums) for sums in self.earlier],
+            "residual": rows(self._by_tensor("residual")),
+            "sent": rows(self._by_tensor("sent")),
+            "earlier": [rows(sums) for sums in self.earlier],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -186,6 +186,8 @@ class Plan:
     (:mod:`gravac.window`), and starts the next window.
     ``shadows``: CFs whose window gains are measured without sending them (:mod:`gravac.shadow`),
     at every step of every window.
+    ``signal``: the step that carries the window's gain also measures the signal share of the
+    window's gradient over ranks (:mod:`gravac.noise`).
     """
 
     theta_min: float
@@ -195,6 +197,7 @@ class Plan:
     per_layer: bool = False
     window_terms: bool = False
     shadows: tuple[float, ...] = ()
+    signal: bool = False
 
     def cfs_for(self, layers: tuple[int, ...]) -> tuple[float, ...]:
         """The CF of each of ``layers``."""
@@ -345,6 +348,11 @@ class Controller:
         could not be measured); a new window starts. Algorithm 1 does not read it (the engine
         logs it)."""
         self.window_clock = 0
+
+    def observe_signal(self, share: float | None) -> None:
+        """The agreed signal share of the window that ended before the step of a plan with
+        ``signal`` (:func:`gravac.noise.signal_fraction`; ``None``: not measurable); called
+        before :meth:`observe_window`. Only a controller that plans it reads it."""
 
     def observe_shadows(self, plan: Plan, gains: Mapping[float, float]) -> None:
         """The agreed window gains of the CFs of ``plan.shadows`` (:mod:`gravac.shadow`), for

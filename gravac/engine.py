@@ -61,6 +61,7 @@ from gravac.controller import Controller, ControllerConfig, Decision, Plan, cf_k
 from gravac.gain import gain_from_terms, squared_norm
 from gravac.memory import Memory, NoMemory, ResidualMemory
 from gravac.monitor import Monitor, StepRecord, TensorBoardMonitor
+from gravac.noise import signal_fraction, signal_payload
 from gravac.policies.base import ScalingPolicy
 from gravac.shadow import ShadowSums
 from gravac.spans import Place, scatter_spans, spans_numel
@@ -239,6 +240,9 @@ class Step:
         values: how many controller values they carry (set by :meth:`Engine.close`).
         stats: each unit's (or piece's) layers and local compressor statistics, to agree with
             the scalars for the next step (compressors whose statistics may lag).
+        totals: each compressed tensor's sampled window sum ``X`` (a plan with ``signal``, at
+            the step that closes a window), summed over ranks at :meth:`Engine.close`.
+        signal: that sum (set by :meth:`Engine.close`).
     """
 
     index: int
@@ -255,6 +259,8 @@ class Step:
     flags: int = 0
     values: int = 0
     stats: list[tuple[tuple[int, ...], Tensor]] = field(default_factory=list)
+    totals: list[Tensor] = field(default_factory=list)
+    signal: Future[Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -386,6 +392,12 @@ class Engine:
                 f"{c.name!r} with {type(self.memory).__name__} cannot run (a compressor whose "
                 "sends can be replayed under plain error feedback: topk, redsync); leave "
                 "horizon at 1"
+            )
+        if policy.noise and not controller.plans_shadows:
+            raise ValueError(
+                f"policy option noise=True needs the search by shadow, which {c.name!r} with "
+                f"{type(self.memory).__name__} cannot run (a compressor whose sends can be "
+                "replayed under plain error feedback: topk, redsync); leave noise unset"
             )
         return controller
 
@@ -599,6 +611,8 @@ class Engine:
                 e = carry if e is None else e + carry
         if plan.window_terms and self._windowed:
             window = self.windows.terms(unit.layer_ids, unit.numels, e).to(x.device)
+            if plan.signal:
+                step.totals.extend(self.windows.totals(unit.layer_ids, unit.numels, e))
             shadows = self.shadows.terms(plan.shadows, unit.layer_ids, unit.numels)
         else:
             window = torch.zeros(3, dtype=torch.float64, device=x.device)
@@ -738,7 +752,12 @@ class Engine:
         stats = [s.cpu() for _, s in step.stats]
         local = torch.cat([head, step.terms.cpu(), values, *stats]).to(self.comm.device)
         step.scalars = self.comm.all_gather_async(local)
-        return collect([step.scalars, *(f.arrived for f in step.flights)])
+        waits: list[Future[Any]] = [step.scalars, *(f.arrived for f in step.flights)]
+        if step.totals:
+            payload = signal_payload(step.totals).to(self.comm.device)
+            step.signal = self.comm.all_reduce_async(payload)
+            waits.append(step.signal)
+        return collect(waits)
 
     def commit(self, step: Step) -> Outcome:
         """Apply a step whose :meth:`close` future has completed: update the residuals and fold
@@ -806,7 +825,7 @@ class Engine:
         gain_c = None
         if plan.candidate is not None and plan.measure:
             gain_c = gain_from_terms(terms[[2, 3, 4]])
-        gain_w, shadow_gains = math.nan, {}
+        gain_w, shadow_gains, share = math.nan, {}, None
         if plan.window_terms and plan.shadows:
             shadow_gains = _shadow_gains(plan, terms)
         if plan.window_terms and self._windowed:
@@ -822,6 +841,9 @@ class Engine:
             self.controller.observe_values(table[:, start : start + step.values])
             self._keep_stats(step, table[:, start + step.values :])
             if plan.window_terms:
+                if step.signal is not None:
+                    share = signal_fraction(step.signal.value().cpu(), self.comm.world_size)
+                    self.controller.observe_signal(share)
                 self.controller.observe_window(plan, gain_w)
                 if shadow_gains:
                     self.controller.observe_shadows(plan, shadow_gains)
@@ -843,6 +865,7 @@ class Engine:
             gain_candidate_step=gain_c,
             gain_window=gain_w if plan.window_terms else None,
             gain_shadow=tuple(shadow_gains.items()),
+            signal=share,
             system_throughput=ctl.tsys.get(cf_key(cf)),
             compression_throughput=ctl.tput().get(cf_key(cf)),
             wire_bytes=step_bytes,

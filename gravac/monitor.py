@@ -41,6 +41,8 @@ TAG_DESCRIPTIONS: dict[str, str] = {
     "step, at the CF it sent (gravac.window; logged once a window)",
     "gain_shadow/cf<CF>": "the window gain of <CF> over the same window, by error feedback "
     "replayed on a sample without sending it (gravac.shadow; the search by shadow)",
+    "signal": "the signal share of the window's gradient that ended before this step, from how "
+    "the ranks' window sums agree (gravac.noise; the search by shadow, 2 ranks or more)",
     "system_throughput": "smoothed samples/s measured while sending at cf_sent",
     "compression_throughput": "gain x system throughput at cf_sent (what the search maximises)",
     "wire_bytes": "bytes this rank sent this step",
@@ -78,6 +80,7 @@ class StepRecord:
     skipped: bool = False
     gain_window: float | None = None
     gain_shadow: tuple[tuple[float, float], ...] = ()  # (CF, window gain) of the shadows
+    signal: float | None = None
     bytes_saved: int = 0
     skipped_steps: int = 0
 
@@ -108,6 +111,7 @@ class StepRecord:
             "gain_min_step",
             "gain_candidate_step",
             "gain_window",
+            "signal",
             "system_throughput",
             "compression_throughput",
             "wire_bytes",

@@ -11,8 +11,10 @@ system throughput of a CF not sent comes from the link model (:func:`gravac.tria
     warm-up:  send theta_min for warmup_steps (ended after MIN_WARMUP_STEPS on a slow link, as
               the search by trial's)
     each window's end, with the shadow window gains shadow[cf] of every cf of the ladder:
-        judged[cf] = shadow[cf] - excess[cf], where excess[cf] is how far cf's shadow gain
-                     exceeded its real window gain the last time cf was sent (0 before)
+        judged[cf] = 1 - (1 - (shadow[cf] - excess[cf])) * share, where excess[cf] is how
+                     far cf's shadow gain exceeded its real window gain the last time cf was
+                     sent (0 before), and share the largest signal share of a window's
+                     gradient measured so far (1 before; the policy option ``noise``)
         tsys[cf] = the median samples/s measured the last time cf was sent, or the link
                    model from the largest CF below it that was sent (the smallest above, if
                    none is below)
@@ -40,6 +42,15 @@ feedback delivers without deciding less often. The real gain of a CF sent then s
 sent before it until it was sent for ``h`` windows in a row, so it corrects the CF's shadow
 only from then on (``excess``).
 
+What error feedback holds back is noise as well as signal, and held-back noise costs no
+progress: on the VGG-style digits CNN and the ResNet the signal share of a window's gradient
+(:mod:`gravac.noise`, from how the ranks' window sums agree) is 0.2-0.5 at the start of
+training and near 0 from step 50 on, and there the window gain of CF 1000 falls while its
+progress does not. So the held-back part of a gain counts by the signal share (the policy
+option ``noise``, on by default): the largest share measured so far, the workload's at its
+start, not the current one, which falls late in training on the LSTM too, where higher CFs
+still cost perplexity (``docs/CONTROLLER.md`` section 10).
+
 Every decision reads only values agreed over ranks (the shadow terms are summed over ranks with
 the step's scalars, as the window's are), so the ranks decide alike. It needs a compressor whose
 sends a sample can replay (:attr:`gravac.compressors.Compressor.shadowable`) and plain error
@@ -53,6 +64,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gravac.controller import Plan, cf_key
+from gravac.noise import signal_gain
 from gravac.policies.base import DEFAULT_HORIZON
 from gravac.trial import TrialController, link_seconds
 
@@ -77,11 +89,18 @@ class ShadowController(TrialController):
         self.windows_closed = 0  # windows ended so far, the warm-up included
         self.same_windows = 0  # of them, the last ones in a row that sent the same CF
         self.last_sent: float | None = None  # the CF the last window that ended sent
+        self.signal_share: float | None = None  # the largest signal share measured so far
 
     @property
     def horizon(self) -> int:
         """Windows its gains span: the policy's ``horizon``, or :data:`DEFAULT_HORIZON`."""
         return DEFAULT_HORIZON if self.policy.horizon is None else self.policy.horizon
+
+    @property
+    def discounts_noise(self) -> bool:
+        """Whether held-back energy counts by its signal share: the policy's ``noise``, on
+        unless it says ``False``."""
+        return self.policy.noise is not False
 
     def _ladder(self) -> tuple[float, ...]:
         """``theta_min`` and the policy's candidates above it, up to ``theta_max``."""
@@ -98,7 +117,18 @@ class ShadowController(TrialController):
 
     def plan(self) -> Plan:
         sent = self.theta_min if self.current == _DENSE_CF else self.current
-        return Plan(theta_min=sent, candidate=None, window_terms=self.awaiting, shadows=self.ladder)
+        return Plan(
+            theta_min=sent,
+            candidate=None,
+            window_terms=self.awaiting,
+            shadows=self.ladder,
+            signal=self.discounts_noise,
+        )
+
+    def observe_signal(self, share: float | None) -> None:
+        if share is not None:
+            old = self.signal_share
+            self.signal_share = share if old is None else max(old, share)
 
     def observe_shadows(self, plan: Plan, gains: Mapping[float, float]) -> None:
         self._shadow = {cf_key(cf): g for cf, g in gains.items() if math.isfinite(g)}
@@ -138,10 +168,15 @@ class ShadowController(TrialController):
         return math.inf if seconds <= 0 else 1.0 / seconds
 
     def judged_gain(self, cf: float) -> float | None:
-        """``cf``'s last shadow window gain, less its excess over the real one (see the module
-        docstring); ``None`` before one was measured."""
+        """``cf``'s last shadow window gain, less its excess over the real one, its held-back
+        part counted by the signal share (see the module docstring); ``None`` before one was
+        measured."""
         g = self.shadow_gain.get(cf)
-        return None if g is None else g - self.excess.get(cf, 0.0)
+        if g is None:
+            return None
+        g -= self.excess.get(cf, 0.0)
+        share = self.signal_share
+        return g if share is None or not self.discounts_noise else signal_gain(g, share)
 
     def shadow_tput(self) -> dict[float, float]:
         """Compression throughput of every CF of the ladder whose judged gain keeps epsilon."""
@@ -182,6 +217,7 @@ class ShadowController(TrialController):
             "windows_closed": self.windows_closed,
             "same_windows": self.same_windows,
             "last_sent": self.last_sent,
+            "signal_share": self.signal_share,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -196,3 +232,5 @@ class ShadowController(TrialController):
         self.same_windows = int(state.get("same_windows", 0))
         last = state.get("last_sent")
         self.last_sent = None if last is None else float(last)
+        share = state.get("signal_share")
+        self.signal_share = None if share is None else float(share)

@@ -126,21 +126,38 @@ class WindowSums:
         self.sent: dict[int, Tensor] = {}  # sampled sum of what was sent, by layer id
         self.earlier: list[dict[int, Tensor]] = []  # the windows before it, oldest first
 
-    def terms(
+    def pairs(
         self, layers: Sequence[int], numels: Sequence[int], residual: Tensor | None
-    ) -> Tensor:
-        """The local window terms of one unit at the step after its window, whose ``residual``
-        (flat; ``None``: zero) the window ended with. A tensor with nothing sent yet
-        contributes its residual alone."""
+    ) -> list[tuple[Tensor, Tensor]]:
+        """``(S, e)`` of each tensor of one unit at the step after its window, sampled: what
+        the window (and the earlier ones it spans) sent, and the ``residual`` it ended with
+        (flat; ``None``: zero). A tensor with nothing sent yet has ``S = 0``."""
         parts = [None] * len(numels) if residual is None else _split(residual, numels)
-        total = torch.zeros(3, dtype=torch.float64)
+        out = []
         for layer, n, e in zip(layers, numels, parts, strict=True):
             es = torch.zeros(sample_size(n)) if e is None else sample(e).float()
             s = torch.zeros_like(es)
             for sums in (*self.earlier, self.sent):
                 if layer in sums:
                     s = s.to(sums[layer].device) + sums[layer]
-            total = total.to(s.device) + window_terms(s, es.to(s.device))
+            out.append((s, es.to(s.device)))
+        return out
+
+    def totals(
+        self, layers: Sequence[int], numels: Sequence[int], residual: Tensor | None
+    ) -> list[Tensor]:
+        """``X = S + e`` of each tensor of one unit (of :meth:`pairs`): everything the window
+        had to send, sampled."""
+        return [s + e for s, e in self.pairs(layers, numels, residual)]
+
+    def terms(
+        self, layers: Sequence[int], numels: Sequence[int], residual: Tensor | None
+    ) -> Tensor:
+        """The local window terms of one unit at the step after its window (of
+        :meth:`pairs`, added over the unit's tensors)."""
+        total = torch.zeros(3, dtype=torch.float64)
+        for s, e in self.pairs(layers, numels, residual):
+            total = total.to(s.device) + window_terms(s, e)
         return total
 
     def taken(self, x: Tensor, numels: Sequence[int]) -> list[Tensor]:

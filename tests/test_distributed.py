@@ -12,6 +12,7 @@ import torch
 from gravac import GravacOptimizer, broadcast_parameters, compressors, simulate
 from gravac.launch import spawn_workers
 from gravac.memory import ResidualMemory
+from gravac.shadow_search import ShadowController
 from tests.helpers import batch, counter_clock, tiny_model, train_step
 
 pytestmark = pytest.mark.slow
@@ -375,9 +376,12 @@ def shadow_run(rank: int, world_size: int, horizon: int) -> dict[str, Any]:
             ) and len(before["residual"]) == len(after["residual"])
         record = opt.last_record
         assert record is not None
-        records.append((record.cf_sent, record.gain_shadow))
+        records.append((record.cf_sent, record.gain_shadow, record.signal))
+    controller = opt.engine.controller
+    assert isinstance(controller, ShadowController)
     return {
         "records": records,
+        "share": controller.signal_share,
         "untouched": untouched,
         "skipped": opt.skipped_steps,
         "params": [p.detach().clone() for p in model.parameters()],
@@ -387,8 +391,11 @@ def shadow_run(rank: int, world_size: int, horizon: int) -> dict[str, Any]:
 @pytest.mark.parametrize("horizon", [1, 2])
 def test_the_search_by_shadow_decides_alike_on_two_ranks(horizon: int) -> None:
     r0, r1 = spawn_workers(shadow_run, 2, horizon, timeout=SPAWN_TIMEOUT)
-    assert r0["records"] == r1["records"]  # the CFs sent and every agreed shadow gain
-    assert any(gains for _, gains in r0["records"])
+    assert r0["records"] == r1["records"]  # the CFs sent, every shadow gain and signal share
+    assert any(gains for _, gains, _ in r0["records"])
+    shares = [f for _, _, f in r0["records"] if f is not None]
+    assert len(shares) >= 3 and all(0.0 <= f <= 1.0 for f in shares)
+    assert r0["share"] == r1["share"] == max(shares)  # the largest so far judges the gains
     assert r0["skipped"] == r1["skipped"] == 1 and r0["untouched"] and r1["untouched"]
     for a, b in zip(r0["params"], r1["params"], strict=True):
         assert torch.equal(a, b)

@@ -26,9 +26,10 @@ def make(
     warmup: int = 2,
     progress: str | None = None,
     horizon: int | None = None,
+    noise: bool | None = None,
     **config: float,
 ) -> ShadowController:
-    """A search by shadow (``progress`` and ``horizon``: the policy options)."""
+    """A search by shadow (``progress``, ``horizon`` and ``noise``: the policy options)."""
     cfg = ControllerConfig(
         theta_min=10.0,
         window=WINDOW,
@@ -36,7 +37,9 @@ def make(
         ewma_alpha=1.0,
         **{"omega": OMEGA, **config},
     )
-    policy_ = policies.create(policy, search="shadow", progress=progress, horizon=horizon)
+    policy_ = policies.create(
+        policy, search="shadow", progress=progress, horizon=horizon, noise=noise
+    )
     c = policy_.make_controller(cfg, 2, snap=lambda cf: cf)
     assert isinstance(c, ShadowController)
     return c
@@ -48,10 +51,12 @@ def run(
     gain: Callable[[int, float], float],
     link: Link,
     real: Callable[[int, float], float] | None = None,
+    share: Callable[[int], float | None] | None = None,
 ) -> list[float]:
     """``steps`` steps in the engine's call order; ``gain(step, cf)`` is the shadow window gain
     of ``cf`` at a step that closes a window, ``real`` the real window gain of the CF sent
-    (``gain``'s if not given). The CF sent at each step."""
+    (``gain``'s if not given), ``share(step)`` the window's signal share (none if not given,
+    as with one rank). The CF sent at each step."""
     real = real or gain
     sent = []
     for step in range(steps):
@@ -59,6 +64,8 @@ def run(
         assert plan.shadows == c.ladder
         d = c.decide(plan)
         if plan.window_terms:
+            if plan.signal and share is not None:
+                c.observe_signal(share(step))
             c.observe_window(plan, real(step, c.current))
             c.observe_shadows(plan, {cf: gain(step, cf) for cf in plan.shadows})
         c.record_throughput(d.cf, link.tsys(d.cf))
@@ -171,6 +178,44 @@ def test_a_real_gain_corrects_the_shadow_once_it_spans_the_cf_alone(horizon: int
     assert (b.windows_closed, b.same_windows, b.last_sent) == (10, 9 - horizon, 40.0)
 
 
+def test_held_back_energy_counts_by_the_largest_signal_share_so_far() -> None:
+    """Shares 0.4, then 0.2 and a window that could not measure one: the search keeps 0.4, so
+    CF 1000's 0.3 is judged 1 - 0.7 * 0.4 = 0.72; a later 0.8 raises it (0.44: under epsilon)."""
+    shares = iter([0.4, 0.2, None, 0.8])
+    c = make()
+    run(c, 3 + 2 * (WINDOW + 1), falling, SLOW, share=lambda step: next(shares))
+    assert c.signal_share == 0.4
+    assert c.judged_gain(1000.0) == pytest.approx(0.72)
+    c.observe_signal(next(shares))
+    assert c.signal_share == 0.8 and c.judged_gain(1000.0) == pytest.approx(0.44)
+
+
+@pytest.mark.parametrize(
+    ("noise", "share", "chosen"), [(None, 0.4, 1000.0), (None, None, 160.0), (False, 0.4, 160.0)]
+)
+def test_a_noisy_start_sends_the_cf_whose_held_back_energy_is_mostly_noise(
+    noise: bool | None, share: float | None, chosen: float
+) -> None:
+    """On the slow link CF 1000 is the fastest once its gain (0.3) keeps epsilon: with a signal
+    share of 0.4 it does (0.72) and is sent; with no share measured (one rank), or with the
+    policy option ``noise`` off, CF 160 is (as the gains alone say)."""
+    c = make(noise=noise)
+    assert c.plan().signal is (noise is None)
+    sent = run(c, 3, falling, SLOW, share=lambda step: share)
+    assert c.theta_ideal == chosen and sent == [10.0] * 3
+
+
+def test_the_signal_share_survives_a_checkpoint() -> None:
+    c = make()
+    run(c, 3, falling, SLOW, share=lambda step: 0.25)
+    b = make()
+    b.load_state_dict(c.state_dict())
+    assert b.signal_share == 0.25 and b.judged_gain(1000.0) == c.judged_gain(1000.0)
+    state = {k: v for k, v in c.state_dict().items() if k != "signal_share"}
+    b.load_state_dict(state)  # a checkpoint from before the share: none measured yet
+    assert b.signal_share is None and b.judged_gain(1000.0) == pytest.approx(0.3)
+
+
 def test_the_choice_follows_the_gains_every_window_up_and_down() -> None:
     """Gains that rise as training goes on move the CF up at the next window, without a probe;
     gains that fall move it down."""
@@ -250,6 +295,12 @@ def test_a_horizon_without_the_search_by_shadow_is_refused(
     with pytest.raises(ValueError, match="horizon=2 needs the search by shadow") as info:
         build_engine(compressor=compressor, policy_options={"horizon": 2}, **options)
     assert repr(compressor) in str(info.value)
+
+
+def test_noise_without_the_search_by_shadow_is_refused() -> None:
+    with pytest.raises(ValueError, match="noise=True needs the search by shadow") as info:
+        build_engine(compressor="dgc", policy_options={"noise": True})
+    assert "'dgc'" in str(info.value)
 
 
 @pytest.mark.parametrize(

@@ -132,6 +132,8 @@ class StepFigures:
             ``StepRecord.gain_window``), at the steps that carry one.
         gain_shadow: the shadow window gains of that window by CF (``StepRecord.gain_shadow``,
             the search by shadow), at the steps that carry them.
+        signal: the signal share of that window's gradient (``StepRecord.signal``, the search
+            by shadow), at the steps that carry one.
     """
 
     wire_bytes: int
@@ -142,6 +144,7 @@ class StepFigures:
     gain_step: float | None = None
     gain_window: float | None = None
     gain_shadow: dict[str, float] | None = None
+    signal: float | None = None
 
 
 class Session(ABC):
@@ -376,6 +379,7 @@ def _figures(record: Any) -> StepFigures:
         _finite(float(record.gain_min_step)),
         None if record.gain_window is None else _finite(float(record.gain_window)),
         {f"{cf:g}": g for cf, g in record.gain_shadow if math.isfinite(g)} or None,
+        None if record.signal is None else _finite(float(record.signal)),
     )
 
 

@@ -77,6 +77,8 @@ class ModeSummary:
             the window gains (``gravac.window``), per step (``None`` where not measured).
         gain_shadow_by_step: the shadow window gains by CF (``gravac.shadow``), per step
             (``None`` where not measured).
+        signal_by_step: the signal share of the window's gradient (``gravac.noise``), per step
+            (``None`` where not measured).
     """
 
     mode: str
@@ -108,6 +110,7 @@ class ModeSummary:
     gain_step_by_step: list[float | None] = field(default_factory=list)
     gain_window_by_step: list[float | None] = field(default_factory=list)
     gain_shadow_by_step: list[dict[str, float] | None] = field(default_factory=list)
+    signal_by_step: list[float | None] = field(default_factory=list)
 
 
 def _median(values: Sequence[float | None]) -> float | None:
@@ -179,6 +182,7 @@ def summarise(
         gain_step_by_step=list(raw.get("gain_step", [])),
         gain_window_by_step=list(raw.get("gain_window", [])),
         gain_shadow_by_step=list(raw.get("gain_shadow", [])),
+        signal_by_step=list(raw.get("signal", [])),
     )
 
 

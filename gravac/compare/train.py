@@ -123,6 +123,7 @@ def train_mode(
             "gain_step",
             "gain_window",
             "gain_shadow",
+            "signal",
             "evaluations",
         )
     }
@@ -149,6 +150,7 @@ def train_mode(
         out["gain_step"].append(figures.gain_step)
         out["gain_window"].append(figures.gain_window)
         out["gain_shadow"].append(figures.gain_shadow)
+        out["signal"].append(figures.signal)
         if step % cfg.eval_every == 0 or step == cfg.steps:
             if rank == 0:
                 value = workload.metric(model, test_x, test_y)

@@ -23,6 +23,7 @@ __all__ = [
     "SEARCHES",
     "ScalingPolicy",
     "check_horizon",
+    "check_noise",
     "check_progress",
     "check_search",
     "create",
@@ -99,6 +100,27 @@ def check_horizon(horizon: object, search: str, policy: str) -> int | None:
     return horizon
 
 
+def check_noise(noise: object, search: str, policy: str) -> bool | None:
+    """Whether the search by shadow counts what error feedback held back against a CF by its
+    share of signal (:mod:`gravac.noise`; ``None``: the search's default, on for the search by
+    shadow). Only the search by shadow measures the share.
+
+    Raises:
+        ValueError: ``noise`` is not a bool or ``None``, or is ``True`` with a search that is
+            neither ``"shadow"`` nor ``"auto"``.
+    """
+    if noise is None:
+        return None
+    if not isinstance(noise, bool):
+        raise ValueError(f"{policy} policy option noise must be True, False or None, got {noise!r}")
+    if noise and search not in ("shadow", "auto"):
+        raise ValueError(
+            f"{policy} policy option noise applies to the search by shadow; search={search!r} "
+            "does not measure the signal share, got noise=True"
+        )
+    return noise
+
+
 class ScalingPolicy(ABC):
     """How the candidate CF scales between search windows."""
 
@@ -112,6 +134,9 @@ class ScalingPolicy(ABC):
     #: windows its search by shadow's window gains span (:func:`check_horizon`; ``None``: the
     #: search's default)
     horizon: int | None = None
+    #: whether its search by shadow counts held-back energy by its signal share
+    #: (:func:`check_noise`; ``None``: the search's default)
+    noise: bool | None = None
     #: a static CF's steps still measure their gain (for studies; adaptive policies always do)
     measure: bool = False
 

@@ -13,6 +13,7 @@ from typing import ClassVar
 from gravac.policies.base import (
     ScalingPolicy,
     check_horizon,
+    check_noise,
     check_progress,
     check_search,
     register,
@@ -26,7 +27,8 @@ __all__ = ["ExponentialPolicy"]
 class ExponentialPolicy(ScalingPolicy):
     """``s_1 = r``; ``s_{j+1} = s_j * r^j``; ``search``: :data:`gravac.policies.base.SEARCHES`;
     ``progress``: :func:`gravac.policies.base.check_progress`; ``horizon``:
-    :func:`gravac.policies.base.check_horizon`."""
+    :func:`gravac.policies.base.check_horizon`; ``noise``:
+    :func:`gravac.policies.base.check_noise`."""
 
     name: ClassVar[str] = "exponential"
 
@@ -37,11 +39,13 @@ class ExponentialPolicy(ScalingPolicy):
         search: str = "auto",
         progress: str | None = None,
         horizon: int | None = None,
+        noise: bool | None = None,
     ) -> None:
         self.ratio = check_ratio(ratio, self.name)
         self.search = check_search(search, self.name)
         self.progress = check_progress(progress, self.search, self.name)
         self.horizon = check_horizon(horizon, self.search, self.name)
+        self.noise = check_noise(noise, self.search, self.name)
 
     def first(self) -> float:
         return self.ratio

@@ -12,6 +12,7 @@ from typing import ClassVar
 from gravac.policies.base import (
     ScalingPolicy,
     check_horizon,
+    check_noise,
     check_progress,
     check_search,
     register,
@@ -36,7 +37,8 @@ def check_ratio(ratio: float, policy: str) -> float:
 class GeometricPolicy(ScalingPolicy):
     """``s_1 = r``; ``s_{j+1} = s_j * r``; ``search``: :data:`gravac.policies.base.SEARCHES`;
     ``progress``: :func:`gravac.policies.base.check_progress`; ``horizon``:
-    :func:`gravac.policies.base.check_horizon`."""
+    :func:`gravac.policies.base.check_horizon`; ``noise``:
+    :func:`gravac.policies.base.check_noise`."""
 
     name: ClassVar[str] = "geometric"
 
@@ -47,11 +49,13 @@ class GeometricPolicy(ScalingPolicy):
         search: str = "auto",
         progress: str | None = None,
         horizon: int | None = None,
+        noise: bool | None = None,
     ) -> None:
         self.ratio = check_ratio(ratio, self.name)
         self.search = check_search(search, self.name)
         self.progress = check_progress(progress, self.search, self.name)
         self.horizon = check_horizon(horizon, self.search, self.name)
+        self.noise = check_noise(noise, self.search, self.name)
 
     def first(self) -> float:
         return self.ratio

@@ -64,6 +64,8 @@ def test_fixed_pins_the_cf() -> None:
         ("exponential", {"horizon": True}, "option horizon must be an integer"),
         ("exponential", {"search": "trial", "horizon": 2}, "search='trial' judges a window"),
         ("geometric", {"search": "paper", "horizon": 3}, "search='paper' judges a window"),
+        ("exponential", {"noise": 1}, "option noise must be True, False or None, got 1"),
+        ("geometric", {"search": "trial", "noise": True}, "search='trial' does not measure"),
     ],
 )
 def test_bad_policies_raise(name: str, options: dict[str, float], match: str) -> None:
@@ -87,6 +89,14 @@ def test_the_horizon_is_the_searchs_default_unless_told(name: str) -> None:
     assert policies.create(name, horizon=2).horizon == 2
     assert policies.create(name, search="shadow", horizon=3).horizon == 3
     assert policies.create("fixed", cf=10).horizon is None
+
+
+@pytest.mark.parametrize("name", ["exponential", "geometric"])
+def test_noise_is_the_searchs_default_unless_told(name: str) -> None:
+    assert policies.create(name).noise is None  # on for the search by shadow
+    assert policies.create(name, search="trial", noise=False).noise is False
+    assert policies.create(name, search="shadow", noise=True).noise is True
+    assert policies.create("fixed", cf=10).noise is None
 
 
 def test_registry_names() -> None:

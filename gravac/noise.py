@@ -19,8 +19,9 @@ larger than the signal (clipped to 0).
 Why the search by shadow reads it (``docs/CONTROLLER.md`` section 10): the window gain counts
 everything error feedback held back against a CF, noise or signal, yet held-back noise costs no
 progress. On the VGG-style digits CNN and the ResNet (2 ranks, batch 32 a rank, 25-step
-windows) the signal share of a window's gradient is 0.2-0.5 at the start and 0 within 50
-steps, on the LSTM 0.9 at the start, falling to 0 by step 250 at CF 10. So the search judges a
+windows) the signal share of a window's gradient is 0.1-0.5 over the first 50 steps and below
+0.1 after them at CFs 10 and 100 (0.1-0.3 at CF 1000); on the LSTM 0.9 at the start, falling
+to 0 by step 200 at CF 10 and staying 0.4-0.9 at CFs 100 and 1000. So the search judges a
 CF by the signal it held back, the held-back share of the energy ``1 - g`` times the largest
 signal share measured so far in the run (:func:`signal_gain`): the workload's at its start,
 where it learns fastest. Not the current share: late in training on the LSTM it falls as on
@@ -40,17 +41,19 @@ from torch import Tensor
 __all__ = ["SIGNAL_STRIDE", "signal_fraction", "signal_gain", "signal_payload"]
 
 #: every SIGNAL_STRIDE-th element of the window's sample (itself 1/16 of the gradient) is
-#: summed over ranks: 1/64 of the gradient once a window, 330 KB on the VGG-style CNN (1 ms a
-#: step at 100 Mbit/s); the share is a ratio of energies over 80,000 such elements there
+#: summed over ranks: 1/64 of the gradient once a window, 330 KB on the VGG-style CNN (27 ms
+#: at 100 Mbit/s, 1 ms a step of a 25-step window); the share is a ratio of energies over
+#: 83,000 such elements there
 SIGNAL_STRIDE = 4
 
 
 def signal_payload(totals: Sequence[Tensor]) -> Tensor:
-    """What one rank adds to the all-reduce: every :data:`SIGNAL_STRIDE`-th element of each
-    of its window's sampled ``X`` (``totals``, flat), then their energy ``||x||^2``, in
-    float64 (so the sum of energies stays exact to a few ulps beside the energy of the sum)."""
-    x = torch.cat([t.reshape(-1)[::SIGNAL_STRIDE].to(torch.float64) for t in totals])
-    return torch.cat([x, (x @ x).reshape(1)])
+    """What one rank adds to the all-reduce, float32: every :data:`SIGNAL_STRIDE`-th element
+    of each of its window's sampled ``X`` (``totals``, flat), then their energy ``||x||^2``
+    (summed in float64: the share is a difference of two such energies)."""
+    x = torch.cat([t.reshape(-1)[::SIGNAL_STRIDE].float() for t in totals])
+    energy = x.double() @ x.double()
+    return torch.cat([x, energy.float().reshape(1)])
 
 
 def signal_fraction(summed: Tensor, ranks: int) -> float | None:
@@ -60,7 +63,7 @@ def signal_fraction(summed: Tensor, ranks: int) -> float | None:
     own = float(summed[-1])
     if ranks < 2 or not own > 0:
         return None
-    total = summed[:-1]
+    total = summed[:-1].double()
     f = (float(total @ total) - own) / ((ranks - 1) * own)
     return min(1.0, max(0.0, f))
 

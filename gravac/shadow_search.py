@@ -44,8 +44,8 @@ only from then on (``excess``).
 
 What error feedback holds back is noise as well as signal, and held-back noise costs no
 progress: on the VGG-style digits CNN and the ResNet the signal share of a window's gradient
-(:mod:`gravac.noise`, from how the ranks' window sums agree) is 0.2-0.5 at the start of
-training and near 0 from step 50 on, and there the window gain of CF 1000 falls while its
+(:mod:`gravac.noise`, from how the ranks' window sums agree) is 0.1-0.5 over the first 50
+steps and mostly below 0.2 after them, and there the window gain of CF 1000 falls while its
 progress does not. So the held-back part of a gain counts by the signal share (the policy
 option ``noise``, on by default): the largest share measured so far, the workload's at its
 start, not the current one, which falls late in training on the LSTM too, where higher CFs

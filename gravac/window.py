@@ -126,7 +126,7 @@ class WindowSums:
         self.sent: dict[int, Tensor] = {}  # sampled sum of what was sent, by layer id
         self.earlier: list[dict[int, Tensor]] = []  # the windows before it, oldest first
 
-    def pairs(
+    def _pairs(
         self, layers: Sequence[int], numels: Sequence[int], residual: Tensor | None
     ) -> list[tuple[Tensor, Tensor]]:
         """``(S, e)`` of each tensor of one unit at the step after its window, sampled: what
@@ -146,17 +146,17 @@ class WindowSums:
     def totals(
         self, layers: Sequence[int], numels: Sequence[int], residual: Tensor | None
     ) -> list[Tensor]:
-        """``X = S + e`` of each tensor of one unit (of :meth:`pairs`): everything the window
+        """``X = S + e`` of each tensor of one unit (of :meth:`_pairs`): everything the window
         had to send, sampled."""
-        return [s + e for s, e in self.pairs(layers, numels, residual)]
+        return [s + e for s, e in self._pairs(layers, numels, residual)]
 
     def terms(
         self, layers: Sequence[int], numels: Sequence[int], residual: Tensor | None
     ) -> Tensor:
         """The local window terms of one unit at the step after its window (of
-        :meth:`pairs`, added over the unit's tensors)."""
+        :meth:`_pairs`, added over the unit's tensors)."""
         total = torch.zeros(3, dtype=torch.float64)
-        for s, e in self.pairs(layers, numels, residual):
+        for s, e in self._pairs(layers, numels, residual):
             total = total.to(s.device) + window_terms(s, e)
         return total
 

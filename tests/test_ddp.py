@@ -74,7 +74,7 @@ def hook_and_optimizer(
         records_b.append(state.engine.last_record)
     decisions = [
         [
-            (r.cf_sent, r.sent, r.theta_min, r.cf_candidate, r.gain_shadow)
+            (r.cf_sent, r.sent, r.theta_min, r.cf_candidate, r.gain_shadow, r.signal)
             for r in recs
             if r is not None
         ]
@@ -104,6 +104,7 @@ def test_the_hook_trains_exactly_as_the_optimizer_with_topk(bucket_view: bool, s
     )
     if search == "shadow":
         assert any(d[4] for d in results[0]["decisions_b"])  # shadow gains were measured
+        assert any(d[5] is not None for d in results[0]["decisions_b"])  # and signal shares
     for r in results:
         assert r["decisions_a"] == r["decisions_b"]
         assert len(r["decisions_b"]) == STEPS

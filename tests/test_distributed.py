@@ -377,6 +377,7 @@ def shadow_run(rank: int, world_size: int, horizon: int) -> dict[str, Any]:
         record = opt.last_record
         assert record is not None
         records.append((record.cf_sent, record.gain_shadow, record.signal))
+        assert ("signal" in record.scalars()) is (record.signal is not None)  # a TensorBoard tag
     controller = opt.engine.controller
     assert isinstance(controller, ShadowController)
     return {

@@ -33,6 +33,7 @@ The sums are taken on a sample, every :data:`SIGNAL_STRIDE`-th element of the wi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -59,13 +60,14 @@ def signal_payload(totals: Sequence[Tensor]) -> Tensor:
 def signal_fraction(summed: Tensor, ranks: int) -> float | None:
     """The signal share ``f`` of the module docstring from the all-reduced
     :func:`signal_payload` (``summed``, over ``ranks`` ranks), clipped to ``[0, 1]``; ``None``
-    with one rank, or when the window's gradient is zero (no share to estimate)."""
+    with one rank, or when the window's gradient is zero or its sums are not finite (no share
+    to estimate)."""
     own = float(summed[-1])
-    if ranks < 2 or not own > 0:
+    if ranks < 2 or not 0 < own < math.inf:
         return None
     total = summed[:-1].double()
     f = (float(total @ total) - own) / ((ranks - 1) * own)
-    return min(1.0, max(0.0, f))
+    return min(1.0, max(0.0, f)) if math.isfinite(f) else None
 
 
 def signal_gain(gain: float, share: float) -> float:

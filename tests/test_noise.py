@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -53,10 +55,16 @@ def test_it_estimates_the_share_of_the_energy_that_the_ranks_have_in_common(
     assert got is not None and abs(got - share) < 0.03
 
 
-def test_one_rank_or_a_zero_gradient_has_no_share() -> None:
+def test_one_rank_a_zero_gradient_or_sums_not_finite_have_no_share() -> None:
     x = torch.randn(64)
     assert signal_fraction(summed([x]), 1) is None
     assert signal_fraction(summed([torch.zeros(64), torch.zeros(64)]), 2) is None
+    for bad in (math.nan, math.inf):
+        y = x.clone()
+        y[SIGNAL_STRIDE] = bad  # a sampled element
+        assert signal_fraction(summed([x, y]), 2) is None
+    big = torch.full((64,), 3e38)  # finite on each rank, its sum over ranks overflows
+    assert signal_fraction(summed([big, big]), 2) is None
 
 
 def test_the_held_back_part_of_a_gain_counts_by_its_share_of_signal() -> None:

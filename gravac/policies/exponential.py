@@ -10,45 +10,18 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from gravac.policies.base import (
-    ScalingPolicy,
-    check_horizon,
-    check_noise,
-    check_progress,
-    check_search,
-    register,
-)
-from gravac.policies.geometric import DEFAULT_RATIO, check_ratio
+from gravac.policies.base import register
+from gravac.policies.geometric import RatioPolicy
 
 __all__ = ["ExponentialPolicy"]
 
 
 @register
-class ExponentialPolicy(ScalingPolicy):
-    """``s_1 = r``; ``s_{j+1} = s_j * r^j``; ``search``: :data:`gravac.policies.base.SEARCHES`;
-    ``progress``: :func:`gravac.policies.base.check_progress`; ``horizon``:
-    :func:`gravac.policies.base.check_horizon`; ``noise``:
-    :func:`gravac.policies.base.check_noise`."""
+class ExponentialPolicy(RatioPolicy):
+    """``s_1 = r``; ``s_{j+1} = s_j * r^j``; the options of
+    :class:`gravac.policies.geometric.RatioPolicy`."""
 
     name: ClassVar[str] = "exponential"
-
-    def __init__(
-        self,
-        *,
-        ratio: float = DEFAULT_RATIO,
-        search: str = "auto",
-        progress: str | None = None,
-        horizon: int | None = None,
-        noise: bool | None = None,
-    ) -> None:
-        self.ratio = check_ratio(ratio, self.name)
-        self.search = check_search(search, self.name)
-        self.progress = check_progress(progress, self.search, self.name)
-        self.horizon = check_horizon(horizon, self.search, self.name)
-        self.noise = check_noise(noise, self.search, self.name)
-
-    def first(self) -> float:
-        return self.ratio
 
     def next(self, s: float, window: int) -> float:
         if window < 1:

@@ -18,7 +18,7 @@ from gravac.policies.base import (
     register,
 )
 
-__all__ = ["GeometricPolicy"]
+__all__ = ["GeometricPolicy", "RatioPolicy"]
 
 #: default ratio: the candidate CF doubles every window
 DEFAULT_RATIO = 2.0
@@ -33,14 +33,12 @@ def check_ratio(ratio: float, policy: str) -> float:
     return float(ratio)
 
 
-@register
-class GeometricPolicy(ScalingPolicy):
-    """``s_1 = r``; ``s_{j+1} = s_j * r``; ``search``: :data:`gravac.policies.base.SEARCHES`;
-    ``progress``: :func:`gravac.policies.base.check_progress`; ``horizon``:
+class RatioPolicy(ScalingPolicy):
+    """A policy whose step size grows by a ratio ``r`` (``s_1 = r``; :meth:`next`: how), run
+    by a search: ``search``: :data:`gravac.policies.base.SEARCHES`; ``progress``:
+    :func:`gravac.policies.base.check_progress`; ``horizon``:
     :func:`gravac.policies.base.check_horizon`; ``noise``:
     :func:`gravac.policies.base.check_noise`."""
-
-    name: ClassVar[str] = "geometric"
 
     def __init__(
         self,
@@ -59,6 +57,13 @@ class GeometricPolicy(ScalingPolicy):
 
     def first(self) -> float:
         return self.ratio
+
+
+@register
+class GeometricPolicy(RatioPolicy):
+    """``s_1 = r``; ``s_{j+1} = s_j * r``; the options of :class:`RatioPolicy`."""
+
+    name: ClassVar[str] = "geometric"
 
     def next(self, s: float, window: int) -> float:
         return s * self.ratio

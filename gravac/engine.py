@@ -386,18 +386,14 @@ class Engine:
                 f"on a sample under plain error feedback (topk, redsync), got {c.name!r} with "
                 f"{type(self.memory).__name__}; use search='trial'"
             )
-        if policy.horizon is not None and policy.horizon > 1 and not controller.plans_shadows:
+        shadow_only = [f"horizon={policy.horizon}"] if (policy.horizon or 1) > 1 else []
+        shadow_only += ["noise=True"] if policy.noise else []
+        if shadow_only and not controller.plans_shadows:
             raise ValueError(
-                f"policy option horizon={policy.horizon} needs the search by shadow, which "
+                f"policy option {' and '.join(shadow_only)} needs the search by shadow, which "
                 f"{c.name!r} with {type(self.memory).__name__} cannot run (a compressor whose "
                 "sends can be replayed under plain error feedback: topk, redsync); leave "
-                "horizon at 1"
-            )
-        if policy.noise and not controller.plans_shadows:
-            raise ValueError(
-                f"policy option noise=True needs the search by shadow, which {c.name!r} with "
-                f"{type(self.memory).__name__} cannot run (a compressor whose sends can be "
-                "replayed under plain error feedback: topk, redsync); leave noise unset"
+                "horizon at 1 and noise unset"
             )
         return controller
 
@@ -610,9 +606,8 @@ class Engine:
             if carry is not None:
                 e = carry if e is None else e + carry
         if plan.window_terms and self._windowed:
-            window = self.windows.terms(unit.layer_ids, unit.numels, e).to(x.device)
-            if plan.signal:
-                step.totals.extend(self.windows.totals(unit.layer_ids, unit.numels, e))
+            totals = step.totals if plan.signal else None
+            window = self.windows.terms(unit.layer_ids, unit.numels, e, totals).to(x.device)
             shadows = self.shadows.terms(plan.shadows, unit.layer_ids, unit.numels)
         else:
             window = torch.zeros(3, dtype=torch.float64, device=x.device)

@@ -126,38 +126,29 @@ class WindowSums:
         self.sent: dict[int, Tensor] = {}  # sampled sum of what was sent, by layer id
         self.earlier: list[dict[int, Tensor]] = []  # the windows before it, oldest first
 
-    def _pairs(
-        self, layers: Sequence[int], numels: Sequence[int], residual: Tensor | None
-    ) -> list[tuple[Tensor, Tensor]]:
-        """``(S, e)`` of each tensor of one unit at the step after its window, sampled: what
-        the window (and the earlier ones it spans) sent, and the ``residual`` it ended with
-        (flat; ``None``: zero). A tensor with nothing sent yet has ``S = 0``."""
+    def terms(
+        self,
+        layers: Sequence[int],
+        numels: Sequence[int],
+        residual: Tensor | None,
+        totals: list[Tensor] | None = None,
+    ) -> Tensor:
+        """The local window terms of one unit at the step after its window, whose ``residual``
+        (flat; ``None``: zero) the window ended with; ``S`` spans the earlier windows kept too.
+        A tensor with nothing sent yet contributes its residual alone. With ``totals``, each
+        tensor's sampled ``X = S + e`` (everything the window had to send) is appended to it."""
         parts = [None] * len(numels) if residual is None else _split(residual, numels)
-        out = []
+        total = torch.zeros(3, dtype=torch.float64)
         for layer, n, e in zip(layers, numels, parts, strict=True):
             es = torch.zeros(sample_size(n)) if e is None else sample(e).float()
             s = torch.zeros_like(es)
             for sums in (*self.earlier, self.sent):
                 if layer in sums:
                     s = s.to(sums[layer].device) + sums[layer]
-            out.append((s, es.to(s.device)))
-        return out
-
-    def totals(
-        self, layers: Sequence[int], numels: Sequence[int], residual: Tensor | None
-    ) -> list[Tensor]:
-        """``X = S + e`` of each tensor of one unit (of :meth:`_pairs`): everything the window
-        had to send, sampled."""
-        return [s + e for s, e in self._pairs(layers, numels, residual)]
-
-    def terms(
-        self, layers: Sequence[int], numels: Sequence[int], residual: Tensor | None
-    ) -> Tensor:
-        """The local window terms of one unit at the step after its window (of
-        :meth:`_pairs`, added over the unit's tensors)."""
-        total = torch.zeros(3, dtype=torch.float64)
-        for s, e in self._pairs(layers, numels, residual):
-            total = total.to(s.device) + window_terms(s, e)
+            es = es.to(s.device)
+            total = total.to(s.device) + window_terms(s, es)
+            if totals is not None:
+                totals.append(s + es)
         return total
 
     def taken(self, x: Tensor, numels: Sequence[int]) -> list[Tensor]:

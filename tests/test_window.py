@@ -43,3 +43,25 @@ def test_the_sums_of_the_windows_a_horizon_keeps_add_up_in_the_terms() -> None:
     old = {k: v for k, v in kept.state_dict().items() if k != "earlier"}
     again.load_state_dict(old)
     assert again.earlier == []
+
+
+def test_the_terms_hand_out_what_each_tensor_had_to_send_over_the_horizon() -> None:
+    """With ``totals``, each tensor's sampled ``X = S + e`` (the window and the one kept before
+    it) is appended, in order, for the signal share; the terms are the same either way."""
+    gen = torch.Generator().manual_seed(5)
+    layers, numels = (3, 7), (700, 40)
+    sums, total = WindowSums(), torch.zeros(740)
+    for window in range(2):
+        x, e = torch.randn(740, generator=gen), torch.randn(740, generator=gen)
+        sums.add(layers, numels, sums.taken(x, numels), e)
+        total += x - e
+        if window == 0:
+            sums.clear(keep=1)
+    residual = torch.randn(740, generator=gen)
+    totals: list[torch.Tensor] = []
+    got = sums.terms(layers, numels, residual, totals)
+    assert torch.equal(got, sums.terms(layers, numels, residual))
+    want = [sample(s + e) for s, e in zip(total.split(numels), residual.split(numels), strict=True)]
+    assert len(totals) == 2
+    for t, w in zip(totals, want, strict=True):
+        assert torch.allclose(t, w, atol=1e-5)

@@ -122,8 +122,9 @@ class ControllerConfig:
     energy. The same 0.5 of the *window* gain keeps Top-k at CF 100 on that CNN (0.72,
     ``docs/CONTROLLER.md``), whose progress per step is 0.67 of dense's, and rejects CF 1000
     (0.2; 0.4 of dense's progress). The warm-up is 10 steps, shorter than the reference code's
-    one window: every warm-up step sends at theta_min, which on a slow link is the most
-    expensive CF (on that CNN at 100 Mbit/s a step at CF 10 takes several times one at CF 1000).
+    one window: the warm-up sends at theta_min, which on a slow link is the most expensive CF
+    (on that CNN at 100 Mbit/s a step at CF 10 takes several times one at CF 1000), but for the
+    steps whose time the search by shadow does not read (:mod:`gravac.shadow_search`).
     """
 
     theta_min: float = 10.0

@@ -46,7 +46,8 @@ def test_demo_json_reaches_accuracy_and_saves_bytes(tmp_path: Path) -> None:
     assert summary["world_size"] == 2
     assert summary["final_accuracy"] >= MIN_ACCURACY
     assert len(summary["cf_trajectory"]) == STEPS
-    assert summary["cf_trajectory"][0] == 10.0  # warm-up sends theta_min
+    # the warm-up's first step sends the top of the ladder, its second theta_min
+    assert summary["cf_trajectory"][0] > summary["cf_trajectory"][1] == 10.0
     assert 0 < summary["wire_bytes"] < summary["dense_wire_bytes"] / 2
     assert Path(summary["plot"]).stat().st_size > 0
     acc = EventAccumulator(str(log_dir))

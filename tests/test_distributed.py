@@ -13,6 +13,7 @@ from gravac import GravacOptimizer, broadcast_parameters, compressors, simulate
 from gravac.launch import spawn_workers
 from gravac.memory import ResidualMemory
 from gravac.shadow_search import ShadowController
+from gravac.trial import MIN_WARMUP_STEPS
 from tests.helpers import batch, counter_clock, tiny_model, train_step
 
 pytestmark = pytest.mark.slow
@@ -346,10 +347,10 @@ def test_a_step_issues_its_payloads_and_one_scalar_gather(
         assert steps == expected
 
 
-def shadow_run(rank: int, world_size: int, horizon: int) -> dict[str, Any]:
-    """The search by shadow, its gains over ``horizon`` windows, on two ranks with different
-    data, real clocks; rank 1 alone has a NaN gradient at step 5, which every rank skips with
-    the shadows untouched."""
+def shadow_run(rank: int, world_size: int, horizon: int, warmup: int) -> dict[str, Any]:
+    """The search by shadow, its gains over ``horizon`` windows after a warm-up of ``warmup``
+    steps, on two ranks with different data, real clocks; rank 1 alone has a NaN gradient at
+    step 5, which every rank skips with the shadows untouched."""
     model = tiny_model(seed=rank)
     broadcast_parameters(model)
     opt = GravacOptimizer(
@@ -360,7 +361,7 @@ def shadow_run(rank: int, world_size: int, horizon: int) -> dict[str, Any]:
         theta_min=4.0,
         theta_max=64.0,
         window=2,
-        warmup_steps=2,
+        warmup_steps=warmup,
         dense_bytes=0,
     )
     records, untouched = [], True
@@ -393,13 +394,19 @@ def shadow_run(rank: int, world_size: int, horizon: int) -> dict[str, Any]:
         "untouched": untouched,
         "skipped": opt.skipped_steps,
         "params": [p.detach().clone() for p in model.parameters()],
+        "ends": (controller.theta_min, controller.ladder[-1]),
     }
 
 
-@pytest.mark.parametrize("horizon", [1, 2])
-def test_the_search_by_shadow_decides_alike_on_two_ranks(horizon: int) -> None:
-    r0, r1 = spawn_workers(shadow_run, 2, horizon, timeout=SPAWN_TIMEOUT)
+@pytest.mark.parametrize(("horizon", "warmup"), [(1, 2), (2, 2), (2, MIN_WARMUP_STEPS + 1)])
+def test_the_search_by_shadow_decides_alike_on_two_ranks(horizon: int, warmup: int) -> None:
+    """A warm-up long enough for the link model to end it sends the top of the ladder at its
+    first and third steps (gravac.shadow_search.TOP_WARMUP_STEPS), a shorter one theta_min."""
+    r0, r1 = spawn_workers(shadow_run, 2, horizon, warmup, timeout=SPAWN_TIMEOUT)
     assert r0["records"] == r1["records"]  # the CFs sent, every shadow gain and signal share
+    low, top = r0["ends"]
+    first = [cf for cf, _, _ in r0["records"][:3]]
+    assert first == ([top, low, top] if warmup >= MIN_WARMUP_STEPS else [low] * 3)
     assert any(gains for _, gains, _ in r0["records"])
     shares = [f for _, _, f in r0["records"] if f is not None]
     assert len(shares) >= 3 and all(0.0 <= f <= 1.0 for f in shares)

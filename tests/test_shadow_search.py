@@ -13,7 +13,7 @@ from gravac import policies
 from gravac.controller import ControllerConfig, Phase
 from gravac.options import build_engine
 from gravac.policies.base import DEFAULT_HORIZON
-from gravac.shadow_search import ShadowController
+from gravac.shadow_search import TOP_WARMUP_STEPS, ShadowController
 from gravac.trial import MIN_WARMUP_STEPS, TrialController, link_seconds
 from tests.helpers import Records, train_square, windowed_optimizer
 from tests.test_trial import COMPUTE_BOUND, MODERATE, OMEGA, SLOW, WINDOW, Link, windows
@@ -87,13 +87,57 @@ def test_the_ladder_is_theta_min_and_the_policys_candidates() -> None:
 
 
 def test_on_a_slow_link_it_goes_from_theta_min_straight_to_the_best_cf() -> None:
-    """No window is spent at 20 or 40: CF 160's throughput times gain is the largest."""
+    """No window is spent at 20 or 40: CF 160's throughput times gain is the largest. The
+    warm-up ended early, and of its steps and its bridge only the second sent theta_min."""
     c = make(warmup=10)
     sent = run(c, 12, falling, SLOW)
-    assert windows(sent) == [10.0, 160.0]
-    assert sent.count(10.0) == MIN_WARMUP_STEPS + 1  # the warm-up ended early, and its bridge
+    assert sent[: MIN_WARMUP_STEPS + 1] == [1000.0, 10.0, 1000.0, 1000.0]
+    assert windows(sent) == [1000.0, 10.0, 1000.0, 160.0]
     tput = c.shadow_tput()
     assert max(tput, key=tput.__getitem__) == 160.0 and 1000.0 not in tput  # 0.3 < epsilon
+
+
+def test_on_a_fast_link_the_warm_up_sends_theta_min_after_its_third_step() -> None:
+    c = make(warmup=10)
+    sent = run(c, 30, falling, COMPUTE_BOUND)
+    assert [i for i, cf in enumerate(sent) if cf != 10.0] == list(TOP_WARMUP_STEPS)
+    assert c.theta_ideal == 10.0
+
+
+class FirstStepSlow(Link):
+    """A link whose first step took 100x its time (the run's one-off costs)."""
+
+    def __init__(self, link: Link) -> None:
+        super().__init__(link.a, link.b)
+        object.__setattr__(self, "calls", 0)
+
+    def tsys(self, cf: float) -> float:
+        object.__setattr__(self, "calls", self.calls + 1)
+        return super().tsys(cf) / (100.0 if self.calls == 1 else 1.0)
+
+
+@pytest.mark.parametrize("link", [SLOW, COMPUTE_BOUND])
+def test_the_link_model_reads_theta_mins_steps_only(link: Link) -> None:
+    """The warm-up's first step sends the top of the ladder, and its time, 100x too slow, is
+    not kept: the link model's throughputs are the link's."""
+    c = make(warmup=10)
+    run(c, 11, falling, FirstStepSlow(link))
+    assert c.windows_closed >= 1
+    assert c.tsys[10.0] == pytest.approx(link.tsys(10.0))
+    for cf in c.ladder:
+        assert c.estimated_tsys(cf) == pytest.approx(link.tsys(cf))
+
+
+def test_the_warm_ups_real_gain_corrects_no_shadow() -> None:
+    """It sent theta_min and the top of the ladder: its real gain (0.2, as if all of it were
+    sent at CF 1000) is theta_min's neither over its window nor over the next."""
+    c = make(warmup=10)
+    run(c, 11, falling, COMPUTE_BOUND, real=lambda step, cf: 0.2)
+    assert c.excess == {} and c.last_sent is None and c.judged_gain(10.0) == 0.98
+    run(c, WINDOW + 1, falling, COMPUTE_BOUND)
+    assert 10.0 not in c.excess and (c.windows_closed, c.same_windows) == (2, 1)
+    run(c, WINDOW + 1, falling, COMPUTE_BOUND)
+    assert c.excess == {10.0: 0.0}
 
 
 def test_when_compute_bound_it_stays_at_theta_min() -> None:

@@ -306,6 +306,18 @@ def test_a_skipped_bridge_step_is_repeated_with_its_gains() -> None:
     assert c.current == 160.0 and c.shadow_gain[1000.0] == 0.3
 
 
+@pytest.mark.parametrize("split", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("link", [SLOW, COMPUTE_BOUND])
+def test_a_resume_within_the_warm_up_sends_the_same_cfs(split: int, link: Link) -> None:
+    """Resumed after ``split`` steps of a warm-up that sends the top of the ladder at some
+    steps (on the slow link the fourth is its bridge, the fifth the first after it)."""
+    a = make(warmup=10)
+    run(a, split, falling, link)
+    b = make(warmup=10)
+    b.load_state_dict(a.state_dict())
+    assert run(a, 30, falling, link) == run(b, 30, falling, link)
+
+
 def test_resume_gives_the_same_decisions() -> None:
     def gain(step: int, cf: float) -> float:
         return falling(step, cf) * (1.0 + 0.01 * (step % 7))

@@ -92,11 +92,8 @@ def check_horizon(horizon: object, search: str, policy: str) -> int | None:
         return None
     if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
         raise ValueError(f"{policy} policy option horizon must be an integer >= 1, got {horizon!r}")
-    if horizon > 1 and search not in ("shadow", "auto"):
-        raise ValueError(
-            f"{policy} policy option horizon applies to the search by shadow; search={search!r} "
-            f"judges a window at a time, got horizon={horizon!r}"
-        )
+    if horizon > 1:
+        _check_shadow_only(policy, "horizon", horizon, search, "judges a window at a time")
     return horizon
 
 
@@ -113,12 +110,20 @@ def check_noise(noise: object, search: str, policy: str) -> bool | None:
         return None
     if not isinstance(noise, bool):
         raise ValueError(f"{policy} policy option noise must be True, False or None, got {noise!r}")
-    if noise and search not in ("shadow", "auto"):
-        raise ValueError(
-            f"{policy} policy option noise applies to the search by shadow; search={search!r} "
-            "does not measure the signal share, got noise=True"
-        )
+    if noise:
+        _check_shadow_only(policy, "noise", noise, search, "does not measure the signal share")
     return noise
+
+
+def _check_shadow_only(policy: str, option: str, value: object, search: str, why: str) -> None:
+    """Refuse ``option=value``, which only the search by shadow takes, with a ``search`` that
+    cannot run it (``why``: what that search does instead); ``"auto"`` runs it where the
+    compressor can be replayed, and the engine refuses it elsewhere."""
+    if search not in ("shadow", "auto"):
+        raise ValueError(
+            f"{policy} policy option {option} applies to the search by shadow; search={search!r} "
+            f"{why}, got {option}={value!r}"
+        )
 
 
 class ScalingPolicy(ABC):

@@ -6,7 +6,8 @@ passes through: on the VGG-style digits CNN at 1 Gbit/s, 63 steps at CF 10-40 be
 the CF it keeps (``docs/CONTROLLER.md``). Here the window gain of every CF of the ladder
 (``theta_min`` and the policy's candidates ``theta_min * s`` up to ``theta_max``) is measured at
 every window by replaying error feedback on a sample of the gradient (:mod:`gravac.shadow`), and the
-system throughput of a CF not sent comes from the link model (:func:`gravac.trial.link_seconds`)::
+system throughput of a CF not sent comes from the CFs timed around it or the link model
+(:func:`gravac.trial.between_seconds`, :func:`gravac.trial.link_seconds`)::
 
     warm-up:  send theta_min for warmup_steps (ended after MIN_WARMUP_STEPS on a slow link, as
               the search by trial's), except at its first and third steps and, when the link
@@ -16,9 +17,11 @@ system throughput of a CF not sent comes from the link model (:func:`gravac.tria
                      far cf's shadow gain exceeded its real window gain the last time cf was
                      sent (0 before), and share the largest signal share of a window's
                      gradient measured so far (1 before; the policy option ``noise``)
-        tsys[cf] = the median samples/s measured the last time cf was sent, or the link
-                   model from the largest CF below it that was sent (the smallest above, if
-                   none is below)
+        tsys[cf] = the median samples/s measured the last time cf was sent; else, between
+                   the largest CF below it that was sent and the smallest above it that was
+                   sent or is the top of the ladder timed in the warm-up, linear in the bytes;
+                   else the link model from the largest CF sent below it (the smallest above,
+                   if none is below)
         tput[cf] = tsys[cf] * p(judged[cf]), for cf with judged[cf] >= epsilon
         keep the CF sent if its tput is within omega of the largest; else send for the next
         window the largest cf whose tput is within omega of the largest (as fast to the
@@ -35,6 +38,19 @@ agreed, and the bridge of a warm-up the link model ended. On a fast link the war
 ``theta_min`` after them, as before. The warm-up then sent two CFs: its real window gain is no
 CF's own, and corrects no shadow. On the CNN at 100 Mbit/s (seeds 3-5) the search's time to
 the target went from 1.30x to 1.08x of static CF 1000's (``docs/CONTROLLER.md`` section 11).
+
+A step's time at a CF not sent is more than its communication scaled by the bytes: on the CPU
+compression grows with the elements kept (the CNN on loopback: 33 ms a step at CF 10 against
+12 ms at CF 100, of 119 and 80 ms steps), and the link model, which keeps all but the
+communication, put every CF at CF 10's 119 ms; so on loopback the search sent CF 10 from its
+fourth step for 34-112 steps, on each of six seeds. The warm-up's steps at the top of the
+ladder time its step as well, and a CF between two CFs timed is timed between them, linear in
+``1 / cf``; the top's time is held to the link model's, which a noisy interval would exceed.
+The engine times a step from the close of the one before and counts it at that one's CF, so an
+interval holds the step before's wait for communication and its own compression: the top's
+whole step is the bridge's interval where the link model ended the warm-up (the top sent at
+both), else the intervals of the warm-up's third and fourth steps (the third sent the top)
+less one of a step at theta_min alone.
 
 The CF sent changes only for one better by more than omega: without that, the geometric search
 on the CNN at 100 Mbit/s went 80, 320, 160, 80, 320 in its first 200 steps. And the shadow of a
@@ -71,13 +87,14 @@ feedback; the engine says so otherwise.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping
 from typing import Any
 
 from gravac.controller import Phase, Plan, cf_key
 from gravac.noise import signal_gain
 from gravac.policies.base import DEFAULT_HORIZON
-from gravac.trial import MIN_WARMUP_STEPS, TrialController, link_seconds
+from gravac.trial import MIN_WARMUP_STEPS, TrialController, between_seconds, link_seconds
 
 __all__ = ["TOP_WARMUP_STEPS", "ShadowController"]
 
@@ -89,6 +106,10 @@ _DENSE_CF = 1.0
 #: before the second's time is agreed; so on a slow link one warm-up step of four sends
 #: theta_min, not four
 TOP_WARMUP_STEPS = (0, 2)
+#: the warm-up step after the last that sends the top of the ladder: a step's interval (from the
+#: close of the step before to its own) holds the wait for the step before's communication and
+#: its own compression, so this step's and the one before's hold all of the top's step
+_AFTER_TOP = TOP_WARMUP_STEPS[-1] + 1
 
 
 class ShadowController(TrialController):
@@ -107,6 +128,8 @@ class ShadowController(TrialController):
         self.same_windows = 0  # of them, the last ones in a row that sent the same CF
         self.last_sent: float | None = None  # the CF the last window that ended sent
         self.signal_share: float | None = None  # the largest signal share measured so far
+        self._warmup_seconds: dict[int, float] = {}  # seconds/sample of warm-up steps, by step
+        self.top_time: tuple[float, float] | None = None  # (top CF, seconds/sample), warm-up's
 
     @property
     def horizon(self) -> int:
@@ -172,9 +195,52 @@ class ShadowController(TrialController):
         super().discard_step()
         self._shadow = {}
 
+    def record_throughput(self, cf: float, samples_per_second: float) -> None:
+        super().record_throughput(cf, samples_per_second)
+        if not self.windows_closed and self.probes_warmup and self.window_step >= _AFTER_TOP - 1:
+            self._warmup_seconds[self.window_step] = 1.0 / samples_per_second
+
+    def _top_seconds(self) -> float | None:
+        """Seconds per sample of a step at the top of the ladder, from the warm-up's intervals
+        (called at its bridge step). The engine times a step from the close of the one before
+        and counts it at that one's CF, so step ``s``'s interval ``I(s)`` holds the wait for
+        step ``s - 1``'s communication and step ``s``'s own compression: where the bridge sent
+        the top right after the warm-up's last top step (a warm-up the link model ended at
+        once), it is ``I(bridge)``; else ``I(_AFTER_TOP - 1) + I(_AFTER_TOP) - t_min``, with
+        ``t_min`` the median interval of the steps after, which sent theta_min alone: those two
+        intervals hold one whole step at the top and one at theta_min. ``None`` where they were
+        not timed (a resume, a skipped step)."""
+        w, bridge = self._warmup_seconds, self.window_step
+        top_bridge = bridge < self.config.warmup_steps  # the link model ended the warm-up
+        if top_bridge and bridge == _AFTER_TOP:
+            return w.get(bridge)
+        alone = [
+            v for step, v in w.items() if step > _AFTER_TOP and not (top_bridge and step == bridge)
+        ]
+        if _AFTER_TOP - 1 not in w or _AFTER_TOP not in w or not alone:
+            return None
+        seconds = w[_AFTER_TOP - 1] + w[_AFTER_TOP] - statistics.median(alone)
+        return seconds if seconds > 0 else None
+
+    def _top_time(self) -> tuple[float, float] | None:
+        """The top of the ladder and its seconds per sample from the warm-up (called once
+        theta_min's window is closed), at most what the link model gives it from theta_min:
+        a higher CF compresses no more slowly, so a longer time comes from an interval slowed
+        by something else, and would put every CF between at theta_min's time or above for the
+        rest of the run (none of them sent, none timed again)."""
+        top, m = self.ladder[-1], self.theta_min
+        seconds = self._top_seconds()
+        if seconds is None or m not in self.tsys or m not in self.comm:
+            return None
+        bound = link_seconds(top, m, 1.0 / self.tsys[m], self.comm[m])
+        return top, min(seconds, bound)
+
     def _end_window(self) -> None:
         cf, g = self._close_window()
         mixed = self.windows_closed == 0 and self.probes_warmup  # the warm-up sent two CFs
+        if mixed:
+            self.top_time = self._top_time()
+            self._warmup_seconds = {}
         self.windows_closed += 1
         self.same_windows = self.same_windows + 1 if cf == self.last_sent else 1
         self.last_sent = None if mixed else cf
@@ -191,16 +257,28 @@ class ShadowController(TrialController):
         self._settle(self._choose())
 
     def estimated_tsys(self, cf: float) -> float | None:
-        """System throughput at ``cf``: measured, or the link model's from the nearest CF sent
-        (see the module docstring); ``None`` before any CF was measured."""
+        """System throughput at ``cf``: measured, or between the nearest CFs timed below and
+        above it (:func:`gravac.trial.between_seconds`; the top of the ladder is timed in the
+        warm-up), or the link model from the nearest CF sent (see the module docstring);
+        ``None`` before any CF was measured."""
         sent = sorted(c for c in self.comm if c in self.tsys and c != _DENSE_CF)
         if cf in sent:
             return self.tsys[cf]
         if not sent:
             return None
+        timed = {c: 1.0 / self.tsys[c] for c in sent}
+        if self.top_time is not None:
+            timed.setdefault(*self.top_time)
+        if cf in timed:
+            return 1.0 / timed[cf]
         below = [c for c in sent if c < cf]
-        anchor = below[-1] if below else sent[0]
-        seconds = link_seconds(cf, anchor, 1.0 / self.tsys[anchor], self.comm[anchor])
+        above = sorted(c for c in timed if c > cf)
+        if below and above:
+            lo, hi = below[-1], above[0]
+            seconds = between_seconds(cf, lo, timed[lo], hi, timed[hi])
+        else:
+            anchor = below[-1] if below else sent[0]
+            seconds = link_seconds(cf, anchor, timed[anchor], self.comm[anchor])
         return math.inf if seconds <= 0 else 1.0 / seconds
 
     def judged_gain(self, cf: float) -> float | None:
@@ -244,6 +322,8 @@ class ShadowController(TrialController):
             self.last_sent = self.snap(self.last_sent)
         self.shadow_gain = {self.snap(cf): v for cf, v in sorted(self.shadow_gain.items())}
         self.excess = {self.snap(cf): v for cf, v in sorted(self.excess.items())}
+        if self.top_time is not None:
+            self.top_time = (self.ladder[-1], self.top_time[1])
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -254,6 +334,8 @@ class ShadowController(TrialController):
             "same_windows": self.same_windows,
             "last_sent": self.last_sent,
             "signal_share": self.signal_share,
+            "warmup_seconds": sorted(self._warmup_seconds.items()),
+            "top_time": self.top_time,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -270,3 +352,6 @@ class ShadowController(TrialController):
         self.last_sent = None if last is None else float(last)
         share = state.get("signal_share")
         self.signal_share = None if share is None else float(share)
+        self._warmup_seconds = {int(k): float(v) for k, v in state.get("warmup_seconds", [])}
+        top = state.get("top_time")
+        self.top_time = None if top is None else (float(top[0]), float(top[1]))

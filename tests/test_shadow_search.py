@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -14,11 +15,48 @@ from gravac.controller import ControllerConfig, Phase
 from gravac.options import build_engine
 from gravac.policies.base import DEFAULT_HORIZON
 from gravac.shadow_search import TOP_WARMUP_STEPS, ShadowController
-from gravac.trial import MIN_WARMUP_STEPS, TrialController, link_seconds
+from gravac.trial import MIN_WARMUP_STEPS, TrialController, between_seconds, link_seconds
 from tests.helpers import Records, train_square, windowed_optimizer
 from tests.test_trial import COMPUTE_BOUND, MODERATE, OMEGA, SLOW, WINDOW, Link, windows
 
 EXPONENTIAL_LADDER = (10.0, 20.0, 40.0, 160.0, 1000.0)
+
+
+@dataclass(frozen=True)
+class EngineTimed:
+    """A link timed as the engine times it: a step's interval runs from the close of the step
+    before, so it holds that step's wait for communication (``b`` over its CF) and this step's
+    compression (``w`` over this CF) beside the compute ``a``; the engine counts it at the step
+    before's CF, and times no interval at a run's first step (nor at a resume's)."""
+
+    link: Link
+    w: float  # compression seconds per sample at CF 1: its cost grows with the elements kept
+
+    def interval(self, before: float, cf: float) -> float:
+        return self.link.a + self.link.b / before + self.w / cf
+
+    def alone(self, cf: float) -> float:
+        """Seconds per sample of a step at ``cf`` after one at ``cf``."""
+        return self.interval(cf, cf)
+
+
+#: the VGG-style digits CNN on loopback, as a scripted link: compression, which grows with the
+#: elements kept, costs more than the communication (33 ms a step at CF 10, 12 at CF 100)
+LOOPBACK = EngineTimed(COMPUTE_BOUND, 0.3)
+#: a slow link, timed as the engine times it
+SLOW_TIMED = EngineTimed(SLOW, 0.01)
+
+
+def timed(
+    link: Link | EngineTimed, before: float | None, cf: float
+) -> list[tuple[float, float, float]]:
+    """What the engine records at a step that sent ``cf`` after one that sent ``before``: the
+    CF it counts the step's time at, the samples/s and the communication per sample."""
+    if isinstance(link, EngineTimed):
+        if before is None:
+            return []
+        return [(before, 1.0 / link.interval(before, cf), link.link.comm(before))]
+    return [(cf, link.tsys(cf), link.comm(cf))]
 
 
 def make(
@@ -49,16 +87,16 @@ def run(
     c: ShadowController,
     steps: int,
     gain: Callable[[int, float], float],
-    link: Link,
+    link: Link | EngineTimed,
     real: Callable[[int, float], float] | None = None,
     share: Callable[[int], float | None] | None = None,
 ) -> list[float]:
     """``steps`` steps in the engine's call order; ``gain(step, cf)`` is the shadow window gain
     of ``cf`` at a step that closes a window, ``real`` the real window gain of the CF sent
     (``gain``'s if not given), ``share(step)`` the window's signal share (none if not given,
-    as with one rank). The CF sent at each step."""
+    as with one rank); ``link`` times the steps (:func:`timed`). The CF sent at each step."""
     real = real or gain
-    sent = []
+    sent: list[float] = []
     for step in range(steps):
         plan = c.plan()
         assert plan.shadows == c.ladder
@@ -68,8 +106,9 @@ def run(
                 c.observe_signal(share(step))
             c.observe_window(plan, real(step, c.current))
             c.observe_shadows(plan, {cf: gain(step, cf) for cf in plan.shadows})
-        c.record_throughput(d.cf, link.tsys(d.cf))
-        c.record_comm(d.cf, link.comm(d.cf))
+        for cf, tsys, comm in timed(link, sent[-1] if sent else None, d.cf):
+            c.record_throughput(cf, tsys)
+            c.record_comm(cf, comm)
         c.observe(plan, math.nan, None)
         c.end_step()
         sent.append(d.cf)
@@ -283,15 +322,110 @@ def test_with_no_cf_keeping_epsilon_a_window_goes_dense_then_it_decides_again() 
     assert windows(sent) == [10.0, 1.0, 160.0]
 
 
-def test_a_cf_not_sent_takes_the_link_model_from_the_nearest_cf_sent_below() -> None:
+def test_between_seconds_are_linear_in_the_bytes() -> None:
+    assert between_seconds(10.0, 10.0, 0.5, 1000.0, 0.02) == pytest.approx(0.5)
+    assert between_seconds(1000.0, 10.0, 0.5, 1000.0, 0.02) == pytest.approx(0.02)
+    # a + k / cf through CFs 10 and 1000 gives it at every CF between
+    for cf in (20.0, 40.0, 160.0):
+        assert between_seconds(cf, 10.0, 0.01 + 3 / 10, 1000.0, 0.01 + 3 / 1000) == (
+            pytest.approx(0.01 + 3 / cf)
+        )
+
+
+def test_a_cf_not_sent_is_timed_between_the_nearest_cfs_timed_or_by_the_link_model() -> None:
+    """Between two CFs sent, linear in the bytes; above the largest, the link model from it;
+    below the smallest, from the smallest; the warm-up's time of the top of the ladder counts as
+    one timed above, until the top is sent."""
     c = make()
-    c.tsys, c.comm = {10.0: 2.0, 160.0: 8.0}, {10.0: 0.4, 160.0: 0.02}
-    assert c.estimated_tsys(10.0) == 2.0 and c.estimated_tsys(160.0) == 8.0
-    assert c.estimated_tsys(40.0) == pytest.approx(1.0 / link_seconds(40.0, 10.0, 0.5, 0.4))
-    want = 1.0 / link_seconds(1000.0, 160.0, 0.125, 0.02)
-    assert c.estimated_tsys(1000.0) == pytest.approx(want)
+    c.tsys, c.comm = {10.0: 2.0, 160.0: 10.0}, {10.0: 0.4, 160.0: 0.02}
+    assert c.estimated_tsys(10.0) == 2.0 and c.estimated_tsys(160.0) == 10.0
+    want = 1.0 / between_seconds(40.0, 10.0, 0.5, 160.0, 0.1)
+    assert c.estimated_tsys(40.0) == pytest.approx(want) != 1.0 / link_seconds(40.0, 10.0, 0.5, 0.4)
+    assert c.estimated_tsys(1000.0) == pytest.approx(1.0 / link_seconds(1000.0, 160.0, 0.1, 0.02))
+    c.top_time = (1000.0, 0.05)
+    assert c.estimated_tsys(320.0) == pytest.approx(
+        1.0 / between_seconds(320.0, 160.0, 0.1, 1000.0, 0.05)
+    )
+    c.tsys[1000.0], c.comm[1000.0] = 25.0, 0.0  # sent: its own time
+    assert c.estimated_tsys(1000.0) == 25.0
+    assert c.estimated_tsys(320.0) == pytest.approx(
+        1.0 / between_seconds(320.0, 160.0, 0.1, 1000.0, 0.04)
+    )
     c.tsys, c.comm = {40.0: 4.0}, {40.0: 0.1}
     assert c.estimated_tsys(10.0) == pytest.approx(1.0 / link_seconds(10.0, 40.0, 0.25, 0.1))
+
+
+@pytest.mark.parametrize(("link", "steps"), [(LOOPBACK, 11), (SLOW_TIMED, MIN_WARMUP_STEPS + 1)])
+def test_the_warm_up_times_the_top_of_the_ladder_from_the_engines_intervals(
+    link: EngineTimed, steps: int
+) -> None:
+    """Each interval holds the step before's wait and this step's compression: the top's step
+    time comes out whole, on a fast link (from the two intervals around its step) and on a slow
+    one (the bridge's); between it and theta_min the CFs are timed as the link times them."""
+    c = make(warmup=10)
+    run(c, steps, falling, link)
+    assert c.windows_closed == 1
+    assert c.top_time == (1000.0, pytest.approx(link.alone(1000.0)))
+    resumed = make(warmup=10)
+    resumed.load_state_dict(c.state_dict())
+    assert resumed.top_time == c.top_time
+    if link is LOOPBACK:  # theta_min timed alone (on the slow link after the top's step)
+        for cf in c.ladder:
+            assert c.estimated_tsys(cf) == pytest.approx(1.0 / link.alone(cf))
+
+
+def test_where_compression_grows_with_the_elements_kept_the_search_leaves_theta_min() -> None:
+    """On loopback a step at CF 10 costs 4x one at CF 1000, mostly compression, which the link
+    model would keep at every CF (it scales the communication alone): without the top's time
+    (a warm-up too short to send it) the search stays at theta_min; with it, CF 160's
+    throughput times gain is the largest (0.6 / 0.0119 s against 0.98 / 0.04 s)."""
+    timed_top = make(warmup=10)
+    run(timed_top, 11, falling, LOOPBACK)
+    assert timed_top.theta_ideal == 160.0
+    untimed = make(warmup=2)
+    run(untimed, 3, falling, LOOPBACK)
+    assert untimed.top_time is None and untimed.theta_ideal == 10.0
+
+
+def slow_interval(c: ShadowController, step: int | None, factor: float) -> None:
+    """Make the interval the engine times at ``step`` ``factor`` times longer (a step slowed by
+    something else); ``math.inf`` drops it (not timed, as at a resume's first step)."""
+    real_record = c.record_throughput
+    steps = iter(range(1, 1000))  # the engine times no interval at the first step
+
+    def record(cf: float, samples_per_second: float) -> None:
+        if next(steps) != step:
+            real_record(cf, samples_per_second)
+        elif math.isfinite(factor):
+            real_record(cf, samples_per_second / factor)
+
+    c.record_throughput = record  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize(
+    ("warmup", "skipped"), [(3, None), (10, TOP_WARMUP_STEPS[-1]), (10, TOP_WARMUP_STEPS[-1] + 1)]
+)
+def test_without_both_intervals_around_the_tops_step_the_top_is_not_timed(
+    warmup: int, skipped: int | None
+) -> None:
+    """A warm-up of 3 steps has no step at theta_min alone after the top's; a step whose
+    interval was not timed (as at a resume) leaves the top untimed: the link model as before."""
+    c = make(warmup=warmup)
+    slow_interval(c, skipped, math.inf)
+    run(c, warmup + 1, falling, LOOPBACK)
+    assert c.windows_closed == 1 and c.top_time is None
+
+
+@pytest.mark.parametrize("step", [TOP_WARMUP_STEPS[-1], TOP_WARMUP_STEPS[-1] + 1])
+def test_a_top_timed_slower_than_the_link_model_gives_it_is_held_to_that(step: int) -> None:
+    """One of the two intervals 10x too long would time the top above theta_min, and every CF
+    between with it, for good: the top's time is held to the link model's from theta_min, as
+    without the top's steps, so the search stays at theta_min as the link model had it."""
+    c = make(warmup=10)
+    slow_interval(c, step, 10.0)
+    run(c, 11, falling, LOOPBACK)
+    want = link_seconds(1000.0, 10.0, 1.0 / c.tsys[10.0], c.comm[10.0])
+    assert c.top_time == (1000.0, pytest.approx(want)) and c.theta_ideal == 10.0
 
 
 def test_a_skipped_bridge_step_is_repeated_with_its_gains() -> None:
@@ -307,8 +441,10 @@ def test_a_skipped_bridge_step_is_repeated_with_its_gains() -> None:
 
 
 @pytest.mark.parametrize("split", [1, 2, 3, 4, 5])
-@pytest.mark.parametrize("link", [SLOW, COMPUTE_BOUND])
-def test_a_resume_within_the_warm_up_sends_the_same_cfs(split: int, link: Link) -> None:
+@pytest.mark.parametrize("link", [SLOW, COMPUTE_BOUND, LOOPBACK, SLOW_TIMED])
+def test_a_resume_within_the_warm_up_sends_the_same_cfs(
+    split: int, link: Link | EngineTimed
+) -> None:
     """Resumed after ``split`` steps of a warm-up that sends the top of the ladder at some
     steps (on the slow link the fourth is its bridge, the fifth the first after it)."""
     a = make(warmup=10)

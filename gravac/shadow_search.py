@@ -129,7 +129,7 @@ class ShadowController(TrialController):
         self.last_sent: float | None = None  # the CF the last window that ended sent
         self.signal_share: float | None = None  # the largest signal share measured so far
         self._warmup_seconds: dict[int, float] = {}  # seconds/sample of warm-up steps, by step
-        self.top_time: tuple[float, float] | None = None  # (top CF, seconds/sample), warm-up's
+        self.top_seconds: float | None = None  # seconds/sample at the top, the warm-up's
 
     @property
     def horizon(self) -> int:
@@ -161,10 +161,16 @@ class ShadowController(TrialController):
         enough for the link model to end it (:data:`TOP_WARMUP_STEPS`)."""
         return self.config.warmup_steps >= MIN_WARMUP_STEPS and self.ladder[-1] > self.theta_min
 
+    @property
+    def in_probing_warmup(self) -> bool:
+        """Whether the window open is a warm-up that sends the top of the ladder at some of its
+        steps (:attr:`probes_warmup`): its times and real gain are two CFs'."""
+        return self.windows_closed == 0 and self.probes_warmup
+
     def sends_top(self) -> bool:
         """Whether this step is one of the warm-up's that send the top of the ladder: its
         first or third, or the bridge of a warm-up the link model ended early."""
-        if self.windows_closed or not self.probes_warmup:
+        if not self.in_probing_warmup:
             return False
         if self.phase is Phase.WARMUP:
             return self.window_step in TOP_WARMUP_STEPS
@@ -197,7 +203,7 @@ class ShadowController(TrialController):
 
     def record_throughput(self, cf: float, samples_per_second: float) -> None:
         super().record_throughput(cf, samples_per_second)
-        if not self.windows_closed and self.probes_warmup and self.window_step >= _AFTER_TOP - 1:
+        if self.in_probing_warmup and self.window_step >= _AFTER_TOP - 1:
             self._warmup_seconds[self.window_step] = 1.0 / samples_per_second
 
     def _top_seconds(self) -> float | None:
@@ -222,8 +228,8 @@ class ShadowController(TrialController):
         seconds = w[_AFTER_TOP - 1] + w[_AFTER_TOP] - statistics.median(alone)
         return seconds if seconds > 0 else None
 
-    def _top_time(self) -> tuple[float, float] | None:
-        """The top of the ladder and its seconds per sample from the warm-up (called once
+    def _bounded_top_seconds(self) -> float | None:
+        """Seconds per sample at the top of the ladder from the warm-up (called once
         theta_min's window is closed), at most what the link model gives it from theta_min:
         a higher CF compresses no more slowly, so a longer time comes from an interval slowed
         by something else, and would put every CF between at theta_min's time or above for the
@@ -233,13 +239,13 @@ class ShadowController(TrialController):
         if seconds is None or m not in self.tsys or m not in self.comm:
             return None
         bound = link_seconds(top, m, 1.0 / self.tsys[m], self.comm[m])
-        return top, min(seconds, bound)
+        return min(seconds, bound)
 
     def _end_window(self) -> None:
         cf, g = self._close_window()
-        mixed = self.windows_closed == 0 and self.probes_warmup  # the warm-up sent two CFs
+        mixed = self.in_probing_warmup  # the warm-up sent two CFs
         if mixed:
-            self.top_time = self._top_time()
+            self.top_seconds = self._bounded_top_seconds()
             self._warmup_seconds = {}
         self.windows_closed += 1
         self.same_windows = self.same_windows + 1 if cf == self.last_sent else 1
@@ -267,8 +273,8 @@ class ShadowController(TrialController):
         if not sent:
             return None
         timed = {c: 1.0 / self.tsys[c] for c in sent}
-        if self.top_time is not None:
-            timed.setdefault(*self.top_time)
+        if self.top_seconds is not None:
+            timed.setdefault(self.ladder[-1], self.top_seconds)
         if cf in timed:
             return 1.0 / timed[cf]
         below = [c for c in sent if c < cf]
@@ -322,8 +328,6 @@ class ShadowController(TrialController):
             self.last_sent = self.snap(self.last_sent)
         self.shadow_gain = {self.snap(cf): v for cf, v in sorted(self.shadow_gain.items())}
         self.excess = {self.snap(cf): v for cf, v in sorted(self.excess.items())}
-        if self.top_time is not None:
-            self.top_time = (self.ladder[-1], self.top_time[1])
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -335,7 +339,7 @@ class ShadowController(TrialController):
             "last_sent": self.last_sent,
             "signal_share": self.signal_share,
             "warmup_seconds": sorted(self._warmup_seconds.items()),
-            "top_time": self.top_time,
+            "top_seconds": self.top_seconds,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -353,5 +357,5 @@ class ShadowController(TrialController):
         share = state.get("signal_share")
         self.signal_share = None if share is None else float(share)
         self._warmup_seconds = {int(k): float(v) for k, v in state.get("warmup_seconds", [])}
-        top = state.get("top_time")
-        self.top_time = None if top is None else (float(top[0]), float(top[1]))
+        top = state.get("top_seconds")
+        self.top_seconds = None if top is None else float(top)

@@ -342,7 +342,7 @@ def test_a_cf_not_sent_is_timed_between_the_nearest_cfs_timed_or_by_the_link_mod
     want = 1.0 / between_seconds(40.0, 10.0, 0.5, 160.0, 0.1)
     assert c.estimated_tsys(40.0) == pytest.approx(want) != 1.0 / link_seconds(40.0, 10.0, 0.5, 0.4)
     assert c.estimated_tsys(1000.0) == pytest.approx(1.0 / link_seconds(1000.0, 160.0, 0.1, 0.02))
-    c.top_time = (1000.0, 0.05)
+    c.top_seconds = 0.05  # the top of the ladder, 1000
     assert c.estimated_tsys(320.0) == pytest.approx(
         1.0 / between_seconds(320.0, 160.0, 0.1, 1000.0, 0.05)
     )
@@ -365,10 +365,10 @@ def test_the_warm_up_times_the_top_of_the_ladder_from_the_engines_intervals(
     c = make(warmup=10)
     run(c, steps, falling, link)
     assert c.windows_closed == 1
-    assert c.top_time == (1000.0, pytest.approx(link.alone(1000.0)))
+    assert c.ladder[-1] == 1000.0 and c.top_seconds == pytest.approx(link.alone(1000.0))
     resumed = make(warmup=10)
     resumed.load_state_dict(c.state_dict())
-    assert resumed.top_time == c.top_time
+    assert resumed.top_seconds == c.top_seconds
     if link is LOOPBACK:  # theta_min timed alone (on the slow link after the top's step)
         for cf in c.ladder:
             assert c.estimated_tsys(cf) == pytest.approx(1.0 / link.alone(cf))
@@ -384,7 +384,7 @@ def test_where_compression_grows_with_the_elements_kept_the_search_leaves_theta_
     assert timed_top.theta_ideal == 160.0
     untimed = make(warmup=2)
     run(untimed, 3, falling, LOOPBACK)
-    assert untimed.top_time is None and untimed.theta_ideal == 10.0
+    assert untimed.top_seconds is None and untimed.theta_ideal == 10.0
 
 
 def slow_interval(c: ShadowController, step: int | None, factor: float) -> None:
@@ -413,7 +413,7 @@ def test_without_both_intervals_around_the_tops_step_the_top_is_not_timed(
     c = make(warmup=warmup)
     slow_interval(c, skipped, math.inf)
     run(c, warmup + 1, falling, LOOPBACK)
-    assert c.windows_closed == 1 and c.top_time is None
+    assert c.windows_closed == 1 and c.top_seconds is None
 
 
 @pytest.mark.parametrize("step", [TOP_WARMUP_STEPS[-1], TOP_WARMUP_STEPS[-1] + 1])
@@ -425,7 +425,7 @@ def test_a_top_timed_slower_than_the_link_model_gives_it_is_held_to_that(step: i
     slow_interval(c, step, 10.0)
     run(c, 11, falling, LOOPBACK)
     want = link_seconds(1000.0, 10.0, 1.0 / c.tsys[10.0], c.comm[10.0])
-    assert c.top_time == (1000.0, pytest.approx(want)) and c.theta_ideal == 10.0
+    assert c.top_seconds == pytest.approx(want) and c.theta_ideal == 10.0
 
 
 def test_a_skipped_bridge_step_is_repeated_with_its_gains() -> None:

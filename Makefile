@@ -16,7 +16,7 @@ $(PY):
 
 $(STAMP): setup.cfg pyproject.toml | $(PY)
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install --quiet "$(TORCH_SPEC)"
-	$(PIP) install --quiet -e ".[dev,integrations]"
+	$(PIP) install --quiet -e ".[dev,lab,integrations]"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -26,9 +26,10 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check gravac tests examples benchmarks scripts
-	$(VENV)/bin/ruff format --check gravac tests examples benchmarks scripts
+	$(VENV)/bin/ruff check gravac gravac_lab tests examples benchmarks scripts
+	$(VENV)/bin/ruff format --check gravac gravac_lab tests examples benchmarks scripts
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 bench: $(STAMP)
 	$(VENV)/bin/gravac bench compressors

@@ -1,7 +1,7 @@
 """Run ``gravac bench`` from a checkout: ``python benchmarks/compressors.py compressors --size 1M``.
 
 The same command line as ``gravac bench ...`` (see benchmarks/README.md); all the code is in
-:mod:`gravac.bench`.
+:mod:`gravac_lab.bench`.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--compressor", default="topk", choices=gravac.compressors.names())
-    parser.add_argument("--policy", default="exponential", choices=gravac.policies.names())
+    parser.add_argument("--policy", default="exponential", choices=gravac.control.policies.names())
     parser.add_argument("--log-dir", default=None, help="gravac's TensorBoard logs (rank 0)")
     parser.add_argument("--report", type=Path, default=None, help="write rank{R}.json here")
     args = parser.parse_args()

@@ -28,7 +28,7 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=300)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--compressor", default="topk", choices=gravac.compressors.names())
-    parser.add_argument("--policy", default="exponential", choices=gravac.policies.names())
+    parser.add_argument("--policy", default="exponential", choices=gravac.control.policies.names())
     parser.add_argument("--log-dir", default="runs/torchrun-digits")
     parser.add_argument("--cf", type=float, help="the CF of --policy fixed (required there)")
     parser.add_argument("--ddp-hook", action="store_true", help="DDP + gravac's comm hook")

@@ -1,6 +1,7 @@
 """gravac: adaptive gradient compression for distributed PyTorch training (GraVAC)."""
 
-from gravac import compressors, policies
+from gravac import compressors
+from gravac.control import policies
 from gravac.gain import compression_gain
 from gravac.launch import release_group
 from gravac.memory import Memory, NoMemory, ResidualMemory

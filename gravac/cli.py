@@ -2,8 +2,10 @@
 
 Each subcommand lives in its own module, which exposes ``add_parser(subparsers)``; that function
 adds the subcommand's parser(s) and sets ``func`` on every leaf parser to a handler taking the
-parsed :class:`argparse.Namespace` and returning the exit status. To add a subcommand, write its
-module and append its ``add_parser`` to :data:`SUBCOMMANDS`.
+parsed :class:`argparse.Namespace` and returning the exit status. The runtime package's own
+subcommand (``demo``) is listed in :data:`SUBCOMMANDS`; the lab's (``bench``, ``compare``, in the
+sibling package :mod:`gravac_lab`) are entry points of the group :data:`ENTRY_POINT_GROUP`, so
+that the runtime package never imports the lab.
 
 Subcommands:
     demo                train a small CNN on digits with GraVAC across 2 gloo workers
@@ -18,17 +20,25 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Sequence
+from importlib.metadata import entry_points
 
-from gravac import __version__, bench, compare, demo
+from gravac import __version__, demo
 
-__all__ = ["SUBCOMMANDS", "build_parser", "main"]
+__all__ = ["ENTRY_POINT_GROUP", "SUBCOMMANDS", "build_parser", "main", "subcommands"]
 
-#: ``add_parser`` functions of the subcommand modules, in the order ``--help`` lists them.
-SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None], ...] = (
-    demo.add_parser,
-    bench.add_parser,
-    compare.add_parser,
-)
+AddParser = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+
+#: ``add_parser`` functions of the runtime package's subcommand modules
+SUBCOMMANDS: tuple[AddParser, ...] = (demo.add_parser,)
+#: the entry-point group whose entries are more ``add_parser`` functions (the lab's)
+ENTRY_POINT_GROUP = "gravac.commands"
+
+
+def subcommands() -> list[AddParser]:
+    """Every ``add_parser``: :data:`SUBCOMMANDS`, then the entry points of
+    :data:`ENTRY_POINT_GROUP` sorted by name (the order ``--help`` lists them)."""
+    found = sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)
+    return [*SUBCOMMANDS, *(ep.load() for ep in found)]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"gravac {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add_parser in SUBCOMMANDS:
+    for add_parser in subcommands():
         add_parser(subparsers)
     return parser
 

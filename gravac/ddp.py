@@ -42,10 +42,9 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.futures import Future
 
-from gravac.accordion import learning_rate
 from gravac.buckets import split_flat
 from gravac.engine import Engine, Outcome, Step, Unit
-from gravac.options import build_engine
+from gravac.options import build_engine, learning_rate
 from gravac.spans import Spans, gather_spans, spans_numel, spans_of
 
 __all__ = ["GravacHookState", "gravac_hook"]

@@ -19,8 +19,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from gravac import compressors, policies
-from gravac.controller import ControllerConfig
+from gravac import compressors
+from gravac.control import policies
+from gravac.control.controller import ControllerConfig
 from gravac.launch import spawn_workers
 from gravac.monitor import TensorBoardMonitor
 from gravac.optimizer import GravacOptimizer, broadcast_parameters

@@ -57,21 +57,22 @@ from gravac.compressors.base import (
     payload_tensors,
     wire_bytes,
 )
-from gravac.controller import Controller, ControllerConfig, Decision, Plan, cf_key
+from gravac.control.controller import Controller, ControllerConfig, Decision, Plan, cf_key
+from gravac.control.factory import make_controller
+from gravac.control.noise import signal_fraction, signal_payload
+from gravac.control.policies.base import ScalingPolicy
+from gravac.control.replay import ShadowSums
+from gravac.control.window import WindowSums
 from gravac.gain import gain_from_terms, squared_norm
 from gravac.memory import Memory, NoMemory, ResidualMemory
 from gravac.monitor import Monitor, StepRecord, TensorBoardMonitor
-from gravac.noise import signal_fraction, signal_payload
-from gravac.policies.base import ScalingPolicy
-from gravac.shadow import ShadowSums
 from gravac.spans import Place, scatter_spans, spans_numel
-from gravac.window import WindowSums
 
 __all__ = ["Engine", "Outcome", "Step", "Unit", "all_finite"]
 
 #: the step's local gain terms: <c_min, x>, ||c_min||^2, <c_c, x>, ||c_c||^2, ||x||^2, then
-#: the window's <S, X>, ||S||^2, ||X||^2 (:mod:`gravac.window`, at a step that closes a window);
-#: three more for each of the plan's shadow CFs follow them (:mod:`gravac.shadow`)
+#: the window's <S, X>, ||S||^2, ||X||^2 (:mod:`gravac.control.window`, at a step that closes a
+#: window); three more for each of the plan's shadow CFs follow them (:mod:`gravac.control.replay`)
 _TERMS = 8
 #: where the window's terms start among them
 _WINDOW_TERMS = 5
@@ -376,26 +377,14 @@ class Engine:
     def _make_controller(self, config: ControllerConfig, policy: ScalingPolicy) -> Controller:
         """A controller that plans only CFs this compressor delivers at this world size."""
         world, c = self.comm.world_size, self.compressor
-        replayable = c.shadowable and type(self.memory) is ResidualMemory
-        controller = policy.make_controller(
-            config, world, lambda cf: c.deliverable_cf(cf, world), replayable=replayable
+        return make_controller(
+            policy,
+            config,
+            world,
+            lambda cf: c.deliverable_cf(cf, world),
+            replayable=c.shadowable and type(self.memory) is ResidualMemory,
+            sender=f"{c.name!r} with {type(self.memory).__name__}",
         )
-        if controller.plans_shadows and not replayable:
-            raise ValueError(
-                f"policy option search='shadow' needs a compressor whose sends can be replayed "
-                f"on a sample under plain error feedback (topk, redsync), got {c.name!r} with "
-                f"{type(self.memory).__name__}; use search='trial'"
-            )
-        shadow_only = [f"horizon={policy.horizon}"] if (policy.horizon or 1) > 1 else []
-        shadow_only += ["noise=True"] if policy.noise else []
-        if shadow_only and not controller.plans_shadows:
-            raise ValueError(
-                f"policy option {' and '.join(shadow_only)} needs the search by shadow, which "
-                f"{c.name!r} with {type(self.memory).__name__} cannot run (a compressor whose "
-                "sends can be replayed under plain error feedback: topk, redsync); leave "
-                "horizon at 1 and noise unset"
-            )
-        return controller
 
     def _open_monitor(self) -> None:
         """Open the monitor on rank 0, once."""
@@ -947,7 +936,7 @@ class Engine:
 
     def _replay(self, f: _Flight, plan: Plan) -> None:
         """Replay error feedback at each of ``plan.shadows`` on ``f``'s sampled gradient
-        (:mod:`gravac.shadow`), added to the window's shadow sums as :meth:`_sums` says."""
+        (:mod:`gravac.control.replay`), added to the window's shadow sums as :meth:`_sums` says."""
         assert f.shadow is not None  # planned shadows: sampled at launch
         unit, select = f.unit, self.compressor.shadow_kept
         self.shadows.step(

@@ -9,19 +9,33 @@ DESIGN.md section 1)::
 
 so that ``g + e_old == D(C(x)) + e_new`` holds exactly. Residuals are keyed by bucket (an ``int``
 that is the same on every rank) and never shared between ranks.
+
+A memory reads a compressor only through :class:`Sender` (what was sent, densely, and the
+residual it leaves), so this module depends on no compressor: compressors build their memory
+(:meth:`gravac.compressors.base.Compressor.make_memory`), not the other way round.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from gravac.compressors.base import Compressor, Context, Payload
+__all__ = ["Memory", "NoMemory", "ResidualMemory", "Sender"]
 
-__all__ = ["Memory", "NoMemory", "ResidualMemory"]
+
+class Sender(Protocol):
+    """What error feedback reads of a compressor (:class:`gravac.compressors.base.Compressor`):
+    ``payload`` and ``ctx`` are that compressor's payload record and local context."""
+
+    def decompress(self, payload: Any, ctx: Any) -> Tensor:
+        """``D(C(x))``: the dense tensor that ``payload`` sends."""
+        ...
+
+    def residual_(self, x: Tensor, payload: Any, ctx: Any) -> Tensor:
+        """``x - D(C(x))``, in ``x``'s storage."""
+        ...
 
 
 class Memory:
@@ -47,16 +61,14 @@ class Memory:
     def update(self, key: int, x: Tensor, sent: Tensor) -> None:
         """Record that ``sent`` (dense, ``D(C(x))``) was sent for the compensated ``x``."""
 
-    def update_sent(
-        self, key: int, x: Tensor, compressor: Compressor, payload: Payload, ctx: Context
-    ) -> None:
+    def update_sent(self, key: int, x: Tensor, compressor: Sender, payload: Any, ctx: Any) -> None:
         """Record that ``payload`` (compressed by ``compressor`` from ``x``) was sent: the same
         as :meth:`update` with its dense decompression, which memories that only keep the
         residual avoid (:meth:`Compressor.residual_`); ``x`` is consumed."""
         self.update(key, x, compressor.decompress(payload, ctx))
 
     def settle(
-        self, key: int, x: Tensor, compressor: Compressor, payload: Payload, ctx: Context
+        self, key: int, x: Tensor, compressor: Sender, payload: Any, ctx: Any
     ) -> Tensor | None:
         """The residual that sending ``payload`` for ``x`` leaves, computed *before* it is sent
         (``x`` is consumed) but kept only by :meth:`keep`, once the step is committed; ``None``:
@@ -102,9 +114,7 @@ class Memory:
 class NoMemory(Memory):
     """No error feedback: what is not sent is dropped (for baselines and ablations)."""
 
-    def update_sent(
-        self, key: int, x: Tensor, compressor: Compressor, payload: Payload, ctx: Context
-    ) -> None:
+    def update_sent(self, key: int, x: Tensor, compressor: Sender, payload: Any, ctx: Any) -> None:
         """Nothing to keep."""
 
 
@@ -152,14 +162,10 @@ class ResidualMemory(Memory):
     def update(self, key: int, x: Tensor, sent: Tensor) -> None:
         self.residuals[key] = x - sent
 
-    def update_sent(
-        self, key: int, x: Tensor, compressor: Compressor, payload: Payload, ctx: Context
-    ) -> None:
+    def update_sent(self, key: int, x: Tensor, compressor: Sender, payload: Any, ctx: Any) -> None:
         self.keep(key, self.settle(key, x, compressor, payload, ctx))
 
-    def settle(
-        self, key: int, x: Tensor, compressor: Compressor, payload: Payload, ctx: Context
-    ) -> Tensor:
+    def settle(self, key: int, x: Tensor, compressor: Sender, payload: Any, ctx: Any) -> Tensor:
         """``x - D(payload)`` in ``x``'s storage (:meth:`Compressor.residual_`)."""
         return compressor.residual_(x, payload, ctx)
 

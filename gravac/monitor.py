@@ -38,11 +38,11 @@ TAG_DESCRIPTIONS: dict[str, str] = {
     "gain_min_step": "this step's gain at theta_min (agreed across ranks)",
     "gain_candidate_step": "this step's gain at the candidate CF",
     "gain_window": "the gain error feedback delivered over the window that ended before this "
-    "step, at the CF it sent (gravac.window; logged once a window)",
+    "step, at the CF it sent (gravac.control.window; logged once a window)",
     "gain_shadow/cf<CF>": "the window gain of <CF> over the same window, by error feedback "
-    "replayed on a sample without sending it (gravac.shadow; the search by shadow)",
+    "replayed on a sample without sending it (gravac.control.replay; the search by shadow)",
     "signal": "the signal share of the window's gradient that ended before this step, from how "
-    "the ranks' window sums agree (gravac.noise; the search by shadow, 2 ranks or more)",
+    "the ranks' window sums agree (gravac.control.noise; the search by shadow, 2 ranks or more)",
     "system_throughput": "smoothed samples/s measured while sending at cf_sent",
     "compression_throughput": "gain x system throughput at cf_sent (what the search maximises)",
     "wire_bytes": "bytes this rank sent this step",

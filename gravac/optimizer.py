@@ -27,7 +27,6 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from gravac.accordion import learning_rate
 from gravac.agreement import check_agreement, layout_text
 from gravac.buckets import (
     DEFAULT_BUCKET_BYTES,
@@ -45,12 +44,12 @@ from gravac.buckets import (
 )
 from gravac.comm import Communicator
 from gravac.compressors.base import Compressor
-from gravac.controller import Controller, ControllerConfig
+from gravac.control.controller import Controller, ControllerConfig
+from gravac.control.policies.base import ScalingPolicy
 from gravac.engine import Engine, Outcome, Step, Unit
 from gravac.memory import Memory
 from gravac.monitor import Monitor, StepRecord
-from gravac.options import build_engine
-from gravac.policies.base import ScalingPolicy
+from gravac.options import build_engine, learning_rate
 
 __all__ = ["GravacOptimizer", "broadcast_parameters"]
 
@@ -86,9 +85,9 @@ class GravacOptimizer(torch.optim.Optimizer):
     Args:
         optimizer: the optimizer to wrap; its ``param_groups`` are shared (LR schedulers work).
         compressor: a compressor name (:func:`gravac.compressors.names`) or instance.
-        policy: a scaling-policy name (:func:`gravac.policies.names`) or instance.
+        policy: a scaling-policy name (:func:`gravac.control.policies.names`) or instance.
         theta_min, theta_max, epsilon, omega, window, warmup_steps, ewma_alpha: the controller
-            hyperparameters (:class:`gravac.controller.ControllerConfig`).
+            hyperparameters (:class:`gravac.control.controller.ControllerConfig`).
         compressor_options: keyword options for a compressor given by name.
         policy_options: keyword options for a policy given by name (e.g. ``{"cf": 100}`` for
             ``"fixed"``).

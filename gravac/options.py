@@ -12,20 +12,31 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
-from gravac import compressors, policies
+from gravac import compressors
 from gravac.comm import Communicator
 from gravac.compressors.base import Compressor
-from gravac.controller import ControllerConfig
+from gravac.control import policies
+from gravac.control.controller import ControllerConfig
+from gravac.control.policies.base import ScalingPolicy
 from gravac.engine import Engine
 from gravac.memory import NoMemory
-from gravac.policies.base import ScalingPolicy
 
-__all__ = ["NONFINITE_CHOICES", "build_engine"]
+__all__ = ["NONFINITE_CHOICES", "build_engine", "learning_rate"]
 
 #: what a non-finite gradient or aggregate does: skip the step on every rank, or raise
 NONFINITE_CHOICES = ("skip", "raise")
+
+
+def learning_rate(optimizer: torch.optim.Optimizer | None) -> float | None:
+    """The largest learning rate of ``optimizer``'s parameter groups (``None``: no optimizer,
+    or a group without one): what the engine tells a controller at each step's start
+    (:meth:`gravac.engine.Engine.begin`), which Accordion reads for decays."""
+    if optimizer is None or any("lr" not in g for g in optimizer.param_groups):
+        return None
+    return max(float(g["lr"]) for g in optimizer.param_groups)
 
 
 def _check_named(value: object, name: str, kind: type, known: list[str]) -> None:

@@ -1,4 +1,4 @@
-"""Which compression gain predicts time to accuracy (gravac.compare.evidence), from studies.
+"""Which compression gain predicts time to accuracy (gravac_lab.compare.evidence), from studies.
 
     python scripts/gain_evidence.py docs/results/gain-evidence vgg.json lstm.json resnet.json
 
@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from gravac.compare.evidence import evidence, markdown, write_evidence_plot
+from gravac_lab.compare.evidence import evidence, markdown, write_evidence_plot
 
 
 def main(argv: list[str]) -> None:

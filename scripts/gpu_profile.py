@@ -12,10 +12,10 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from gravac.bench.common import synthetic_gradients
 from gravac.compressors import Round
 from gravac.compressors.thc import THCCompressor
 from gravac.kernels import threshold_indices, topk_indices
+from gravac_lab.bench.common import synthetic_gradients
 
 SIZE = 64 * 2**20
 REPEATS = 5

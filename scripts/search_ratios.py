@@ -1,4 +1,5 @@
-"""Each variant's time to target against the best static CF's, seed by seed (gravac.compare.ratios).
+"""Each variant's time to target against the best static CF's, seed by seed
+(gravac_lab.compare.ratios).
 
     python scripts/search_ratios.py [--hold K] [--same A=B ...] vgg-1g.json more.json ...
 
@@ -17,7 +18,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from gravac.compare.ratios import markdown, ratios, totals_markdown
+from gravac_lab.compare.ratios import markdown, ratios, totals_markdown
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,4 +1,4 @@
-"""The shadow window gain of the CF sent beside its real one (gravac.compare.evidence).
+"""The shadow window gain of the CF sent beside its real one (gravac_lab.compare.evidence).
 
     python scripts/shadow_evidence.py vgg-digits-1gbit.json lstm-text-1gbit.json ...
 
@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from gravac.compare.evidence import shadow_checks, shadow_markdown
+from gravac_lab.compare.evidence import shadow_checks, shadow_markdown
 
 
 def main(argv: list[str]) -> None:

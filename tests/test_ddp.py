@@ -13,7 +13,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from gravac import GravacOptimizer
-from gravac.controller import cf_key
+from gravac.control.controller import cf_key
 from gravac.ddp import GravacHookState, gravac_hook
 from gravac.launch import spawn_workers
 from tests.helpers import batch, counter_clock, tiny_model

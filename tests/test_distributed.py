@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from gravac import GravacOptimizer, broadcast_parameters, compressors, simulate
+from gravac.control.shadow_search import ShadowController
+from gravac.control.trial import MIN_WARMUP_STEPS
 from gravac.launch import spawn_workers
 from gravac.memory import ResidualMemory
-from gravac.shadow_search import ShadowController
-from gravac.trial import MIN_WARMUP_STEPS
 from tests.helpers import batch, counter_clock, tiny_model, train_step
 
 pytestmark = pytest.mark.slow
@@ -328,7 +328,7 @@ _TOPK_STEP = ["all_gather", "all_gather", "all_reduce", "all_gather"]
     ("compressor", "expected"),
     [
         # the step that closes the warm-up's window (the third) adds the window's signal
-        # sample over the ranks (gravac.noise: the search by shadow, Top-k's)
+        # sample over the ranks (gravac.control.noise: the search by shadow, Top-k's)
         ("topk", [_TOPK_STEP, [*_TOPK_STEP, "all_reduce"], _TOPK_STEP]),
         # the payload, the dense bucket, the step's scalars: the 16-bit scale (a max) was
         # agreed with the previous step's scalars (the first step agrees it before the cast);
@@ -401,7 +401,8 @@ def shadow_run(rank: int, world_size: int, horizon: int, warmup: int) -> dict[st
 @pytest.mark.parametrize(("horizon", "warmup"), [(1, 2), (2, 2), (2, MIN_WARMUP_STEPS + 1)])
 def test_the_search_by_shadow_decides_alike_on_two_ranks(horizon: int, warmup: int) -> None:
     """A warm-up long enough for the link model to end it sends the top of the ladder at its
-    first and third steps (gravac.shadow_search.TOP_WARMUP_STEPS), a shorter one theta_min."""
+    first and third steps (gravac.control.shadow_search.TOP_WARMUP_STEPS), a shorter one
+    theta_min."""
     r0, r1 = spawn_workers(shadow_run, 2, horizon, warmup, timeout=SPAWN_TIMEOUT)
     assert r0["records"] == r1["records"]  # the CFs sent, every shadow gain and signal share
     low, top = r0["ends"]

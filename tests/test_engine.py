@@ -16,7 +16,7 @@ import torch
 
 from gravac import GravacOptimizer, compressors
 from gravac.compressors.base import Round
-from gravac.controller import Decision
+from gravac.control.controller import Decision
 from gravac.engine import Engine, Step, Unit
 from gravac.options import build_engine
 

@@ -12,7 +12,7 @@ from torch import nn
 from gravac import GravacOptimizer, TensorBoardMonitor
 from gravac.buckets import DEFAULT_BUCKET_BYTES, join_flat
 from gravac.compressors.dense import CAST_BUCKET_BYTES
-from gravac.controller import cf_key
+from gravac.control.controller import cf_key
 from gravac.memory import NoMemory, ResidualMemory
 from tests.helpers import batch, counter_clock, tiny_model, train_step
 

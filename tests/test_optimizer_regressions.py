@@ -18,7 +18,7 @@ from torch import nn
 
 from gravac import GravacOptimizer, broadcast_parameters
 from gravac.buckets import DEFAULT_BUCKET_BYTES
-from gravac.controller import cf_key
+from gravac.control.controller import cf_key
 from gravac.launch import free_port, spawn_workers
 from tests.helpers import batch, counter_clock, tiny_model, train_step
 

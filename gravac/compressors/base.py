@@ -31,17 +31,15 @@ Edge cases, the same for every compressor (tested over the registry):
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-import numpy as np
 import torch
 from torch import Tensor
 
+from gravac.checks import check_cf
 from gravac.gain import gain_terms
 from gravac.memory import Memory, ResidualMemory
 from gravac.spans import Place
@@ -54,7 +52,6 @@ __all__ = [
     "Round",
     "StatsOp",
     "check_cf",
-    "is_real",
     "k_for_cf",
     "payload_tensors",
     "sum_payloads",
@@ -129,20 +126,6 @@ def payload_tensors(payload: Payload) -> list[Tensor]:
 def wire_bytes(payload: Payload) -> int:
     """Bytes the payload puts on the wire: the sum of its tensors' sizes."""
     return sum(t.numel() * t.element_size() for t in payload_tensors(payload))
-
-
-def is_real(value: object) -> bool:
-    """A real number, NumPy's included, but not a bool (``True`` is no CF or epsilon)."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_)
-
-
-def check_cf(cf: float, *, name: str = "cf") -> float:
-    """Validate a compression factor: a finite number >= 1."""
-    if not is_real(cf):
-        raise ValueError(f"{name} must be a number >= 1, got {cf!r}")
-    if not math.isfinite(cf) or cf < 1:
-        raise ValueError(f"{name} must be a finite number >= 1, got {cf!r}")
-    return float(cf)
 
 
 def k_for_cf(numel: int, cf: float) -> int:
@@ -336,7 +319,7 @@ class Compressor(ABC):
     def shadow_kept(self, values: Tensor, cf: float) -> Tensor:
         """int64 positions of the entries of 1-D ``values`` (a sample of an error-fed
         gradient) that this compressor keeps at ``cf``, for the shadow window gains
-        (:mod:`gravac.shadow`); only where :attr:`shadowable`."""
+        (:mod:`gravac.control.replay`); only where :attr:`shadowable`."""
         raise NotImplementedError(f"compressor {self.name!r} cannot be replayed on a sample")
 
     def make_memory(self) -> Memory:

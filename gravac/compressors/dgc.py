@@ -49,12 +49,12 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from gravac.compressors.base import Compressor, Context, Payload, Round, check_cf
+from gravac.compressors.base import Context, Payload, Round, check_cf
 from gravac.compressors.registry import register
 from gravac.compressors.sparse import SparseCompressor, SparsePayload
 from gravac.kernels import check_backend_name, threshold_indices, topk_indices
 from gravac.kernels.sparse import topk_among
-from gravac.memory import Memory
+from gravac.memory import Memory, Sender
 from gravac.seeding import generator
 
 __all__ = ["WARMUP_CFS", "DGCCompressor", "DGCMemory", "clip_to_norm", "warmup_cf_cap"]
@@ -260,7 +260,7 @@ class DGCMemory(Memory):
         return e
 
     def settle(
-        self, key: int, x: Tensor, compressor: Compressor, payload: Payload, ctx: Context
+        self, key: int, x: Tensor, compressor: Sender, payload: Payload, ctx: Context
     ) -> Tensor | None:
         """``x - D(payload)`` in ``x``'s storage, and the new ``u`` masked where a kept value is
         not 0 (what :meth:`update` masks, ``sent != 0``), before the send; ``None`` for a

@@ -1,0 +1,279 @@
+"""Window gains of CFs that are not sent: error feedback replayed on a sample of the gradient.
+
+The window gain (:mod:`gravac.control.window`) of a CF is measured by sending that CF for a window,
+so a search that judges candidates by it pays for each with a window of steps at that CF. A
+sparsifier's error feedback can be replayed on a sample instead: for each CF ``c`` of a set, a
+*shadow* residual ``r_c`` of sampled elements (blocks of 16, one in :data:`SHADOW_STRIDE`:
+:func:`gravac.control.window.sample`) follows the sampled gradient ``g`` as the real residual would
+follow it if ``c`` were sent::
+
+    x_c = g + r_c;    kept = the compressor's choice at c among x_c's entries
+                      (Compressor.shadow_kept);
+    s_c = x_c at kept, 0 elsewhere;    r_c <- x_c - s_c;    S_c += s_c
+
+and the window gain of ``c`` is the squared cosine of ``S_c`` and ``X_c = S_c + r_c``, as for the
+CF sent (``X_c`` is the window's gradients plus the residual it started with, exactly: the
+shadow sends entries of ``x_c`` and keeps the rest). The gradient ``g`` is the real one, so
+every CF of the set is judged on the same steps, at the cost of one selection over the sample
+per CF and step, two sampled buffers per CF, and the sample's indices (int32, cached per
+layout: 1/64 of the gradient's memory). What the shadow does not see
+is the trajectory the model would have taken at ``c``; the CF actually sent is in the set as
+well, so its shadow gain can be compared with its real window gain (``docs/CONTROLLER.md``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gravac.control.window import WINDOW_BLOCK, sample_size, window_terms
+
+__all__ = ["SHADOW_STRIDE", "ShadowSums", "shadow_round"]
+
+#: one block of 16 elements in every SHADOW_STRIDE is replayed: four times sparser than the
+#: window's sample, so that a ladder of 8 CFs (the geometric policy's) costs 8 selections over
+#: 1/64 of the gradient a step, and keeps 2 x 8 / 64 = 1/4 of the gradient's size; a CF of
+#: 1000 still keeps 82 elements of the VGG-style CNN's 5.2M-element layer
+SHADOW_STRIDE = 64
+#: version of the state saved by :meth:`ShadowSums.state_dict` (another is dropped: the shadows
+#: start again from zero residuals)
+_VERSION = 1
+
+Select = Callable[[Tensor, float], Tensor]
+#: a unit: the layer ids of its tensors, in order
+Layers = tuple[int, ...]
+
+
+def shadow_round(
+    gradient: Tensor, residual: Tensor | None, cf: float, select: Select
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One step of error feedback at ``cf`` on a sample: ``(kept, values, new residual)``.
+
+    ``x = gradient + residual`` (``None``: 0); ``kept = select(x, cf)`` are the indices sent and
+    ``values`` their entries of ``x``; the new residual is ``x`` with them zeroed (a new tensor),
+    so that what is sent and what is kept add up to ``x`` exactly.
+    """
+    x = gradient.clone() if residual is None else gradient + residual
+    kept = select(x, cf)
+    values = x.index_select(0, kept)
+    return kept, values, x.index_fill_(0, kept, 0)
+
+
+class ShadowSums:
+    """Per CF and unit (a bucket's tensors, by their layer ids, as
+    :class:`gravac.control.window.WindowSums` keeps them): the shadow residual and the sum of what
+    the shadow sent over the current window, flat over the unit's sampled elements.
+
+    A unit's samples are gathered in one indexed read (the indices cached by layout), and each
+    CF is replayed over the whole unit at once, as the compressor selects over it. Per tensor
+    (by layer id) they are only split where the layout changes and in the checkpoint, so that
+    they survive bucket rebuilds and resumes: a unit whose key is new is joined from the pieces
+    of its tensors (zeros for a tensor without one).
+    """
+
+    def __init__(self) -> None:
+        self.residual: dict[tuple[float, Layers], Tensor] = {}  # (cf, unit) -> sampled r_c
+        self.sent: dict[tuple[float, Layers], Tensor] = {}  # (cf, unit) -> sampled S_c
+        # per tensor, not yet joined into a unit (after a resume or a layout change)
+        self._loose: dict[str, dict[tuple[float, int], Tensor]] = {"residual": {}, "sent": {}}
+        # the sums of the windows before this one that the gain's horizon spans, oldest first,
+        # per tensor: (cf, layer) -> sampled S_c of that window
+        self.earlier: list[dict[tuple[float, int], Tensor]] = []
+        self._sizes: dict[Layers, list[int]] = {}  # a unit's tensors' sample sizes
+        self._index: dict[tuple[tuple[int, ...], torch.device], Tensor] = {}  # by layout
+        self._used: set[tuple[tuple[int, ...], torch.device]] = set()  # layouts of this window
+
+    def gradient(self, x: Tensor, residual: Tensor | None, numels: Sequence[int]) -> Tensor:
+        """The replayed sample of a unit's gradient ``g = x - e`` (flat, float32), from its
+        flat error-fed gradient ``x`` and the residual ``e`` that was added to it (``None``:
+        0): each tensor's :func:`gravac.control.window.sample` at :data:`SHADOW_STRIDE`, in
+        order."""
+        index = self._sample_index(tuple(numels), x.device)
+        g = x.reshape(-1).index_select(0, index).float()
+        if residual is not None:
+            g.sub_(residual.reshape(-1).index_select(0, index))
+        return g
+
+    def _sample_index(self, numels: tuple[int, ...], device: torch.device) -> Tensor:
+        key = (numels, device)
+        self._used.add(key)
+        if key not in self._index:
+            span = WINDOW_BLOCK * SHADOW_STRIDE
+            parts, offset = [], 0
+            for n in numels:
+                full, rest = divmod(n, span)
+                starts = torch.arange(full, dtype=torch.int64) * span + offset
+                parts.append((starts[:, None] + torch.arange(WINDOW_BLOCK)).reshape(-1))
+                tail = offset + full * span
+                parts.append(torch.arange(tail, tail + min(rest, WINDOW_BLOCK)))
+                offset += n
+            wide = sum(numels) > torch.iinfo(torch.int32).max
+            self._index[key] = torch.cat(parts).to(device, torch.int64 if wide else torch.int32)
+        return self._index[key]
+
+    def terms(self, cfs: Sequence[float], layers: Sequence[int], numels: Sequence[int]) -> Tensor:
+        """``[<S, X>, ||S||^2, ||X||^2]`` of every CF in ``cfs``, in that order, for one unit's
+        tensors (float64, ``3 len(cfs)`` values; a unit with no shadow yet adds zeros)."""
+        out = torch.zeros(3 * len(cfs), dtype=torch.float64)
+        unit = self._unit(layers, numels)
+        for i, cf in enumerate(cfs):
+            s, e = self._get("sent", cf, unit), self._get("residual", cf, unit)
+            before = self._before(cf, unit)
+            if before is not None:
+                s = before if s is None else s + before
+            if e is None:
+                if s is None:
+                    continue
+                e = torch.zeros_like(s)
+            elif s is None:
+                s = torch.zeros_like(e)
+            out[3 * i : 3 * i + 3] += window_terms(s, e).cpu()
+        return out
+
+    def step(
+        self,
+        cfs: Sequence[float],
+        layers: Sequence[int],
+        numels: Sequence[int],
+        gradient: Tensor,
+        select: Select,
+        *,
+        accumulate: bool,
+    ) -> None:
+        """Replay one committed step of one unit at every CF in ``cfs``: ``gradient`` is the
+        sample of its gradient (:meth:`gradient`). What was sent is added to the window's sums
+        if ``accumulate`` (not at a step that closes a window:
+        :meth:`gravac.engine.Engine._sums`)."""
+        keep = set(cfs)
+        stores: list[dict[Any, Tensor]] = [
+            self.residual,
+            self.sent,
+            *self._loose.values(),
+            *self.earlier,
+        ]
+        for store in stores:
+            for key in [k for k in store if k[0] not in keep]:
+                del store[key]  # CFs the controller no longer asks about
+        unit = self._unit(layers, numels)
+        for cf in cfs:
+            r = self._get("residual", cf, unit)
+            kept, values, self.residual[(cf, unit)] = shadow_round(gradient, r, cf, select)
+            if accumulate:
+                total = self._get("sent", cf, unit)
+                if total is None:
+                    total = self.sent[(cf, unit)] = torch.zeros_like(gradient)
+                total.index_add_(0, kept, values)
+
+    def _before(self, cf: float, unit: Layers) -> Tensor | None:
+        """What the shadow at ``cf`` sent over the earlier windows of the horizon, flat over
+        ``unit``'s samples (zeros for a tensor without one); ``None`` if nothing."""
+        total = None
+        for sums in self.earlier:
+            joined = self._join(unit, [sums.get((cf, layer)) for layer in unit])
+            if joined is not None:
+                total = joined if total is None else total + joined
+        return total
+
+    def _join(self, unit: Layers, pieces: Sequence[Tensor | None]) -> Tensor | None:
+        """``unit``'s tensors' pieces, in order, as one flat tensor (zeros for a tensor
+        without one); ``None`` if no tensor has one."""
+        if all(p is None for p in pieces):
+            return None
+        like = next(p for p in pieces if p is not None)
+        sizes = self._sizes[unit]
+        return torch.cat(
+            [like.new_zeros(n) if p is None else p for p, n in zip(pieces, sizes, strict=True)]
+        )
+
+    def _unit(self, layers: Sequence[int], numels: Sequence[int]) -> Layers:
+        """The key of the unit of these tensors, its sample sizes recorded."""
+        unit = tuple(layers)
+        if unit not in self._sizes:
+            self._sizes[unit] = [sample_size(n, SHADOW_STRIDE) for n in numels]
+        return unit
+
+    def _get(self, name: str, cf: float, unit: Layers) -> Tensor | None:
+        """The ``name`` store's tensor of ``unit`` at ``cf``; for a unit new to it, joined
+        from its tensors' pieces (the other units of ``cf`` that share a tensor with it are
+        split into pieces first); ``None`` if no tensor of the unit has one."""
+        store: dict[tuple[float, Layers], Tensor] = getattr(self, name)
+        found = store.get((cf, unit))
+        if found is not None:
+            return found
+        loose = self._loose[name]
+        for key in [k for k in store if k[0] == cf and set(k[1]) & set(unit)]:
+            loose.update(self._pieces(cf, key[1], store.pop(key)))
+        joined = self._join(unit, [loose.pop((cf, layer), None) for layer in unit])
+        if joined is not None:
+            store[(cf, unit)] = joined
+        return joined
+
+    def piece(self, name: str, cf: float, layer: int) -> Tensor | None:
+        """Tensor ``layer``'s part of the ``name`` store (``"residual"`` or ``"sent"``) at
+        ``cf``, wherever it is kept; ``None`` if it has none."""
+        for (c, unit), t in getattr(self, name).items():
+            if c == cf and layer in unit:
+                return self._pieces(cf, unit, t)[(cf, layer)]
+        return self._loose[name].get((cf, layer))
+
+    def _by_tensor(self, name: str) -> dict[tuple[float, int], Tensor]:
+        """The ``name`` store (``"residual"`` or ``"sent"``) by (cf, layer): its units split
+        into their tensors' pieces, with the loose pieces."""
+        out = dict(self._loose[name])
+        for (cf, unit), t in getattr(self, name).items():
+            out.update(self._pieces(cf, unit, t))
+        return out
+
+    def _pieces(self, cf: float, unit: Layers, t: Tensor) -> dict[tuple[float, int], Tensor]:
+        """``t``, a flat tensor of ``unit`` at ``cf``, as its tensors' parts by (cf, layer)."""
+        keys = [(cf, layer) for layer in unit]
+        return dict(zip(keys, t.split(self._sizes[unit]), strict=True))
+
+    def nbytes(self) -> int:
+        """Bytes held: the shadow residuals and sums, and the cached sample indices."""
+        held = [*self.residual.values(), *self.sent.values(), *self._index.values()]
+        held += [t for loose in (*self._loose.values(), *self.earlier) for t in loose.values()]
+        return sum(t.numel() * t.element_size() for t in held)
+
+    def clear(self, keep: int = 0) -> None:
+        """Start a new window: the sums restart (those of the last ``keep`` windows, the one
+        that ended included, stay in the terms of the next window's end), the shadow
+        residuals carry on, and the sample indices of layouts the ended window did not read
+        are dropped (a bucket rebuild's old layout would otherwise stay cached for the rest
+        of the run)."""
+        self.earlier = [*self.earlier, self._by_tensor("sent")][-keep:] if keep else []
+        self.sent = {}
+        self._loose["sent"] = {}
+        self._index = {k: v for k, v in self._index.items() if k in self._used}
+        self._used = set()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The shadows per CF and tensor (by layer id), as in :meth:`piece`."""
+
+        def rows(out: dict[tuple[float, int], Tensor]) -> list[tuple[float, int, Tensor]]:
+            return [(cf, layer, t.clone()) for (cf, layer), t in sorted(out.items())]
+
+        return {
+            "version": _VERSION,
+            "residual": rows(self._by_tensor("residual")),
+            "sent": rows(self._by_tensor("sent")),
+            "earlier": [rows(sums) for sums in self.earlier],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the shadows (joined into units at their first use); a state of another
+        version (or none) starts them afresh."""
+        same = state.get("version") == _VERSION
+
+        def table(rows: list[Any]) -> dict[tuple[float, int], Tensor]:
+            return {(float(cf), int(layer)): torch.as_tensor(t).clone() for cf, layer, t in rows}
+
+        def stored(key: str) -> Any:
+            return state.get(key, []) if same else []
+
+        self.residual, self.sent = {}, {}
+        self._loose = {"residual": table(stored("residual")), "sent": table(stored("sent"))}
+        self.earlier = [table(rows) for rows in stored("earlier")]

@@ -1,0 +1,362 @@
+"""The search by shadow: every candidate CF judged on the same steps, none of them sent to try it.
+
+The search by trial (:mod:`gravac.control.trial`) sends each candidate CF for a window to measure
+its window gain, so it spends its first windows, while the model learns fastest, at the CFs it
+passes through: on the VGG-style digits CNN at 1 Gbit/s, 63 steps at CF 10-40 before it reaches
+the CF it keeps (``docs/CONTROLLER.md``). Here the window gain of every CF of the ladder
+(``theta_min`` and the policy's candidates ``theta_min * s`` up to ``theta_max``) is measured at
+every window by replaying error feedback on a sample of the gradient (:mod:`gravac.control.replay`),
+and the system throughput of a CF not sent comes from the CFs timed around it or the link model
+(:func:`gravac.control.trial.between_seconds`, :func:`gravac.control.trial.link_seconds`)::
+
+    warm-up:  send theta_min for warmup_steps (ended after MIN_WARMUP_STEPS on a slow link, as
+              the search by trial's), except at its first and third steps and, when the link
+              model ended it early, at its bridge step: these send the top of the ladder
+    each window's end, with the shadow window gains shadow[cf] of every cf of the ladder:
+        judged[cf] = 1 - (1 - (shadow[cf] - excess[cf])) * share, where excess[cf] is how
+                     far cf's shadow gain exceeded its real window gain the last time cf was
+                     sent (0 before), and share the largest signal share of a window's
+                     gradient measured so far (1 before; the policy option ``noise``)
+        tsys[cf] = the median samples/s measured the last time cf was sent; else, between
+                   the largest CF below it that was sent and the smallest above it that was
+                   sent or is the top of the ladder timed in the warm-up, linear in the bytes;
+                   else the link model from the largest CF sent below it (the smallest above,
+                   if none is below)
+        tput[cf] = tsys[cf] * p(judged[cf]), for cf with judged[cf] >= epsilon
+        keep the CF sent if its tput is within omega of the largest; else send for the next
+        window the largest cf whose tput is within omega of the largest (as fast to the
+        target, for fewer bytes); dense if no cf keeps epsilon
+    where p(g) is the progress per step a gain predicts, as in the search by trial (the policy
+    option ``progress``: by default the gain itself,
+    :func:`gravac.control.window.predicted_progress`)
+
+The link model needs one step's time at ``theta_min``, the most expensive CF on a slow link; the
+warm-up's other steps cost more there than they tell (the CNN at 100 Mbit/s: its 4 steps at
+CF 10 took 2.1 s of static CF 1000's 8.4 s to the target). So the steps whose time the link model
+does not read send the top of the ladder (:data:`TOP_WARMUP_STEPS`): the first, whose time
+carries the run's one-off costs and is not kept, the third, sent before the second's time is
+agreed, and the bridge of a warm-up the link model ended. On a fast link the warm-up goes on at
+``theta_min`` after them, as before. The warm-up then sent two CFs: its real window gain is no
+CF's own, and corrects no shadow. On the CNN at 100 Mbit/s (seeds 3-5) the search's time to
+the target went from 1.30x to 1.08x of static CF 1000's (``docs/CONTROLLER.md`` section 11).
+
+A step's time at a CF not sent is more than its communication scaled by the bytes: on the CPU
+compression grows with the elements kept (the CNN on loopback: 33 ms a step at CF 10 against
+12 ms at CF 100, of 119 and 80 ms steps), and the link model, which keeps all but the
+communication, put every CF at CF 10's 119 ms; so on loopback the search sent CF 10 from its
+fourth step for 34-112 steps, on each of six seeds. The warm-up's steps at the top of the
+ladder time its step as well, and a CF between two CFs timed is timed between them, linear in
+``1 / cf``; the top's time is held to the link model's, which a noisy interval would exceed.
+The engine times a step from the close of the one before and counts it at that one's CF, so an
+interval holds the step before's wait for communication and its own compression: the top's
+whole step is the bridge's interval where the link model ended the warm-up (the top sent at
+both), else the intervals of the warm-up's third and fourth steps (the third sent the top)
+less one of a step at theta_min alone.
+
+The CF sent changes only for one better by more than omega: without that, the geometric search
+on the CNN at 100 Mbit/s went 80, 320, 160, 80, 320 in its first 200 steps. And the shadow of a
+high CF is optimistic: replayed while a lower CF trains the model, it does not see the slower
+training the CF itself brings (the CNN at 100 Mbit/s: CF 320's real window gains 0.46-0.52 over
+the 6 windows it was sent, its shadow's 0.53-0.72; within 0.05 at CFs up to 40), so the real
+window gain of the CF sent corrects its shadow from then on (``excess``).
+
+The gains' horizon (the policy option ``horizon``, windows; 2 by default) may be longer than
+the interval between decisions: with ``horizon = h`` each window's end judges the gains over it
+and the ``h - 1`` windows before it (the sums ``S`` of those windows kept,
+:meth:`gravac.control.replay.ShadowSums.clear`), shadows and the CF sent alike. A window gain grows
+with its horizon at a high CF, whose residual is delivered steps later (the CNN at 100 Mbit/s:
+50-step windows send CF 1000, 25-step ones do not), so a longer horizon judges high CFs over more of
+what error feedback delivers without deciding less often. The real gain of a CF sent then spans the
+CFs sent before it until it was sent for ``h`` windows in a row, so it corrects the CF's shadow
+only from then on (``excess``).
+
+What error feedback holds back is noise as well as signal, and held-back noise costs no
+progress: on the VGG-style digits CNN and the ResNet the signal share of a window's gradient
+(:mod:`gravac.control.noise`, from how the ranks' window sums agree) is 0.1-0.5 over the first 50
+steps and mostly below 0.2 after them, and there the window gain of CF 1000 falls while its
+progress does not. So the held-back part of a gain counts by the signal share (the policy
+option ``noise``, on by default): the largest share measured so far, the workload's at its
+start, not the current one, which falls late in training on the LSTM too, where higher CFs
+still cost perplexity (``docs/CONTROLLER.md`` section 10).
+
+Every decision reads only values agreed over ranks (the shadow terms are summed over ranks with
+the step's scalars, as the window's are), so the ranks decide alike. It needs a compressor whose
+sends a sample can replay (:attr:`gravac.compressors.Compressor.shadowable`) and plain error
+feedback; the engine says so otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping
+from typing import Any
+
+from gravac.control.controller import Phase, Plan, cf_key
+from gravac.control.noise import signal_gain
+from gravac.control.policies.base import DEFAULT_HORIZON
+from gravac.control.trial import MIN_WARMUP_STEPS, TrialController, between_seconds, link_seconds
+
+__all__ = ["TOP_WARMUP_STEPS", "ShadowController"]
+
+#: the dense fallback: sent for a window when no CF of the ladder keeps epsilon of the gradient
+_DENSE_CF = 1.0
+#: the warm-up steps (counted from 0) that send the top of the ladder where the warm-up is long
+#: enough for the link model to end it (MIN_WARMUP_STEPS): the first, whose time carries the
+#: run's one-off costs (a window keeps only the times of the CF it sends), and the third, sent
+#: before the second's time is agreed; so on a slow link one warm-up step of four sends
+#: theta_min, not four
+TOP_WARMUP_STEPS = (0, 2)
+#: the warm-up step after the last that sends the top of the ladder: a step's interval (from the
+#: close of the step before to its own) holds the wait for the step before's communication and
+#: its own compression, so this step's and the one before's hold all of the top's step
+_AFTER_TOP = TOP_WARMUP_STEPS[-1] + 1
+
+
+class ShadowController(TrialController):
+    """The search by shadow; see the module docstring. Same arguments as
+    :class:`gravac.control.controller.Controller` (a policy's ``search="shadow"``)."""
+
+    plans_shadows = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ladder = self._ladder()  # the CFs whose window gains are measured, ascending
+        self.shadow_gain: dict[float, float] = {}  # the last window's, by CF
+        self.excess: dict[float, float] = {}  # shadow less real window gain, when last sent
+        self._shadow: dict[float, float] = {}  # this step's agreed shadow gains, if any
+        self.windows_closed = 0  # windows ended so far, the warm-up included
+        self.same_windows = 0  # of them, the last ones in a row that sent the same CF
+        self.last_sent: float | None = None  # the CF the last window that ended sent
+        self.signal_share: float | None = None  # the largest signal share measured so far
+        self._warmup_seconds: dict[int, float] = {}  # seconds/sample of warm-up steps, by step
+        self.top_seconds: float | None = None  # seconds/sample at the top, the warm-up's
+
+    @property
+    def horizon(self) -> int:
+        """Windows its gains span: the policy's ``horizon``, or :data:`DEFAULT_HORIZON`."""
+        return DEFAULT_HORIZON if self.policy.horizon is None else self.policy.horizon
+
+    @property
+    def discounts_noise(self) -> bool:
+        """Whether held-back energy counts by its signal share: the policy's ``noise``, on
+        unless it says ``False``."""
+        return self.policy.noise is not False
+
+    def _ladder(self) -> tuple[float, ...]:
+        """``theta_min`` and the policy's candidates above it, up to ``theta_max``."""
+        out, s, j, top = [self.theta_min], self.policy.first(), 0, self.config.theta_max
+        while True:
+            want = self.theta_min * s
+            cf = self.snap(min(want, top))
+            if cf > out[-1]:
+                out.append(cf)
+            if want >= top:
+                return tuple(out)
+            j += 1
+            s = self.policy.next(s, j)
+
+    @property
+    def probes_warmup(self) -> bool:
+        """Whether the warm-up sends the top of the ladder at some of its steps: it is long
+        enough for the link model to end it (:data:`TOP_WARMUP_STEPS`)."""
+        return self.config.warmup_steps >= MIN_WARMUP_STEPS and self.ladder[-1] > self.theta_min
+
+    @property
+    def in_probing_warmup(self) -> bool:
+        """Whether the window open is a warm-up that sends the top of the ladder at some of its
+        steps (:attr:`probes_warmup`): its times and real gain are two CFs'."""
+        return self.windows_closed == 0 and self.probes_warmup
+
+    def sends_top(self) -> bool:
+        """Whether this step is one of the warm-up's that send the top of the ladder: its
+        first or third, or the bridge of a warm-up the link model ended early."""
+        if not self.in_probing_warmup:
+            return False
+        if self.phase is Phase.WARMUP:
+            return self.window_step in TOP_WARMUP_STEPS
+        return self.awaiting and self.window_step < self.config.warmup_steps
+
+    def plan(self) -> Plan:
+        if self.sends_top():
+            sent = self.ladder[-1]
+        else:
+            sent = self.theta_min if self.current == _DENSE_CF else self.current
+        return Plan(
+            theta_min=sent,
+            candidate=None,
+            window_terms=self.awaiting,
+            shadows=self.ladder,
+            signal=self.discounts_noise,
+        )
+
+    def observe_signal(self, share: float | None) -> None:
+        if share is not None:
+            old = self.signal_share
+            self.signal_share = share if old is None else max(old, share)
+
+    def observe_shadows(self, plan: Plan, gains: Mapping[float, float]) -> None:
+        self._shadow = {cf_key(cf): g for cf, g in gains.items() if math.isfinite(g)}
+
+    def discard_step(self) -> None:
+        super().discard_step()
+        self._shadow = {}
+
+    def record_throughput(self, cf: float, samples_per_second: float) -> None:
+        super().record_throughput(cf, samples_per_second)
+        if self.in_probing_warmup and self.window_step >= _AFTER_TOP - 1:
+            self._warmup_seconds[self.window_step] = 1.0 / samples_per_second
+
+    def _top_seconds(self) -> float | None:
+        """Seconds per sample of a step at the top of the ladder, from the warm-up's intervals
+        (called at its bridge step). The engine times a step from the close of the one before
+        and counts it at that one's CF, so step ``s``'s interval ``I(s)`` holds the wait for
+        step ``s - 1``'s communication and step ``s``'s own compression: where the bridge sent
+        the top right after the warm-up's last top step (a warm-up the link model ended at
+        once), it is ``I(bridge)``; else ``I(_AFTER_TOP - 1) + I(_AFTER_TOP) - t_min``, with
+        ``t_min`` the median interval of the steps after, which sent theta_min alone: those two
+        intervals hold one whole step at the top and one at theta_min. ``None`` where they were
+        not timed (a resume, a skipped step)."""
+        w, bridge = self._warmup_seconds, self.window_step
+        top_bridge = bridge < self.config.warmup_steps  # the link model ended the warm-up
+        if top_bridge and bridge == _AFTER_TOP:
+            return w.get(bridge)
+        alone = [
+            v for step, v in w.items() if step > _AFTER_TOP and not (top_bridge and step == bridge)
+        ]
+        if _AFTER_TOP - 1 not in w or _AFTER_TOP not in w or not alone:
+            return None
+        seconds = w[_AFTER_TOP - 1] + w[_AFTER_TOP] - statistics.median(alone)
+        return seconds if seconds > 0 else None
+
+    def _bounded_top_seconds(self) -> float | None:
+        """Seconds per sample at the top of the ladder from the warm-up (called once
+        theta_min's window is closed), at most what the link model gives it from theta_min:
+        a higher CF compresses no more slowly, so a longer time comes from an interval slowed
+        by something else, and would put every CF between at theta_min's time or above for the
+        rest of the run (none of them sent, none timed again)."""
+        top, m = self.ladder[-1], self.theta_min
+        seconds = self._top_seconds()
+        if seconds is None or m not in self.tsys or m not in self.comm:
+            return None
+        bound = link_seconds(top, m, 1.0 / self.tsys[m], self.comm[m])
+        return min(seconds, bound)
+
+    def _end_window(self) -> None:
+        cf, g = self._close_window()
+        mixed = self.in_probing_warmup  # the warm-up sent two CFs
+        if mixed:
+            self.top_seconds = self._bounded_top_seconds()
+            self._warmup_seconds = {}
+        self.windows_closed += 1
+        self.same_windows = self.same_windows + 1 if cf == self.last_sent else 1
+        self.last_sent = None if mixed else cf
+        # the real gain spans the horizon's windows, as the shadows' do: it is the CF's own
+        # only if that CF was sent in all of them
+        own = not mixed and self.same_windows >= min(self.horizon, self.windows_closed)
+        if own and g is not None and cf != _DENSE_CF:
+            self.wgain[cf] = g  # the real window gain of the CF sent
+        real = self._window_gain
+        if own and real is not None and math.isfinite(real) and cf in self._shadow:
+            self.excess[cf] = self._shadow[cf] - real
+        if self._shadow:
+            self.shadow_gain, self._shadow = self._shadow, {}
+        self._settle(self._choose())
+
+    def estimated_tsys(self, cf: float) -> float | None:
+        """System throughput at ``cf``: measured, or between the nearest CFs timed below and
+        above it (:func:`gravac.control.trial.between_seconds`; the top of the ladder is timed in
+        the warm-up), or the link model from the nearest CF sent (see the module docstring);
+        ``None`` before any CF was measured."""
+        sent = sorted(c for c in self.comm if c in self.tsys and c != _DENSE_CF)
+        if cf in sent:
+            return self.tsys[cf]
+        if not sent:
+            return None
+        timed = {c: 1.0 / self.tsys[c] for c in sent}
+        if self.top_seconds is not None:
+            timed.setdefault(self.ladder[-1], self.top_seconds)
+        if cf in timed:
+            return 1.0 / timed[cf]
+        below = [c for c in sent if c < cf]
+        above = sorted(c for c in timed if c > cf)
+        if below and above:
+            lo, hi = below[-1], above[0]
+            seconds = between_seconds(cf, lo, timed[lo], hi, timed[hi])
+        else:
+            anchor = below[-1] if below else sent[0]
+            seconds = link_seconds(cf, anchor, timed[anchor], self.comm[anchor])
+        return math.inf if seconds <= 0 else 1.0 / seconds
+
+    def judged_gain(self, cf: float) -> float | None:
+        """``cf``'s last shadow window gain, less its excess over the real one, its held-back
+        part counted by the signal share (see the module docstring); ``None`` before one was
+        measured."""
+        g = self.shadow_gain.get(cf)
+        if g is None:
+            return None
+        g -= self.excess.get(cf, 0.0)
+        share = self.signal_share
+        return g if share is None or not self.discounts_noise else signal_gain(g, share)
+
+    def shadow_tput(self) -> dict[float, float]:
+        """Compression throughput of every CF of the ladder whose judged gain keeps epsilon."""
+        out = {}
+        for cf in self.shadow_gain:
+            g, t = self.judged_gain(cf), self.estimated_tsys(cf)
+            if g is not None and g >= self.config.epsilon and t is not None:
+                out[cf] = t * self.worth(g)
+        return out
+
+    def _choose(self) -> float:
+        """The CF sent if its compression throughput is within omega of the largest, else the
+        largest CF that is; dense if no CF keeps epsilon."""
+        tput = self.shadow_tput()
+        if not tput:
+            return _DENSE_CF
+        top = max(tput.values())
+        if math.isinf(top):
+            return max(cf for cf, t in tput.items() if math.isinf(t))
+        floor = (1.0 - self.config.omega) * top
+        if tput.get(self.current, -math.inf) >= floor:
+            return self.current
+        return max(cf for cf, t in tput.items() if t >= floor)
+
+    def resnap(self) -> None:
+        super().resnap()
+        self.ladder = self._ladder()
+        if self.last_sent not in (None, _DENSE_CF):
+            self.last_sent = self.snap(self.last_sent)
+        self.shadow_gain = {self.snap(cf): v for cf, v in sorted(self.shadow_gain.items())}
+        self.excess = {self.snap(cf): v for cf, v in sorted(self.excess.items())}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            **super().state_dict(),
+            "shadow_gain": sorted(self.shadow_gain.items()),
+            "excess": sorted(self.excess.items()),
+            "windows_closed": self.windows_closed,
+            "same_windows": self.same_windows,
+            "last_sent": self.last_sent,
+            "signal_share": self.signal_share,
+            "warmup_seconds": sorted(self._warmup_seconds.items()),
+            "top_seconds": self.top_seconds,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a search by shadow's state, or adopt a search by trial's (a checkpoint from
+        before ``search="auto"`` made this search the default): its measured throughputs and
+        window gains carry over, and the shadows' gains come from the next window's end."""
+        super().load_state_dict(state)
+        self.shadow_gain = {float(k): float(v) for k, v in state.get("shadow_gain", [])}
+        self.excess = {float(k): float(v) for k, v in state.get("excess", [])}
+        self._shadow = {}
+        self.windows_closed = int(state.get("windows_closed", 0))
+        self.same_windows = int(state.get("same_windows", 0))
+        last = state.get("last_sent")
+        self.last_sent = None if last is None else float(last)
+        share = state.get("signal_share")
+        self.signal_share = None if share is None else float(share)
+        self._warmup_seconds = {int(k): float(v) for k, v in state.get("warmup_seconds", [])}
+        top = state.get("top_seconds")
+        self.top_seconds = None if top is None else float(top)

@@ -1,0 +1,259 @@
+"""``gravac bench memory``: the extra peak memory of a training step, per compressor.
+
+For each compressor, in a fresh process (so that no allocator state of another compressor
+remains): a stack of ``Linear(width, width, bias=False)`` layers holding about ``--params``
+float32 parameters is trained for a few steps with plain SGD, then with :class:`GravacOptimizer`
+around the same SGD (single worker, no process group: the compression, error feedback and gain
+terms all run; the collectives are the identity). The peak resident set size (Linux ``VmHWM``,
+reset through ``/proc/self/clear_refs``) of ``backward()`` and ``step()`` together, above the
+resident size of plain SGD's steady state and less plain SGD's own peak above it (activations,
+autograd's temporaries), is the compressor's extra peak memory, in MiB and as a multiple of the
+gradient's bytes (issue 9's target: at most 2, the residual plus one work buffer). Two figures:
+over the first steps (the switch from plain SGD: gradients moved into bucket buffers, residuals
+and reused buffers made) and over the steps after them (the steady state). ``front="hook"``
+measures the DDP comm hook instead: a one-process gloo group, plain DDP first, then a new
+``DistributedDataParallel`` of the same model with the hook (DDP takes a hook only before its
+first backward), against plain DDP's steady state and peak.
+
+The children run with glibc's ``MALLOC_MMAP_THRESHOLD_`` fixed at 128 KiB, so that every large
+block is its own mapping, returned on free: resident memory then follows the live bytes (with
+glibc's default adaptive threshold, freed gradient-sized blocks stay resident in the heap).
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import multiprocessing
+import os
+import re
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from gravac import compressors
+from gravac.ddp import GravacHookState, gravac_hook
+from gravac.optimizer import GravacOptimizer
+from gravac_lab.bench.common import ELEMENT_BYTES, bench_each, format_table, json_row
+
+__all__ = [
+    "DEFAULT_PARAMS",
+    "DEFAULT_STEPS",
+    "FRONTS",
+    "MemoryResult",
+    "bench_memory",
+    "format_memory_table",
+    "memory_names",
+    "peak_rss_above",
+]
+
+#: Parameters of the benchmark model, as in issue 9's measurement (50M float32, 191 MiB).
+DEFAULT_PARAMS = 50 * 2**20
+#: Steps of plain SGD, of gravac's first window and of its steady-state window.
+DEFAULT_STEPS = 3
+#: What is measured: :class:`GravacOptimizer` around plain SGD, or the DDP comm hook
+#: (:mod:`gravac.ddp`) on a one-process gloo group against plain DDP.
+FRONTS = ("optimizer", "hook")
+#: Width of the square layers: 4M parameters each, so 50M is twelve layers.
+WIDTH = 2048
+#: Samples per step: activations of 8 x 2048 floats per layer are negligible next to weights.
+BATCH = 8
+#: The CF every compressor is asked for (GraVAC's theta_min, DESIGN.md section 5).
+CF = 10.0
+_KIB = 1024
+_MMAP_ENV = "MALLOC_MMAP_THRESHOLD_"
+_MIB = 2**20
+_CLEAR_PEAK = "5"  # /proc/self/clear_refs: reset the peak resident set size (Linux >= 4.0)
+#: glibc's mmap threshold in the children: blocks above it are mapped alone and unmapped on free.
+_MMAP_THRESHOLD = str(128 * _KIB)
+
+
+@dataclass(frozen=True)
+class MemoryResult:
+    """One row of ``gravac bench memory`` (bytes; ``ratio`` in gradients)."""
+
+    name: str
+    params: int
+    width: int  # the layers are width x width
+    front: str  # one of FRONTS
+    gradient_bytes: int
+    sgd_peak_bytes: int  # plain SGD's (or plain DDP's) peak above its steady state
+    first_bytes: int  # gravac's peak over its first steps, above SGD's steady state and peak
+    steady_bytes: int  # the same over the steps after them
+    first_ratio: float  # first_bytes / gradient_bytes
+    ratio: float  # steady_bytes / gradient_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        return json_row(self)
+
+
+def _status_kib(field: str) -> int:
+    """A ``kB`` field of ``/proc/self/status`` (``VmRSS``, ``VmHWM``)."""
+    text = Path("/proc/self/status").read_text()
+    match = re.search(rf"^{field}:\s+(\d+) kB", text, re.MULTILINE)
+    if match is None:
+        raise RuntimeError(f"/proc/self/status has no {field} field")
+    return int(match.group(1))
+
+
+def peak_rss_above(work: Any, *args: Any) -> int:
+    """Bytes by which the resident set size peaked above its level before ``work(*args)``.
+
+    Raises:
+        RuntimeError: not on Linux (no ``/proc/self/clear_refs``).
+    """
+    clear = Path("/proc/self/clear_refs")
+    if not clear.exists():
+        raise RuntimeError("gravac bench memory needs Linux (/proc/self/clear_refs)")
+    before = _status_kib("VmRSS")
+    clear.write_text(_CLEAR_PEAK)
+    work(*args)
+    return max(0, _status_kib("VmHWM") - before) * _KIB
+
+
+def _model(params: int, width: int) -> nn.Module:
+    layers = max(1, round(params / (width * width)))
+    torch.manual_seed(0)
+    return nn.Sequential(*(nn.Linear(width, width, bias=False) for _ in range(layers)))
+
+
+def _steps(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, steps: int) -> None:
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=False)
+        model(x).square().mean().backward()
+        opt.step()
+
+
+def _measure(
+    name: str, params: int, steps: int, threads: int, width: int, front: str
+) -> MemoryResult:
+    """The row of ``name``, measured in this (fresh) process: through the optimizer, or
+    through the DDP hook on a one-process gloo group (against plain DDP)."""
+    torch.set_num_threads(threads)
+    model = _model(params, width)
+    x = torch.randn(BATCH, width)
+    sgd = torch.optim.SGD(model.parameters(), lr=1e-3)
+    if front == "hook":
+        store = Path(tempfile.mkdtemp(prefix="gravac-bench-memory-")) / "store"
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    # plain SGD (or DDP) until its gradients and buckets are allocated: the steady state
+    net = DistributedDataParallel(model) if front == "hook" else model
+    _steps(net, sgd, x, steps)
+    sgd_peak = peak_rss_above(_steps, net, sgd, x, steps)
+    base = _status_kib("VmRSS") * _KIB
+    options: dict[str, Any] = {
+        "compressor": name,
+        "theta_min": CF,
+        "warmup_steps": 0,
+        "window": 1,
+        "epsilon": 0.0,  # every gain is enough: compressed sends, never a dense fallback
+        "policy_options": {"search": "paper"},  # a candidate compressed at every step
+    }
+    opt: torch.optim.Optimizer = sgd
+    if front == "hook":  # a new DDP (a hook goes in before the first backward) for the old
+        del net
+        gc.collect()  # DDP sits in a reference cycle: free the old one's buckets now
+        net = DistributedDataParallel(model)
+        net.register_comm_hook(GravacHookState(**options), gravac_hook)
+    else:
+        opt = GravacOptimizer(sgd, dense_bytes=0, **options)
+    first = peak_rss_above(_steps, net, opt, x, steps)
+    held = _status_kib("VmRSS") * _KIB - base  # what gravac keeps between steps
+    steady = held + peak_rss_above(_steps, net, opt, x, steps)
+    n = sum(p.numel() for p in model.parameters())
+    grad_bytes = n * ELEMENT_BYTES
+    first, steady = max(0, first - sgd_peak), max(0, steady - sgd_peak)
+    return MemoryResult(
+        name,
+        n,
+        width,
+        front,
+        grad_bytes,
+        sgd_peak,
+        first,
+        steady,
+        first / grad_bytes,
+        steady / grad_bytes,
+    )
+
+
+def memory_names() -> list[str]:
+    """Every registered compressor, in name order."""
+    return list(compressors.names())
+
+
+def bench_memory(
+    *,
+    names: Sequence[str] | None = None,
+    params: int = DEFAULT_PARAMS,
+    steps: int = DEFAULT_STEPS,
+    threads: int | None = None,
+    width: int = WIDTH,
+    front: str = "optimizer",
+) -> list[MemoryResult]:
+    """Measure each compressor (``None``: every registered one) in its own fresh process, on
+    layers of ``width x width`` parameters, through ``front`` (:data:`FRONTS`).
+
+    Raises:
+        ValueError: ``front`` is not one of :data:`FRONTS`.
+    """
+    if front not in FRONTS:
+        raise ValueError(f"front must be one of {list(FRONTS)}, got {front!r}")
+    ctx = multiprocessing.get_context("spawn")
+    t = threads if threads is not None else torch.get_num_threads()
+
+    def one(name: str) -> MemoryResult:
+        before = os.environ.get(_MMAP_ENV)
+        os.environ[_MMAP_ENV] = _MMAP_THRESHOLD  # read by the child's allocator at its start
+        try:
+            with ctx.Pool(1) as pool:
+                return pool.apply(_measure, (name, params, steps, t, width, front))
+        finally:
+            if before is None:
+                del os.environ[_MMAP_ENV]
+            else:
+                os.environ[_MMAP_ENV] = before
+
+    return bench_each(names or memory_names(), one, failure="measuring {name} failed")
+
+
+def format_memory_table(results: Sequence[MemoryResult]) -> str:
+    """The human-readable report of ``gravac bench memory``."""
+    if not results:
+        return "no compressor measured"
+    r0 = results[0]
+    layers = max(1, round(r0.params / (r0.width * r0.width)))
+    plain = "plain DDP" if r0.front == "hook" else "plain SGD"
+    how = "the DDP comm hook" if r0.front == "hook" else "GravacOptimizer"
+    header = [
+        f"gravac bench memory: {r0.params:,} float32 parameters ({layers} x Linear({r0.width}, "
+        f"{r0.width})), gradient {r0.gradient_bytes / _MIB:.0f} MiB, CF {CF:g} with a candidate "
+        f"from the first step, one worker, through {how}",
+        f"  extra = peak resident memory of backward() + step() above {plain}'s steady state,"
+        f" less {plain}'s own peak, over the first steps and over the steps after them"
+        " (steady); ratio = extra / gradient bytes (target <= 2)",
+        f"  {plain}'s own peak: {r0.sgd_peak_bytes / _MIB:.0f} MiB",
+    ]
+    headers = ["compressor", "first MiB", "first ratio", "steady MiB", "steady ratio"]
+    rows = [
+        [
+            r.name,
+            f"{r.first_bytes / _MIB:.0f}",
+            _ratio(r.first_ratio),
+            f"{r.steady_bytes / _MIB:.0f}",
+            _ratio(r.ratio),
+        ]
+        for r in results
+    ]
+    return "\n".join([*header, "", format_table(headers, rows)])
+
+
+def _ratio(ratio: float) -> str:
+    return f"{ratio:.2f}" if math.isfinite(ratio) else "-"

@@ -1,0 +1,210 @@
+"""The configuration of a ``gravac compare`` run: every option, checked before any worker starts.
+
+:class:`CompareConfig` is a frozen record validated in ``__post_init__`` (messages name the
+command-line option); it travels to the workers as JSON (:meth:`CompareConfig.to_json`), so
+every worker runs exactly what the command line asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from gravac.control.controller import ControllerConfig
+from gravac_lab.compare import modes, workloads
+from gravac_lab.compare.netns import parse_delay, parse_rate
+
+__all__ = [
+    "DEFAULT_EVAL_EVERY",
+    "DEFAULT_LINK_TEST_MB",
+    "DEFAULT_MODES",
+    "DEFAULT_STEPS",
+    "DEFAULT_TIMEOUT",
+    "DEFAULT_TIMING_WARMUP",
+    "MIN_POWERSGD_START",
+    "QUICK_EVAL_EVERY",
+    "QUICK_LINK_TEST_MB",
+    "QUICK_MODES",
+    "QUICK_STEPS",
+    "CompareConfig",
+]
+
+#: the modes a plain ``gravac compare`` runs, one after another
+DEFAULT_MODES = ("ddp", "ddp-fp16", "ddp-powersgd", "gravac")
+#: training steps of a full run: DDP's float32 all-reduce brings the VGG workload to 0.95 test
+#: accuracy in about 60 steps; the compressed modes need more
+DEFAULT_STEPS = 300
+#: steps between test evaluations (rank 0, off the training clock)
+DEFAULT_EVAL_EVERY = 10
+#: first steps left out of the per-step medians (allocations, DDP's bucket rebuild after
+#: step 1, gloo's first connections)
+DEFAULT_TIMING_WARMUP = 5
+#: seconds a job (one mode, or the link test) may take before its workers are killed
+DEFAULT_TIMEOUT = 900.0
+#: MiB all-reduced to measure a shaped link's throughput
+DEFAULT_LINK_TEST_MB = 64
+#: ``--quick``: the modes, steps, evaluation interval and link test of a CI smoke run, on the
+#: tiny workload: 20 steps of a few milliseconds check the machinery, not the model (its test
+#: accuracy is still below 0.2)
+QUICK_MODES = ("ddp", "ddp-fp16", "gravac")
+QUICK_STEPS = 20
+QUICK_EVAL_EVERY = 10
+QUICK_LINK_TEST_MB = 8
+#: torch's PowerSGD needs ``start_powerSGD_iter`` > 1 with error feedback or warm start (on)
+MIN_POWERSGD_START = 2
+
+
+def _positive_int(option: str, value: object, minimum: int = 1) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{option} must be an integer >= {minimum}, got {value!r}")
+
+
+def _finite(option: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{option} must be a finite number, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class CompareConfig:
+    """What one ``gravac compare`` run measures (each field is the option of the same name).
+
+    Attributes:
+        modes: the modes to run, one after another, each on the same seeds.
+        workload: a name in :data:`gravac_lab.compare.workloads.WORKLOADS`.
+        workers: processes, each with its own shard of the training set.
+        steps: training steps of every mode.
+        batch_size: samples per worker per step.
+        lr: SGD's learning rate (``None``: the workload's, :attr:`Workload.lr`).
+        momentum: SGD's.
+        eval_every: steps between test evaluations on rank 0 (the last step always is one).
+        timing_warmup: first steps left out of the per-step medians.
+        target: metric value the time-to-target clock stops at (``None``: the workload's).
+        threads: torch intra-op threads per worker.
+        compressor, compressor_options, policy, policy_options, theta_min, theta_max: the
+            gravac modes' compression options (as :class:`gravac.GravacOptimizer` takes them);
+            a study's variants (:class:`gravac_lab.compare.study.Variant`) replace the first four
+            in each of their jobs' configurations.
+        engine_options: more keyword options of the gravac modes' optimizer or hook state, of
+            :data:`gravac_lab.compare.modes.ENGINE_OPTIONS` (``{"error_feedback": false}``); a
+            study's variants replace them too.
+        overlap: the gravac mode's ``overlap`` option, where its optimizer has one.
+        bucket_view: DDP's ``gradient_as_bucket_view`` in every mode that runs DDP (the
+            gradients are views of DDP's buckets: no copy of a bucket's result into them
+            where the hook returns the bucket itself, as the all-reduce, fp16 and gravac hooks
+            do).
+        powersgd_rank, powersgd_start: PowerSGD's ``matrix_approximation_rank`` and
+            ``start_powerSGD_iter``.
+        bandwidth: link rate as ``tc`` writes it (``1gbit``); ``None``: loopback.
+        delay: one-way link delay (``1ms``); needs ``bandwidth``.
+        link_test_mb: MiB all-reduced to measure a shaped link (0: no measurement).
+        timeout: seconds one job may take before its workers are killed.
+        seed: offsets the seeds of the initial weights and of every rank's batches (runs
+            with different seeds measure the spread; a study's ``--seeds`` set it per job).
+    """
+
+    modes: tuple[str, ...] = DEFAULT_MODES
+    workload: str = workloads.DEFAULT_WORKLOAD
+    workers: int = 2
+    steps: int = DEFAULT_STEPS
+    batch_size: int = 32
+    lr: float | None = None
+    momentum: float = 0.9
+    eval_every: int = DEFAULT_EVAL_EVERY
+    timing_warmup: int = DEFAULT_TIMING_WARMUP
+    target: float | None = None
+    threads: int = 1
+    compressor: str = "topk"
+    compressor_options: dict[str, Any] = field(default_factory=dict)
+    policy: str = "exponential"
+    policy_options: dict[str, Any] = field(default_factory=dict)
+    engine_options: dict[str, Any] = field(default_factory=dict)
+    theta_min: float = ControllerConfig.theta_min
+    theta_max: float = ControllerConfig.theta_max
+    overlap: bool = True
+    bucket_view: bool = True
+    powersgd_rank: int = 4
+    powersgd_start: int = 10
+    bandwidth: str | None = None
+    delay: str | None = None
+    link_test_mb: int = DEFAULT_LINK_TEST_MB
+    timeout: float = DEFAULT_TIMEOUT
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "modes", tuple(self.modes))  # a list, coming from JSON
+        if not self.modes:
+            raise ValueError("--modes must name at least one mode")
+        duplicates = sorted({m for m in self.modes if self.modes.count(m) > 1})
+        if duplicates:
+            raise ValueError(f"--modes names {duplicates} more than once")
+        workloads.get(self.workload)
+        _positive_int("--workers", self.workers, minimum=2)
+        for option in ("steps", "batch_size", "eval_every", "threads", "powersgd_rank"):
+            _positive_int(f"--{option.replace('_', '-')}", getattr(self, option))
+        _positive_int("--timing-warmup", self.timing_warmup, minimum=0)
+        _positive_int("--link-test-mb", self.link_test_mb, minimum=0)
+        _positive_int("--seed", self.seed, minimum=0)
+        _positive_int("--powersgd-start", self.powersgd_start, minimum=MIN_POWERSGD_START)
+        if self.steps <= self.timing_warmup:
+            raise ValueError(
+                f"--steps ({self.steps}) must exceed --timing-warmup ({self.timing_warmup})"
+            )
+        if self.lr is not None and _finite("--lr", self.lr) <= 0:
+            raise ValueError(f"--lr must be > 0, got {self.lr}")
+        if not 0 <= _finite("--momentum", self.momentum) < 1:
+            raise ValueError(f"--momentum must be in [0, 1), got {self.momentum}")
+        if self.target is not None:
+            _finite("--target", self.target)
+        if _finite("--timeout", self.timeout) <= 0:
+            raise ValueError(f"--timeout must be > 0, got {self.timeout}")
+        for option, value in (
+            ("--compressor-options", self.compressor_options),
+            ("--policy-options", self.policy_options),
+            ("--engine-options", self.engine_options),
+        ):
+            if not isinstance(value, dict):
+                raise ValueError(f"{option} must be a JSON object, got {value!r}")
+        if self.bandwidth is not None:
+            parse_rate(self.bandwidth)
+        if self.delay is not None:
+            if self.bandwidth is None:
+                raise ValueError("--delay needs --bandwidth (links are only made with a rate)")
+            parse_delay(self.delay)
+        for name in self.modes:
+            modes.get(name).check(self)
+
+    @property
+    def rate_bits(self) -> int | None:
+        """``bandwidth`` in bits/s, or ``None`` (loopback)."""
+        return None if self.bandwidth is None else parse_rate(self.bandwidth)
+
+    @property
+    def delay_seconds(self) -> float:
+        """``delay`` in seconds (0 without one)."""
+        return 0.0 if self.delay is None else parse_delay(self.delay)
+
+    @property
+    def lr_value(self) -> float:
+        """SGD's learning rate: ``lr``, or the workload's."""
+        return workloads.get(self.workload).lr if self.lr is None else self.lr
+
+    @property
+    def target_value(self) -> float:
+        """The time-to-target threshold: ``target``, or the workload's."""
+        return workloads.get(self.workload).target if self.target is None else self.target
+
+    def resolved(self) -> dict[str, Any]:
+        """Every field, with ``lr`` resolved to the learning rate used (for reports)."""
+        return {**asdict(self), "lr": self.lr_value}
+
+    def to_json(self) -> str:
+        """Every field, as JSON (:meth:`from_json` rebuilds the same configuration)."""
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> CompareConfig:
+        """The configuration :meth:`to_json` wrote (checked again)."""
+        return cls(**json.loads(text))

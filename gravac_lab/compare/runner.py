@@ -1,0 +1,239 @@
+"""Run a ``gravac compare`` measurement: the network, then every job's workers, then a summary.
+
+:func:`run_compare` sets up the network (:mod:`gravac_lab.compare.netns`: shaped links between
+namespaces, or loopback), measures a shaped link's throughput, then runs the study's jobs
+(:meth:`gravac_lab.compare.study.Study.jobs`: every mode, gravac variant and seed) one after
+another, each as fresh worker processes (``python -m gravac_lab.compare.worker``) on its own
+configuration, and returns the summary: every run's (:class:`gravac_lab.compare.report.ModeSummary`)
+and every mode and variant's over the seeds (:mod:`gravac_lab.compare.aggregate`), which
+:func:`gravac_lab.compare.report.format_table` lays out. Every rank records the CF it sent each
+step; a run where a rank's differ from rank 0's is logged and marked (``ranks_agree``).
+
+Workers are started as subprocesses (inside ``ip netns exec`` when links are shaped), with
+``GLOO_SOCKET_IFNAME`` naming their interface and their stdout sent to stderr, so that stdout
+carries only the result. A job fails as soon as one worker fails (the others are killed: they
+would wait for it forever) or when it outlives ``--timeout``; the error carries the failed
+worker's traceback. Whatever happens, workers are killed and namespaces deleted before
+:func:`run_compare` returns or raises; SIGTERM and SIGHUP are turned into
+``KeyboardInterrupt`` for the duration, as Ctrl-C is, so that they clean up too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gravac_lab.compare import modes, netns, workloads
+from gravac_lab.compare.aggregate import aggregate
+from gravac_lab.compare.config import CompareConfig
+from gravac_lab.compare.report import decisions_agree, summarise
+from gravac_lab.compare.study import Study
+from gravac_lab.compare.train import LINK_TEST_JOB
+
+__all__ = ["CompareError", "run_compare"]
+
+#: seconds between checks on the workers of a job
+_POLL_SECONDS = 0.1
+#: the workers' stdout goes to this file descriptor (stderr): stdout is the report's
+_STDERR_FD = 2
+#: the worker entry point
+_WORKER_MODULE = "gravac_lab.compare.worker"
+#: in a run's working directory: the workload's data, loaded once here and the same for every
+#: rank and job (each worker saves scikit-learn's import); each job's configuration is
+#: ``job<index>.json`` beside it
+_DATA_FILE = "data.pt"
+#: signals that end a run as Ctrl-C does (cleaning up)
+_TERMINATING = (signal.SIGTERM, signal.SIGHUP)
+
+
+class CompareError(RuntimeError):
+    """A job failed: a worker raised or exited, or the job outlived ``--timeout``."""
+
+
+def _log(message: str) -> None:
+    print(f"gravac compare: {message}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """Turn SIGTERM and SIGHUP into ``KeyboardInterrupt`` within the block (main thread)."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    with netns.signal_handlers(_TERMINATING, interrupt):
+        yield
+
+
+@contextlib.contextmanager
+def _network(cfg: CompareConfig, unavailable: str | None) -> Iterator[netns.Network]:
+    rate = cfg.rate_bits
+    if rate is None or unavailable is not None:
+        yield netns.Loopback()
+        return
+    netns.remove_stale()
+    with netns.ShapedNetwork(cfg.workers, rate, cfg.delay_seconds) as network:
+        yield network
+
+
+def _failure(job: str, rank: int, proc: subprocess.Popen[bytes], result: Path) -> str:
+    try:
+        error = json.loads(result.read_text()).get("error")
+    except (OSError, ValueError):
+        error = None
+    if error:
+        return f"{job}: worker {rank} failed:\n{error}"
+    return f"{job}: worker {rank} exited with status {proc.returncode} without a result"
+
+
+def _run_job(
+    job: str,
+    index: int,
+    cfg: CompareConfig,
+    network: netns.Network,
+    workdir: Path,
+    *,
+    name: str | None = None,
+) -> list[Any]:
+    """Run ``job`` (a mode, or the link test) with ``cfg`` on every rank; each rank's result, in
+    rank order. Errors name the job ``name`` (default: ``job``)."""
+    name = job if name is None else name
+    master = f"{network.address(0)}:{network.port(index)}"
+    config, data = workdir / f"job{index}.json", workdir / _DATA_FILE
+    config.write_text(cfg.to_json())
+    results = [workdir / f"job{index}-rank{rank}.json" for rank in range(cfg.workers)]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for rank in range(cfg.workers):
+            argv = [
+                sys.executable, "-m", _WORKER_MODULE, "--config", str(config),
+                "--data", str(data), "--job", job, "--rank", str(rank),
+                "--world-size", str(cfg.workers), "--master", master,
+                "--result", str(results[rank]),
+            ]  # fmt: skip
+            env = {
+                **os.environ,
+                "GLOO_SOCKET_IFNAME": network.ifname(rank),
+                "OMP_NUM_THREADS": str(cfg.threads),
+            }
+            procs.append(
+                subprocess.Popen(
+                    network.wrap(rank, argv),
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=_STDERR_FD,
+                )
+            )
+        deadline = time.monotonic() + cfg.timeout
+        while any(p.poll() is None for p in procs):
+            failed = next((r for r, p in enumerate(procs) if p.poll() not in (None, 0)), None)
+            if failed is not None:
+                raise CompareError(_failure(name, failed, procs[failed], results[failed]))
+            if time.monotonic() > deadline:
+                raise CompareError(
+                    f"{name}: workers did not finish within --timeout {cfg.timeout:g} s"
+                )
+            time.sleep(_POLL_SECONDS)
+        for rank, p in enumerate(procs):
+            if p.returncode != 0:
+                raise CompareError(_failure(name, rank, p, results[rank]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    return [json.loads(path.read_text())["result"] for path in results]
+
+
+def run_compare(study: Study | CompareConfig) -> dict[str, Any]:
+    """Run every job of ``study`` (a configuration alone: its modes, its compression options
+    and its seed); the summary of the run (JSON-serialisable): ``config`` (shared by every
+    job; a job's variant and seed replace its compression options and seed), ``study`` (the
+    variants and seeds), ``workload``, ``network``, ``runs`` (every job's
+    :class:`~gravac_lab.compare.report.ModeSummary`), ``aggregates`` (every mode and variant's
+    :class:`~gravac_lab.compare.aggregate.Aggregate`), ``host`` and ``seconds``.
+
+    Raises:
+        CompareError: a job failed.
+        gravac_lab.compare.netns.NetworkError: the shaped links could not be made or removed.
+    """
+    if isinstance(study, CompareConfig):
+        study = Study(study)
+    cfg = study.config
+    started = time.perf_counter()
+    load_before = os.getloadavg()[0]
+    workload = workloads.get(cfg.workload)
+    unavailable = netns.shaping_unavailable() if cfg.bandwidth is not None else None
+    if unavailable is not None:
+        _log(f"--bandwidth {cfg.bandwidth} needs shaped links: {unavailable}; using loopback")
+    with (
+        _terminate_as_interrupt(),
+        tempfile.TemporaryDirectory(prefix="gravac-compare-") as tmp,
+        _network(cfg, unavailable) as network,
+    ):
+        workdir = Path(tmp)
+        torch.save(workload.data(), workdir / _DATA_FILE)
+        _log(f"network: {network.description}")
+        jobs = 0
+        link = None
+        if network.shaped and cfg.link_test_mb:
+            _log(f"measuring the link: gloo all_reduce of {cfg.link_test_mb} MiB")
+            link = _run_job(LINK_TEST_JOB, jobs, cfg, network, workdir)[0]
+            jobs += 1
+            _log(f"link: {link['gbit_per_s']:.3f} Gbit/s")
+        summaries = []
+        for job in study.jobs():
+            _log(f"{job.name}: {cfg.workers} workers, {cfg.steps} steps")
+            job_started = time.perf_counter()
+            raws = _run_job(job.mode, jobs, job.config, network, workdir, name=job.name)
+            jobs += 1
+            agree = decisions_agree(raws)
+            if agree is False:
+                _log(f"{job.name}: the ranks sent at different CFs (gravac's decisions disagree)")
+            variant = None if job.variant is None else job.variant.label
+            summaries.append(
+                summarise(
+                    modes.get(job.mode), job.config, raws[0], variant=variant, ranks_agree=agree
+                )
+            )
+            _log(f"{job.name}: done in {time.perf_counter() - job_started:.1f} s")
+    return {
+        "config": cfg.resolved(),
+        "study": study.to_dict(),
+        "workload": {
+            "name": workload.name,
+            "summary": workload.summary,
+            "parameters": summaries[0].parameters,
+            "metric": workload.metric_name,
+            "target": cfg.target_value,
+        },
+        "network": {
+            "shaped": network.shaped,
+            "description": network.description,
+            "bandwidth": cfg.bandwidth if network.shaped else None,
+            "delay": cfg.delay if network.shaped else None,
+            "measured_gbit_per_s": None if link is None else link["gbit_per_s"],
+            "link_test": link,
+            "note": None if unavailable is None else f"not shaped: {unavailable}",
+        },
+        "runs": [asdict(s) for s in summaries],
+        "aggregates": [asdict(a) for a in aggregate(summaries)],
+        "host": {
+            "cpus": os.cpu_count(),
+            "load_before": load_before,
+            "load_after": os.getloadavg()[0],
+        },
+        "seconds": time.perf_counter() - started,
+    }

@@ -1,0 +1,156 @@
+"""Shaped links between network namespaces: made, measured, and always removed (root only)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gravac.cli import main
+from gravac_lab.compare import netns
+from gravac_lab.compare.train import LINK_TEST_JOB
+
+RATE = "1gbit"
+#: a link shaped to 1 Gbit/s must measure below this (an unshaped veth moves 10+ Gbit/s) ...
+MAX_GBIT = 1.1
+#: ... and above this, even on a busy 2-core machine
+MIN_GBIT = 0.25
+#: seconds to wait for a run's namespaces to appear, and for it to end after a signal
+APPEAR_TIMEOUT = 60.0
+END_TIMEOUT = 60.0
+#: steps of a tiny run, and of one that runs until it is interrupted
+STEPS = 4
+ENDLESS = 10**6
+
+
+def _tiny(steps: int = STEPS) -> list[str]:
+    """A tiny shaped run: the demo's CNN in one mode, an 8 MiB link test."""
+    return ["compare", "--workload", "tiny-digits", "--modes", "ddp", "--steps", str(steps),
+            "--timing-warmup", "1", "--eval-every", "2", "--bandwidth", RATE,
+            "--link-test-mb", "8"]  # fmt: skip
+
+
+def _namespaces_can_be_made() -> str | None:
+    reason = netns.shaping_unavailable()
+    if reason is not None:
+        return reason
+    probe = f"{netns.prefix()}probe"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode != 0:
+        return f"ip netns add failed: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "delete", probe], check=True)
+    return None
+
+
+_UNAVAILABLE = _namespaces_can_be_made()
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"needs shaped links: {_UNAVAILABLE}"),
+]
+
+
+def _leftovers(pid: int | None = None) -> list[str]:
+    return netns.list_namespaces(netns.prefix(pid))
+
+
+def _pids_in(namespace: str) -> list[int]:
+    """The processes inside ``namespace`` (none once it is gone)."""
+    out = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def _training_pids_in(namespace: str) -> list[int]:
+    """The processes inside ``namespace`` that run a training job (not the short link test,
+    whose end races the start of the next job)."""
+    pids = []
+    for pid in _pids_in(namespace):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:  # it ended meanwhile
+            continue
+        if b"--job" in argv and argv[argv.index(b"--job") + 1] != LINK_TEST_JOB.encode():
+            pids.append(pid)
+    return pids
+
+
+def _sigint_as_from_a_terminal() -> None:
+    """In the run's process, before it starts: SIGINT's default action, as under a terminal.
+    A shell's background job (a CI run started with ``&``) ignores SIGINT and its children
+    inherit that, so Python would install no ``KeyboardInterrupt`` and ignore the signal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_shaped_run_measures_the_rate_and_removes_its_namespaces(tmp_path: Path) -> None:
+    out = tmp_path / "shaped.json"
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        assert main([*_tiny(), "--out", str(out)]) == 0
+    network = json.loads(out.read_text())["network"]
+    assert network["shaped"] is True
+    assert network["bandwidth"] == RATE
+    assert MIN_GBIT < network["measured_gbit_per_s"] < MAX_GBIT
+    assert "veth pair" in stdout.getvalue()
+    assert _leftovers() == []
+
+
+def test_failed_run_removes_its_namespaces(capsys: pytest.CaptureFixture[str]) -> None:
+    # 1 s is too short for the workers to start: the link test fails after the links exist
+    assert main([*_tiny(), "--timeout", "1"]) == 1
+    assert "--timeout" in capsys.readouterr().err
+    assert _leftovers() == []
+
+
+def test_bridge_network_for_more_workers_is_made_and_removed() -> None:
+    with netns.ShapedNetwork(3, netns.parse_rate(RATE)) as net:
+        made = set(_leftovers())
+        assert made == {net.namespace(r) for r in range(3)} | {net.bridge_namespace}
+        qdisc = subprocess.run(
+            ["tc", "-n", net.namespace(2), "qdisc", "show", "dev", net.ifname(2)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        assert "tbf" in qdisc
+    assert _leftovers() == []
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_run_kills_its_workers_and_removes_its_namespaces(signum: int) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gravac", *_tiny(ENDLESS)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=_sigint_as_from_a_terminal,
+    )
+    try:
+        # interrupt once a training worker runs inside its namespace (after the link test)
+        namespace = f"{netns.prefix(proc.pid)}w0"
+        deadline = time.monotonic() + APPEAR_TIMEOUT
+        while not (workers := _training_pids_in(namespace)):
+            assert proc.poll() is None, "the run ended before starting its workers"
+            assert time.monotonic() < deadline, "no worker started in the run's namespace"
+            time.sleep(0.1)
+        os.kill(proc.pid, signum)
+        assert proc.wait(timeout=END_TIMEOUT) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert _leftovers(proc.pid) == []
+    assert not any(_alive(pid) for pid in workers)

@@ -1,6 +1,7 @@
 """gravac: adaptive gradient compression for distributed PyTorch training (GraVAC)."""
 
 from gravac import compressors
+from gravac.config import GravacConfig
 from gravac.control import policies
 from gravac.gain import compression_gain
 from gravac.launch import release_group
@@ -10,6 +11,7 @@ from gravac.optimizer import GravacOptimizer, broadcast_parameters
 from gravac.simulation import SimulationResult, simulate
 
 __all__ = [
+    "GravacConfig",
     "GravacOptimizer",
     "Memory",
     "NoMemory",

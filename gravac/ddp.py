@@ -43,14 +43,11 @@ from torch import Tensor
 from torch.futures import Future
 
 from gravac.buckets import split_flat
-from gravac.engine import Engine, Outcome, Step, Unit
-from gravac.options import build_engine, learning_rate
+from gravac.config import GravacConfig, build_engine, learning_rate, make_config
+from gravac.engine import Engine, Given, Lent, Outcome, Step, Unit
 from gravac.spans import Spans, gather_spans, spans_numel, spans_of
 
 __all__ = ["GravacHookState", "gravac_hook"]
-
-#: options that are not pickled with the state (a process, file or closure of this run)
-_LOCAL_OPTIONS = ("monitor", "clock")
 
 
 @dataclass(frozen=True)
@@ -64,7 +61,7 @@ class _BucketPlan:
             merged where adjacent; empty when the bucket is all one kind (the buffer itself).
         params: the compressed unit's parameters, in order.
         flats: per unit of a bucket with spans, the flat buffer its spans are gathered into,
-            reused every step: the last aggregate's (``Engine.launch(own=True)``; ``None``: not
+            reused every step: the last aggregate's (``Engine.launch`` with ``Given``; ``None``: not
             made yet, or the engine's until commit).
     """
 
@@ -81,19 +78,24 @@ class GravacHookState:
 
     Args:
         process_group: the group DDP communicates in (``None``: the default group).
-        **options: the compression and controller options of :class:`gravac.GravacOptimizer`
-            (``compressor``, ``policy``, ``theta_min``, ... ``batch_size``, ``nonfinite``,
-            ``monitor``, ``clock``), validated the same way.
+        config: the compression, search and engine options (:class:`gravac.GravacConfig`),
+            as :class:`gravac.GravacOptimizer` takes them; ``None``: the defaults.
+        **options: :class:`gravac.GravacConfig`'s fields as keywords, replacing the config's.
 
     The hook sees the model's parameters only as DDP hands its buckets over, so compressors
     whose deliverable CFs depend on the shapes (PowerSGD) plan over them from the second step
     on; the first step compresses at the CF asked for, and its record reports the CF achieved.
     """
 
-    def __init__(self, process_group: dist.ProcessGroup | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        process_group: dist.ProcessGroup | None = None,
+        config: GravacConfig | None = None,
+        **options: Any,
+    ) -> None:
+        self.config = make_config(config, **options)
         self.process_group = process_group
-        self.engine: Engine = build_engine(process_group, **options)
-        self._options = options  # to rebuild the engine after unpickling
+        self.engine: Engine = build_engine(process_group, self.config)
         self._step: Step | None = None  # the step whose buckets are being launched
         self._done: Future[Outcome] | None = None  # completes when that step is committed
         self._plans: dict[tuple[int, ...], _BucketPlan] = {}  # by the bucket's parameter ids
@@ -138,7 +140,7 @@ class GravacHookState:
         for i, unit in enumerate(units):
             carry = self._orphans_of(plan, buffer) if unit.compressed else None
             if not plan.spans:  # one unit: it receives its aggregate in DDP's own buffer
-                self.engine.launch(step, unit, buffer, out=buffer, carry=carry)
+                self.engine.launch(step, unit, buffer, Lent(out=buffer), carry=carry)
                 continue
             # a mixed bucket gathers each unit into a buffer of the hook's, which it hands to
             # the engine, adding the residual as it copies where the engine allows
@@ -147,16 +149,8 @@ class GravacHookState:
             plan.flats[i] = None  # the engine's until commit
             e = self.engine.addend(step, unit, flat, carry=carry is not None)
             gather_spans(buffer, spans, flat, e)
-            self.engine.launch(
-                step,
-                unit,
-                flat,
-                out=flat,
-                carry=carry,
-                own=True,
-                packed=e is not None,
-                place=(buffer, spans),
-            )
+            given = Given(packed=e is not None, place=(buffer, spans))
+            self.engine.launch(step, unit, flat, given, carry=carry)
         if bucket.is_last():
             self._close(step, done)
 
@@ -310,8 +304,7 @@ class GravacHookState:
         self._next_key = 0
 
     def __getstate__(self) -> dict[str, Any]:
-        options = {k: v for k, v in self._options.items() if k not in _LOCAL_OPTIONS}
-        return {"options": options, "state": self.state_dict()}
+        return {"options": self.config.options(local=False), "state": self.state_dict()}
 
     def __setstate__(self, saved: dict[str, Any]) -> None:
         """Rebuild on the default process group (as ``PowerSGDState`` does) and load."""

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -44,12 +43,11 @@ from gravac.buckets import (
 )
 from gravac.comm import Communicator
 from gravac.compressors.base import Compressor
-from gravac.control.controller import Controller, ControllerConfig
-from gravac.control.policies.base import ScalingPolicy
-from gravac.engine import Engine, Outcome, Step, Unit
+from gravac.config import GravacConfig, build_engine, learning_rate
+from gravac.control.controller import Controller
+from gravac.engine import Engine, Given, Outcome, Step, Unit
 from gravac.memory import Memory
 from gravac.monitor import Monitor, StepRecord
-from gravac.options import build_engine, learning_rate
 
 __all__ = ["GravacOptimizer", "broadcast_parameters"]
 
@@ -84,14 +82,11 @@ class GravacOptimizer(torch.optim.Optimizer):
 
     Args:
         optimizer: the optimizer to wrap; its ``param_groups`` are shared (LR schedulers work).
-        compressor: a compressor name (:func:`gravac.compressors.names`) or instance.
-        policy: a scaling-policy name (:func:`gravac.control.policies.names`) or instance.
-        theta_min, theta_max, epsilon, omega, window, warmup_steps, ewma_alpha: the controller
-            hyperparameters (:class:`gravac.control.controller.ControllerConfig`).
-        compressor_options: keyword options for a compressor given by name.
-        policy_options: keyword options for a policy given by name (e.g. ``{"cf": 100}`` for
-            ``"fixed"``).
-        error_feedback: keep residuals of what was not sent (default) or drop them.
+        config: the compression, search and engine options (:class:`gravac.GravacConfig`:
+            ``compressor``, ``policy``, ``search``, ``theta_min`` ... ``clock``); ``None``:
+            the defaults.
+        **options: :class:`gravac.GravacConfig`'s fields as keywords, replacing the config's
+            (``GravacOptimizer(sgd, compressor="topk", search="shadow")``).
         process_group: the group to communicate in (``None``: the default group, or a single
             worker when ``torch.distributed`` is not initialised).
         bucket_bytes: largest compressed bucket; ``None`` (default): DDP's 25 MiB, or the
@@ -104,14 +99,6 @@ class GravacOptimizer(torch.optim.Optimizer):
             (:mod:`gravac.buckets`).
         dense_bytes: tensors smaller than this, and every 1-D tensor, travel dense (default 0:
             every tensor of 2 or more dimensions is packed into a bucket and compressed).
-        batch_size: samples per rank per step, for throughput in samples/s; ``None`` measures
-            steps/s times the world size (the same ranking of CFs).
-        nonfinite: ``"skip"`` (default) skips a step whose gradient holds NaN or Inf on any rank,
-            or whose aggregate does (finite gradients whose sum overflows), leaving parameters,
-            residuals, controller and compressor state untouched (as ``GradScaler`` does);
-            ``"raise"`` raises ``FloatingPointError`` on every rank.
-        monitor: a :class:`gravac.monitor.Monitor`, a ``SummaryWriter``, or a log directory;
-            used on rank 0 only.
         sync_buffers: a module whose buffers (BatchNorm's running statistics, ...) are
             broadcast from rank 0 after every step, as ``DistributedDataParallel`` does before
             every forward (``broadcast_buffers=True``); ``None`` leaves buffers per rank.
@@ -120,35 +107,20 @@ class GravacOptimizer(torch.optim.Optimizer):
             bit-identical either way. With overlap, accumulate gradients over several
             backward passes inside :meth:`no_sync` (as with DDP), and read gradients after
             :meth:`synchronize` only: a launched bucket's buffer holds the engine's work
-            (:meth:`gravac.engine.Engine.launch` with ``own``) until the aggregate is written.
-        clock: seconds for step timing (tests inject a deterministic one).
+            (:meth:`gravac.engine.Engine.launch` with ``Given``) until the aggregate is written.
     """
 
     def __init__(
         self,
         optimizer: torch.optim.Optimizer,
+        config: GravacConfig | None = None,
         *,
-        compressor: str | Compressor = "topk",
-        policy: str | ScalingPolicy = "exponential",
-        theta_min: float = ControllerConfig.theta_min,
-        theta_max: float = ControllerConfig.theta_max,
-        epsilon: float = ControllerConfig.epsilon,
-        omega: float = ControllerConfig.omega,
-        window: int = ControllerConfig.window,
-        warmup_steps: int = ControllerConfig.warmup_steps,
-        ewma_alpha: float | None = None,
-        compressor_options: dict[str, Any] | None = None,
-        policy_options: dict[str, Any] | None = None,
-        error_feedback: bool = True,
         process_group: dist.ProcessGroup | None = None,
         bucket_bytes: int | None = None,
         dense_bytes: int = DEFAULT_DENSE_BYTES,
-        batch_size: int | None = None,
-        nonfinite: str = "skip",
-        monitor: Monitor | Any | None = None,
         sync_buffers: torch.nn.Module | None = None,
         overlap: bool = True,
-        clock: Callable[[], float] = time.perf_counter,
+        **options: Any,
     ) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer)}")
@@ -167,25 +139,7 @@ class GravacOptimizer(torch.optim.Optimizer):
             raise ValueError(f"overlap must be True or False, got {overlap!r}")
         check_bytes("bucket_bytes", bucket_bytes, optional=True)
         check_bytes("dense_bytes", dense_bytes)
-        self.engine: Engine = build_engine(
-            process_group,
-            compressor=compressor,
-            policy=policy,
-            theta_min=theta_min,
-            theta_max=theta_max,
-            epsilon=epsilon,
-            omega=omega,
-            window=window,
-            warmup_steps=warmup_steps,
-            ewma_alpha=ewma_alpha,
-            compressor_options=compressor_options,
-            policy_options=policy_options,
-            error_feedback=error_feedback,
-            batch_size=batch_size,
-            nonfinite=nonfinite,
-            monitor=monitor,
-            clock=clock,
-        )
+        self.engine: Engine = build_engine(process_group, config, **options)
         params = [p for g in optimizer.param_groups for p in g["params"]]
         check_real(params)
         super().__init__([{"params": params}], {})
@@ -203,7 +157,7 @@ class GravacOptimizer(torch.optim.Optimizer):
         self._units: list[Unit] = []  # the layout's units, in launch order
         self._runs: tuple[Run, ...] = ()  # the units grouped by the buffer they share
         # per run, the flat buffer its gradients are views of: the last aggregate's, which
-        # alternates with the residuals' storage (Engine.launch(own=True)); None: not made yet
+        # alternates with the residuals' storage (Engine.launch with Given); None: not made yet
         self._flats: list[Tensor | None] = []
         self._run_of: list[int] = []  # per unit, the index of its run
         self._unit_of: dict[int, list[int]] = {}  # parameter id -> indices of its units
@@ -482,7 +436,7 @@ class GravacOptimizer(torch.optim.Optimizer):
                         p.grad.fill_(math.nan)
             return _SKIPPED
         for i, run in enumerate(self._runs):
-            # the engine's buffers for these aggregates (launch(own=True)): a split tensor's
+            # the engine's buffers for these aggregates (launch with Given): a split tensor's
             # pieces lie end to end in one but after a first step or a resume (copied once)
             parts = outcome.grads[run.first : run.stop]
             flat = parts[0] if len(parts) == 1 else join_flat(parts)
@@ -556,16 +510,8 @@ class GravacOptimizer(torch.optim.Optimizer):
         if len(units) > 1 and all(self.engine.needs_spare(step, u) for u in units):
             spares = torch.empty_like(buf).split(run.sizes)
         for u, part, spare in zip(units, parts, spares, strict=True):
-            self.engine.launch(
-                step,
-                u,
-                part,
-                out=part,
-                complete=complete,
-                own=True,
-                packed=e is not None,
-                spare=spare,
-            )
+            given = Given(packed=e is not None, spare=spare)
+            self.engine.launch(step, u, part, given, complete=complete)
         self._stamps += [(p, _stamp(p)) for p in bucket.params]
         self._next += len(units)
 

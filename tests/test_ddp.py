@@ -26,7 +26,7 @@ SPAWN_TIMEOUT = 240.0
 def options(compressor: str, search: str = "trial") -> dict[str, Any]:
     return {
         "compressor": compressor,
-        "policy_options": {"search": search},
+        "search": search,
         "window": 3,
         "warmup_steps": 2,
         "clock": counter_clock(),

@@ -16,9 +16,9 @@ import torch
 
 from gravac import GravacOptimizer, compressors
 from gravac.compressors.base import Round
+from gravac.config import build_engine
 from gravac.control.controller import Decision
-from gravac.engine import Engine, Step, Unit
-from gravac.options import build_engine
+from gravac.engine import Engine, Given, Lent, Step, Unit
 
 #: fp16's largest finite value
 FP16_MAX = 65504.0
@@ -180,9 +180,9 @@ def test_only_a_complete_compressed_unit_without_carry_or_tracking_is_packed() -
     dense = Unit(key=-1, shapes=(torch.Size([8]),), compressed=False)
     assert engine.addend(step, dense, grads[1]) is None
     with pytest.raises(ValueError, match="packed=True"):
-        engine.launch(step, unit, grads[1], out=grads[1], own=True, packed=True, complete=False)
+        engine.launch(step, unit, grads[1], Given(packed=True), complete=False)
     with pytest.raises(ValueError, match="packed=True"):
-        engine.launch(step, unit, grads[1], packed=True)
+        engine.launch(step, unit, grads[1], Given(packed=True), carry=torch.zeros(8))
     accordion = build_engine(compressor="topk", policy="accordion")
     assert accordion.controller.tracks_gradients
     assert accordion.addend(accordion.begin(), unit, grads[1]) is None
@@ -221,7 +221,8 @@ def through_engine(
             torch.add(g, e, out=buf)
             packed.append(i)
         given = buf.untyped_storage().data_ptr()
-        future = engine.launch(step, unit, buf, out=buf, own=own, packed=e is not None)
+        handover = Given(packed=e is not None) if own else Lent(out=buf)
+        future = engine.launch(step, unit, buf, handover)
         engine.close(step).wait()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # the skipped step's warning
@@ -245,8 +246,8 @@ def through_engine(
 def test_a_buffer_handed_over_gives_the_same_steps_and_swaps_with_the_residual(
     compressor: str, cf: float
 ) -> None:
-    """``launch(own=True)`` (the optimizer's): the same aggregates and residuals, bit for bit,
-    as with a buffer the engine leaves alone, through a skipped step (NaN) too; from the
+    """``launch`` with :class:`Given` (the optimizer's): the same aggregates and residuals, bit for
+    bit, as with a buffer the engine leaves alone, through a skipped step (NaN) too; from the
     second compressed step on, the residual is the buffer given and the aggregate lands in the
     old residual's storage (no third buffer); a dense send (CF 1) sums the buffer in place."""
     gen = torch.Generator().manual_seed(4)
@@ -271,7 +272,7 @@ OTHER = -7.0
 
 def placed_through_engine(compressor: str, cf: float, grads: list[torch.Tensor]) -> Steps:
     """``through_engine(own=True, pack=True)`` with the aggregate laid into the spans of a
-    larger buffer (``launch(place=...)``, the DDP hook's): each step's aggregate is read
+    larger buffer (``Given(place=...)``, the DDP hook's): each step's aggregate is read
     back from the spans; checks that the rest of the buffer is left alone."""
     engine = build_engine(compressor=compressor, policy="fixed", policy_options={"cf": 4.0})
     unit = Unit(key=0, shapes=(torch.Size([4, 8]),), compressed=True)
@@ -291,9 +292,8 @@ def placed_through_engine(compressor: str, cf: float, grads: list[torch.Tensor])
         else:
             torch.add(g, e, out=buf)
             packed.append(i)
-        future = engine.launch(
-            step, unit, buf, out=buf, own=True, packed=e is not None, place=(bucket, PLACE_SPANS)
-        )
+        given = Given(packed=e is not None, place=(bucket, PLACE_SPANS))
+        future = engine.launch(step, unit, buf, given)
         engine.close(step).wait()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # the skipped step's warning
@@ -314,7 +314,7 @@ def placed_through_engine(compressor: str, cf: float, grads: list[torch.Tensor])
 )
 @pytest.mark.parametrize("cf", [1.0, 4.0])  # 1: sent dense
 def test_an_aggregate_laid_into_spans_is_the_flat_one(compressor: str, cf: float) -> None:
-    """``launch(place=(buffer, spans))``: bit for bit the aggregates and residuals of a flat
+    """``Given(place=(buffer, spans))``: bit for bit the aggregates and residuals of a flat
     launch, through a skipped step too, in the spans and nowhere else; what the future gives
     back is a buffer of the unit's size for the next launch."""
     gen = torch.Generator().manual_seed(5)
@@ -331,4 +331,4 @@ def test_a_place_of_another_size_is_refused() -> None:
     unit = Unit(key=0, shapes=(torch.Size([4, 8]),), compressed=True)
     step = engine.begin()
     with pytest.raises(ValueError, match=r"spans of the unit's 32 elements, got \(\(0, 31\),\)"):
-        engine.launch(step, unit, torch.zeros(32), place=(torch.zeros(40), ((0, 31),)))
+        engine.launch(step, unit, torch.zeros(32), Given(place=(torch.zeros(40), ((0, 31),))))

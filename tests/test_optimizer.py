@@ -273,7 +273,7 @@ def test_tensorboard_event_file_holds_the_tags(
 
     model = tiny_model()
     monitor = TensorBoardMonitor(tmp_path)
-    opt = make(model, monitor=monitor, policy_options={"search": search})
+    opt = make(model, monitor=monitor, search=search)
     for step in range(8):
         train_step(model, opt, 0, step)
     opt.close()

@@ -492,8 +492,8 @@ def test_small_transformer_is_compressed_and_learns_like_dense() -> None:
 # -- item 11: checkpoints -----------------------------------------------------------------------
 
 
-PAPER = {"policy_options": {"search": "paper"}}
-TRIAL = {"policy_options": {"search": "trial"}}
+PAPER = {"search": "paper"}
+TRIAL = {"search": "trial"}
 
 
 def _trained(**kw: Any) -> tuple[nn.Module, GravacOptimizer]:

@@ -154,7 +154,7 @@ def _measure(
         "warmup_steps": 0,
         "window": 1,
         "epsilon": 0.0,  # every gain is enough: compressed sends, never a dense fallback
-        "policy_options": {"search": "paper"},  # a candidate compressed at every step
+        "search": "paper",  # a candidate compressed at every step
     }
     opt: torch.optim.Optimizer = sgd
     if front == "hook":  # a new DDP (a hook goes in before the first backward) for the old

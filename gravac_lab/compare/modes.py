@@ -58,10 +58,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gravac import compressors, policies
 from gravac.buckets import check_bytes
+from gravac.config import GravacConfig, build_engine
 from gravac.control.controller import ControllerConfig
 from gravac.ddp import GravacHookState, gravac_hook
 from gravac.optimizer import GravacOptimizer, broadcast_parameters
-from gravac.options import build_engine
 from gravac_lab.compare.workloads import parameter_count
 
 if TYPE_CHECKING:
@@ -203,7 +203,7 @@ def check_engine_options(options: dict[str, Any], gravac: dict[str, Any], *, opt
     bucket_bytes, engine = _split_bucket_bytes(options)
     try:
         check_bytes(_BUCKET_BYTES, bucket_bytes, optional=True)
-        build_engine(None, **gravac, **engine)
+        build_engine(None, GravacConfig(**gravac, **engine))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{option} {options} do not fit: {exc}") from None
 
@@ -354,13 +354,17 @@ class DdpPowerSgdMode(Mode):
 
 
 def _gravac_options(cfg: CompareConfig) -> dict[str, Any]:
-    """The keyword options GravacOptimizer and GravacHookState share (batch size per rank:
-    gravac's throughput is in samples/s), without the engine options."""
+    """The fields of the :class:`gravac.GravacConfig` that GravacOptimizer and GravacHookState
+    share (batch size per rank: gravac's throughput is in samples/s), without the engine
+    options."""
+    policy_options = dict(cfg.policy_options)
+    search = policy_options.pop("search", None)  # the variants' spelling: a policy option
     return {
         "compressor": cfg.compressor,
         "compressor_options": cfg.compressor_options or None,
         "policy": cfg.policy,
-        "policy_options": cfg.policy_options or None,
+        "policy_options": policy_options or None,
+        "search": search,
         "theta_min": cfg.theta_min,
         "theta_max": cfg.theta_max,
         "batch_size": cfg.batch_size,
@@ -393,8 +397,11 @@ class _GravacSession(Session):
         broadcast_parameters(model)
         self._overlap = cfg.overlap
         self.module = model
-        options = {**_gravac_options(cfg), **cfg.engine_options}
-        self._gravac = GravacOptimizer(_sgd(model, cfg), overlap=cfg.overlap, **options)
+        bucket_bytes, engine = _split_bucket_bytes(cfg.engine_options)
+        config = GravacConfig(**_gravac_options(cfg), **engine)
+        self._gravac = GravacOptimizer(
+            _sgd(model, cfg), config, overlap=cfg.overlap, bucket_bytes=bucket_bytes
+        )
         self.optimizer = self._gravac
 
     def after_step(self) -> StepFigures:
@@ -430,7 +437,7 @@ class _GravacDdpSession(Session):
         ddp = {} if bucket_bytes is None else {"bucket_cap_mb": bucket_bytes / _MIB}
         self.module = _ddp(model, cfg, **ddp)
         self._bucket_bytes = bucket_bytes
-        self.state = GravacHookState(process_group=None, **_gravac_options(cfg), **options)
+        self.state = GravacHookState(None, GravacConfig(**_gravac_options(cfg), **options))
         self.module.register_comm_hook(self.state, gravac_hook)
         self.optimizer = _sgd(model, cfg)
         self.state.watch(self.optimizer)  # learning-rate decays reach the accordion policy

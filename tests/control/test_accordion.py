@@ -17,12 +17,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from gravac import GravacOptimizer, compressors, policies
+from gravac.config import learning_rate
 from gravac.control.accordion import AccordionController, is_critical
 from gravac.control.controller import ControllerConfig, Plan
 from gravac.control.factory import make_controller
 from gravac.ddp import GravacHookState, gravac_hook
 from gravac.launch import spawn_workers
-from gravac.options import learning_rate
 from tests.helpers import batch, counter_clock, tiny_model, train_step
 
 LOW, HIGH = 2.0, 20.0

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from gravac import policies
+from gravac.config import build_engine
 from gravac.control.controller import ControllerConfig, Phase
 from gravac.control.factory import make_controller
 from gravac.control.policies.base import DEFAULT_HORIZON
 from gravac.control.shadow_search import TOP_WARMUP_STEPS, ShadowController
 from gravac.control.trial import MIN_WARMUP_STEPS, TrialController, between_seconds, link_seconds
-from gravac.options import build_engine
 from tests.control.test_trial import COMPUTE_BOUND, MODERATE, OMEGA, SLOW, WINDOW, Link, windows
 from tests.helpers import Records, train_square, windowed_optimizer
 
@@ -475,7 +475,7 @@ def test_a_compressor_that_cannot_be_replayed_is_refused(
     compressor: str, options: dict[str, bool]
 ) -> None:
     with pytest.raises(ValueError, match="search='shadow' needs a compressor") as info:
-        build_engine(compressor=compressor, policy_options={"search": "shadow"}, **options)
+        build_engine(compressor=compressor, search="shadow", **options)
     assert repr(compressor) in str(info.value)
 
 
@@ -524,7 +524,7 @@ def test_the_search_by_shadow_judges_over_two_windows_by_default_and_the_others_
 def test_search_auto_replays_where_the_compressor_can_be_replayed_and_tries_elsewhere(
     compressor: str, options: dict[str, bool], kind: type
 ) -> None:
-    engine = build_engine(compressor=compressor, policy_options={"search": "auto"}, **options)
+    engine = build_engine(compressor=compressor, search="auto", **options)
     assert type(engine.controller) is kind
 
 
@@ -576,7 +576,7 @@ def test_a_checkpoint_of_the_search_by_trial_resumes_under_the_default_search() 
     """Saved when the search by trial was the default, resumed where ``"auto"`` runs the search
     by shadow: the trial's measurements carry over, the shadows start at the next window and
     their gains are judged from the window after (as after a resume of its own)."""
-    model, opt = windowed_optimizer(Records(), WINDOW, policy_options={"search": "trial"})
+    model, opt = windowed_optimizer(Records(), WINDOW, search="trial")
     train_square(model, opt, range(8))
     state = opt.state_dict()
     resumed = Records()

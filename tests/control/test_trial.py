@@ -12,6 +12,7 @@ import torch
 
 from gravac import compressors, policies
 from gravac.compressors.base import Round
+from gravac.config import build_engine
 from gravac.control.controller import Controller, ControllerConfig, Phase
 from gravac.control.factory import make_controller
 from gravac.control.shadow_search import ShadowController
@@ -27,7 +28,6 @@ from gravac.control.window import (
 )
 from gravac.gain import gain_from_terms
 from gravac.memory import ResidualMemory
-from gravac.options import build_engine
 
 WINDOW = 3
 #: the tolerance the scripted sequences below are written for (the default was 0.05)
@@ -453,7 +453,7 @@ def test_engine_logs_a_window_gain_once_a_window_and_resumes_it() -> None:
     from tests.helpers import Records, train_square, windowed_optimizer
 
     full = Records()
-    model, opt = windowed_optimizer(full, WINDOW, policy_options=TRIAL)
+    model, opt = windowed_optimizer(full, WINDOW, **TRIAL)
     assert type(opt.engine.controller) is TrialController
     train_square(model, opt, range(20))
     gains = [(r.step, r.gain_window) for r in full.items if r.gain_window is not None]
@@ -461,10 +461,10 @@ def test_engine_logs_a_window_gain_once_a_window_and_resumes_it() -> None:
     assert all(0.0 <= g <= 1.0 for _, g in gains)
 
     part = Records()
-    model_a, opt_a = windowed_optimizer(part, WINDOW, policy_options=TRIAL)
+    model_a, opt_a = windowed_optimizer(part, WINDOW, **TRIAL)
     train_square(model_a, opt_a, range(9))
     state = opt_a.state_dict()
-    model_b, opt_b = windowed_optimizer(part, WINDOW, policy_options=TRIAL)
+    model_b, opt_b = windowed_optimizer(part, WINDOW, **TRIAL)
     model_b.load_state_dict(model_a.state_dict())
     opt_b.load_state_dict(state)
     train_square(model_b, opt_b, range(9, 20))

@@ -1,37 +1,5 @@
-"""The step engine: one per-bucket pipeline behind both front ends (DESIGN.md section 2).
-
-:class:`gravac.GravacOptimizer` and the DDP comm hook (:mod:`gravac.ddp`) hand the engine flat
-gradients, one *unit* at a time (a compressed bucket, or a dense one of 1-D tensors), as soon
-as each is ready; the engine does the rest. For every step::
-
-    begin:   plan = controller.plan(); decision = controller.decide(plan)
-             (from values agreed through step t - 1, DESIGN.md 5: known before any gradient)
-    launch:  x = g + e                                      (error feedback, per unit)
-             X_min = C(x, theta_min); X_c = C(X_min, theta_c / theta_min)   (multi-level)
-             local gain terms <c, x>, ||c||^2 (from the payload), ||x||^2
-             e' = x - D(sent), in x's storage (settled now, kept at commit; where a tensor of
-             the unit has no gradient, at commit), so nothing reads x or the payload later
-             start the collective of what the decision names, an all-reduce in place (a
-             future completes with the unit's aggregate at commit)
-    close:   one small all-gather of the step's scalars [non-finite flag, step time, bound
-             on |x|, has-gradient flags, gain terms], overlapped with the payloads in flight
-    commit:  any rank non-finite: skip; else combine every unit's payloads into the mean
-             over ranks in its ``out`` buffer (the front end's gradient buffer: no gradient-
-             sized temporary); a non-finite mean: skip (a mean that the compressor bounds well
-             inside the range, from the agreed bound on every rank's |x|, is not looked at:
-             Compressor.mean_bound). A skip leaves residuals, compressor and controller
-             untouched on every rank (aggregates NaN); else e <- e', fold the agreed gains and
-             step time into the controller. A front end that hands its buffer over
-             (``launch(own=True)``, the optimizer) has x formed in it; it becomes the residual
-             and the mean lands in the old residual's storage: two gradient-sized buffers a
-             unit, where a buffer of x's own would make three
-    finish:  count and log the step; the controller's window rules
-
-Units must be launched in the same order on every rank (collectives pair up by order). The
-decision never waits for the step's own gains, so each unit's collective starts while backward
-is still computing the next one's gradient; the only values exchanged per step besides the
-payloads are those few scalars, in one asynchronous collective.
-"""
+"""The engine: the state and the pipeline of a step (see :mod:`gravac.engine` for the
+protocol)."""
 
 from __future__ import annotations
 
@@ -40,7 +8,7 @@ import dataclasses
 import math
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -51,7 +19,6 @@ from torch.futures import Future
 from gravac.comm import Communicator, collect
 from gravac.compressors.base import (
     Compressor,
-    Context,
     Payload,
     Round,
     payload_tensors,
@@ -63,35 +30,32 @@ from gravac.control.noise import signal_fraction, signal_payload
 from gravac.control.policies.base import ScalingPolicy
 from gravac.control.replay import ShadowSums
 from gravac.control.window import WindowSums
-from gravac.gain import gain_from_terms, squared_norm
+from gravac.engine.records import (
+    PIECE_KEY_BASE,
+    PIECE_KEY_STRIDE,
+    Flight,
+    Given,
+    Handover,
+    Lent,
+    Outcome,
+    Piece,
+    Step,
+    Unit,
+)
+from gravac.engine.scalars import Row, Table, Terms, terms_size
+from gravac.gain import squared_norm
 from gravac.memory import Memory, NoMemory, ResidualMemory
 from gravac.monitor import Monitor, StepRecord, TensorBoardMonitor
-from gravac.spans import Place, scatter_spans, spans_numel
+from gravac.spans import scatter_spans, spans_numel
 
-__all__ = ["Engine", "Outcome", "Step", "Unit", "all_finite"]
+__all__ = ["Engine", "all_finite"]
 
-#: the step's local gain terms: <c_min, x>, ||c_min||^2, <c_c, x>, ||c_c||^2, ||x||^2, then
-#: the window's <S, X>, ||S||^2, ||X||^2 (:mod:`gravac.control.window`, at a step that closes a
-#: window); three more for each of the plan's shadow CFs follow them (:mod:`gravac.control.replay`)
-_TERMS = 8
-#: where the window's terms start among them
-_WINDOW_TERMS = 5
-#: the scalars before the has-gradient flags: non-finite, stale, step interval, the previous
-#: step's exposed communication seconds, and the bound on the magnitude of the step's inputs
-_HEAD = 5
-#: where the bound is among them
-_BOUND = 4
 #: an aggregate is known finite, without a pass over it, when the compressor bounds every value
 #: it computes (:meth:`Compressor.mean_bound`) by the dtype's largest finite value over this:
 #: the bounds leave out rounding (a factor ``1 + 2^-24`` per addition in float32, far from 2)
 _BOUND_MARGIN = 2.0
 #: what a step that compresses nothing sends
 _DENSE = Decision(cf=1.0, which="dense")
-#: keys of the pieces of a unit sent at per-layer CFs (:meth:`Engine._launch_layers`), apart
-#: from every unit's key (compressors seed and keep state per key): base + key * stride + the
-#: index of the piece's first tensor (and the default layer ids of :attr:`Unit.layers`)
-_PIECE_KEY_BASE = 1 << 40
-_PIECE_KEY_STRIDE = 1 << 20
 
 
 def all_finite(tensors: Sequence[Tensor]) -> bool:
@@ -102,19 +66,6 @@ def all_finite(tensors: Sequence[Tensor]) -> bool:
     float32 elements on one CPU thread (0.26 against 6.8 ms).
     """
     return _ends_finite([_ends(t) for t in tensors])
-
-
-def _n_terms(plan: Plan) -> int:
-    """How many gain terms a step of ``plan`` carries (:data:`_TERMS`)."""
-    return _TERMS + 3 * len(plan.shadows)
-
-
-def _shadow_gains(plan: Plan, terms: Tensor) -> dict[float, float]:
-    """The window gain of each of ``plan.shadows`` from the step's agreed ``terms``."""
-    return {
-        cf: gain_from_terms(terms[_TERMS + 3 * i : _TERMS + 3 * i + 3])
-        for i, cf in enumerate(plan.shadows)
-    }
 
 
 def _ends(t: Tensor) -> Tensor:
@@ -131,167 +82,35 @@ def _ends_finite(ends: Sequence[Tensor]) -> bool:
     return bool(torch.isfinite(torch.cat([e.to(ends[0].device) for e in ends])).all())
 
 
-@dataclass(frozen=True)
-class Unit:
-    """One flat tensor the engine aggregates.
-
-    Attributes:
-        key: the residual and seed key, identical on every rank (compressed units).
-        shapes: the tensors packed into it, in order (:attr:`Round.layout`).
-        compressed: compressed at the planned CFs, or all-reduced dense (1-D tensors).
-        slots: positions of its tensors in the step's has-gradient flags (:meth:`Engine.close`);
-            empty when the front end has no such flags (every tensor has a gradient).
-        layers: a stable id for each of its tensors, identical on every rank and in every run
-            of one model (per-layer decisions are keyed by them); empty: ids made of the unit's
-            key and the tensors' indices.
-    """
-
-    key: int
-    shapes: tuple[torch.Size, ...]
-    compressed: bool
-    slots: tuple[int, ...] = ()
-    layers: tuple[int, ...] = ()
-
-    @property
-    def layer_ids(self) -> tuple[int, ...]:
-        """:attr:`layers`, or ids made of :attr:`key` when the front end gives none."""
-        return self.layers or tuple(
-            _PIECE_KEY_BASE + self.key * _PIECE_KEY_STRIDE + i for i in range(len(self.shapes))
-        )
-
-    @property
-    def numel(self) -> int:
-        """Elements in the unit."""
-        return sum(self.numels)
-
-    @property
-    def numels(self) -> tuple[int, ...]:
-        """Elements in each of its tensors."""
-        return tuple(math.prod(s) for s in self.shapes)
-
-
-@dataclass(frozen=True)
-class _Piece:
-    """Elements ``start:end`` of a unit, compressed and sent on their own (per-layer CFs)."""
-
-    start: int
-    end: int
-    payload: Payload
-    ctx: Context
-    arrived: Future[Any]  # every rank's payload
+_SKIP = Outcome(skipped=True)
+#: a gradient lent, its aggregate into a new tensor
+_LENT = Lent()
 
 
 @dataclass
-class _Flight:
-    """One launched unit: what it compressed, what it sent, and the aggregate to come."""
+class _Seen:
+    """What a committed step's agreed values say (:meth:`Engine._observe`): the plan and the
+    decision it ran (none when nothing was compressed), the compressed flights, the gains."""
 
-    unit: Unit
-    x: Tensor  # the error-fed gradient (the gradient itself for a dense unit)
-    sent: tuple[Payload, Context] | None  # the payload sent; None: x dense, or pieces
-    arrived: Future[Any]  # the collective: the all-reduced x, or every rank's payload(s)
-    wire_bytes: int
-    out: Tensor | None  # where the aggregate is written (None: a new tensor)
-    result: Future[Tensor] = field(default_factory=Future)  # the aggregate, set at commit
-    pieces: tuple[_Piece, ...] = ()  # per-layer CFs: what each piece sent
-    # the new residual, settled at launch in x's storage (Memory.settle; None: made at commit)
-    residual: Tensor | None = None
-    taken: list[Tensor] | None = None  # the window's sample of x, taken before settling
-    shadow: Tensor | None = None  # the sampled gradient, for the plan's shadow CFs
-    # x is in the front end's buffer and becomes the residual: the aggregate goes into the old
-    # residual's storage at commit (out, still x's, receives a skipped step's NaN)
-    rotate: bool = False
-    # where a rotating aggregate goes when there is no old residual yet (None: a new tensor)
-    spare: Tensor | None = None
-    # the buffer and spans the aggregate is laid into (Engine.launch's place); None: flat
-    place: Place | None = None
-
-    @property
-    def dense(self) -> bool:
-        """Whether ``x`` itself was sent, uncompressed."""
-        return self.sent is None and not self.pieces
-
-    @property
-    def sent_elements(self) -> float:
-        """float32 elements' worth of what was sent."""
-        if self.pieces:
-            return sum((p.end - p.start) / p.ctx.achieved_cf for p in self.pieces)
-        if self.sent is None:
-            return self.unit.numel
-        return self.unit.numel / self.sent[1].achieved_cf
-
-
-@dataclass
-class Step:
-    """One step in flight, from :meth:`Engine.begin` to :meth:`Engine.finish`.
-
-    Attributes:
-        index: the engine's step count when the step began (seeds shared randomness).
-        plan: the CFs compressed at (controller's plan).
-        decision: what is sent (controller's decision, from earlier steps' values).
-        snapshot: the compressor's state before the step, restored if it is skipped.
-        flights: the launched units, in launch order.
-        ends: each gradient's [min, max] (or the compressor's statistics of it, where they
-            show a non-finite value), for the non-finite flag.
-        bounds: per compressed unit, a bound on ``max |x|`` (float64; ``inf``: none known).
-        terms: the local gain terms, summed over the compressed units (float64).
-        compress_seconds: time spent compensating, compressing and computing gain terms.
-        closed_at: the clock at :meth:`Engine.close`; ``None`` before.
-        scalars: every rank's scalars (set by :meth:`Engine.close`).
-        flags: how many has-gradient flags this step's scalars carry (set by :meth:`Engine.close`).
-        values: how many controller values they carry (set by :meth:`Engine.close`).
-        stats: each unit's (or piece's) layers and local compressor statistics, to agree with
-            the scalars for the next step (compressors whose statistics may lag).
-        totals: each compressed tensor's sampled window sum ``X`` (a plan with ``signal``, at
-            the step that closes a window), summed over ranks at :meth:`Engine.close`.
-        signal: that sum (set by :meth:`Engine.close`).
-    """
-
-    index: int
     plan: Plan
     decision: Decision
-    snapshot: dict[str, Any]
-    flights: list[_Flight] = field(default_factory=list)
-    ends: list[Tensor] = field(default_factory=list)
-    bounds: list[Tensor] = field(default_factory=list)
-    terms: Tensor = field(default_factory=lambda: torch.zeros(_TERMS, dtype=torch.float64))
-    compress_seconds: float = 0.0
-    closed_at: float | None = None
-    scalars: Future[list[Tensor]] | None = None
-    flags: int = 0
-    values: int = 0
-    stats: list[tuple[tuple[int, ...], Tensor]] = field(default_factory=list)
-    totals: list[Tensor] = field(default_factory=list)
-    signal: Future[Tensor] | None = None
+    compressed: list[Flight]
+    gain_min: float = math.nan
+    gain_candidate: float | None = None
+    gain_window: float = math.nan
+    shadow_gains: dict[float, float] = dataclasses.field(default_factory=dict)
+    share: float | None = None
 
-
-@dataclass(frozen=True)
-class Outcome:
-    """A committed step: each unit's aggregate, or a skip.
-
-    Attributes:
-        skipped: the step is skipped on every rank (non-finite values); nothing else is set.
-        grads: each unit's aggregate divided by the world size, in launch order (for a unit
-            launched with ``place``: a flat buffer for the front end to reuse, the aggregate
-            being laid into the place).
-        present: for each has-gradient flag, whether some rank had that gradient.
-        record: what the step did (logged by :meth:`Engine.finish`).
-        search: whether the step took part in the controller's search (something compressed).
-    """
-
-    skipped: bool
-    grads: tuple[Tensor, ...] = ()
-    present: tuple[bool, ...] = ()
-    record: StepRecord | None = None
-    search: bool = False
-
-
-_SKIP = Outcome(skipped=True)
+    @property
+    def search(self) -> bool:
+        """Whether the step took part in the controller's search (something compressed)."""
+        return bool(self.compressed)
 
 
 class Engine:
     """The state and pipeline of a step, shared by the optimizer and the DDP hook.
 
-    Build it with :func:`gravac.options.build_engine`, which validates the arguments.
+    Build it with :func:`gravac.config.build_engine`, which validates the arguments.
 
     Args:
         compressor: compresses each unit at the planned CFs.
@@ -319,26 +138,23 @@ class Engine:
         monitor: Any,
         clock: Callable[[], float],
     ) -> None:
+        # What the engine works with.
         self.compressor = compressor  # compresses every compressed unit
         self.comm = comm  # the process group the units are aggregated in
         self.memory = memory  # error-feedback residuals, by unit key
         self.controller = self._make_controller(config, policy)  # decides the CFs
         self.batch_size = batch_size  # samples per rank per step, for system throughput
         self.nonfinite = nonfinite  # "skip" or "raise"
+        self.clock = clock  # seconds
         self.monitor: Monitor | None = None  # rank 0's step log (other ranks: None)
         self._monitor_spec = monitor  # what to open as the monitor, until it is opened
         if comm.distributed:
             self._open_monitor()
-        self.clock = clock  # seconds
-        self.steps = 0  # steps taken (skipped ones not counted)
-        self.skipped_steps = 0  # steps skipped on every rank
-        self.total_wire_bytes = 0  # bytes sent by this rank over all steps taken
-        self.total_dense_wire_bytes = 0  # what float32 all-reduces would have sent
-        self.last_record: StepRecord | None = None  # the last step taken
+
+        # State carried from one step to the next (checkpointed but for the clock's).
         self.last_cf: float | None = None  # CF sent at the previous step (None: not searching)
         self.last_close: float | None = None  # the clock at the previous step's close()
         self.last_comm = -1.0  # the previous step's exposed communication seconds (-1: none)
-        self._alone = 0  # steps this process took, or skipped, as a single worker
         # compressor statistics agreed at the last step, by the layers of their unit or piece
         # (compressors whose statistics may lag, under error feedback)
         self._lagged: dict[tuple[int, ...], Tensor] = {}
@@ -346,6 +162,14 @@ class Engine:
         self.windows = WindowSums()
         # the shadow residuals and sums of the CFs the controller judges unsent (sampled)
         self.shadows = ShadowSums()
+
+        # Statistics.
+        self.steps = 0  # steps taken (skipped ones not counted)
+        self.skipped_steps = 0  # steps skipped on every rank
+        self.total_wire_bytes = 0  # bytes sent by this rank over all steps taken
+        self.total_dense_wire_bytes = 0  # what float32 all-reduces would have sent
+        self.last_record: StepRecord | None = None  # the last step taken
+        self._alone = 0  # steps this process took, or skipped, as a single worker
 
     # ------------------------------------------------------------------ the group
     def join_group(self) -> None:
@@ -408,7 +232,7 @@ class Engine:
         self.controller.note_lr(lr)
         plan = self.controller.plan()
         snapshot = copy.deepcopy(self.compressor.state_dict())
-        terms = torch.zeros(_n_terms(plan), dtype=torch.float64)
+        terms = torch.zeros(terms_size(len(plan.shadows)), dtype=torch.float64)
         return Step(self.steps, plan, self.controller.decide(plan), snapshot, terms=terms)
 
     def launch(
@@ -416,83 +240,61 @@ class Engine:
         step: Step,
         unit: Unit,
         flat: Tensor,
-        out: Tensor | None = None,
+        handover: Handover = _LENT,
+        *,
         carry: Tensor | None = None,
         complete: bool = True,
-        own: bool = False,
-        packed: bool = False,
-        spare: Tensor | None = None,
-        place: Place | None = None,
     ) -> Future[Tensor]:
-        """Compensate, compress and start aggregating one unit's flat gradient ``flat`` (which
-        the engine does not modify, unless ``own``).
+        """Compensate, compress and start aggregating one unit's flat gradient ``flat``.
 
         Args:
-            out: a flat tensor of the unit's size and ``flat``'s dtype to receive the aggregate
-                at :meth:`commit` instead of a new tensor, ``flat`` itself included (the front
-                ends pass the gradients' own flat buffer: no gradient-sized temporary).
+            handover: how the front end hands ``flat`` over: :class:`Lent` (read only, the
+                aggregate into its ``out``) or :class:`Given` (the engine's until commit).
             carry: residual pieces carried over from units that no longer exist (the DDP
                 hook's, after a bucket rebuild or a resume), added to a compressed unit's
                 gradient before compensation; per-layer statistics see the gradient alone.
             complete: every tensor of the unit has a gradient on this rank, so none can be
                 absent on every rank (the residual update is then settled before the send,
                 :meth:`Memory.settle`); ``False``: a missing one is zeros in ``flat``.
-            own: the front end gives ``flat`` (which must be ``out``) to the engine until
-                commit: a compressed unit's error-fed gradient is formed in it
-                (:meth:`Memory.compensate_`) and, where a compressed payload is sent and the
-                residual settled, ``flat`` becomes the residual and the aggregate is written
-                into the old residual's storage (a new tensor at the first step). The front
-                end then keeps the future's tensor as its gradient buffer: the unit holds two
-                gradient-sized buffers (``flat`` and the residual), not three (one for ``x``).
-            packed: ``flat`` already holds the gradient plus what :meth:`addend` returned
-                for it (which then was a tensor): it is ``x``, compensated as it was written.
-            spare: with ``own``, a flat tensor of the unit's size and dtype for the aggregate
-                where the unit has no residual yet whose storage it would take (the first
-                step): a front end that keeps several units' aggregates side by side (the
-                pieces of a split tensor) passes slices of one buffer. ``None``: a new tensor.
-            place: ``(buffer, spans)``: lay the aggregate into ``buffer``'s ``spans`` at commit
-                (:mod:`gravac.spans`; a DDP bucket that mixes this unit's tensors with others),
-                written there by the compressor where it can
-                (:meth:`Compressor.combine_mean_placed`), not copied from a flat aggregate.
-                The future then completes with a flat tensor of the unit's size that the
-                engine no longer needs, the front end's to reuse (the next ``flat``).
 
         Returns:
             A future that :meth:`commit` completes with the unit's aggregate (the mean over
-            ranks of what was sent; with ``place``, see there), or with NaN where the step is
-            skipped.
+            ranks of what was sent; with :attr:`Given.place`, see there), or with NaN where
+            the step is skipped.
         """
-        if own and out is not flat:
-            raise ValueError("Engine.launch(own=True) needs out to be flat itself")
+        given = handover if isinstance(handover, Given) else None
+        out = flat if isinstance(handover, Given) else handover.out
+        place = given.place if given is not None else None
         if place is not None and spans_numel(place[1]) != unit.numel:
             raise ValueError(
-                f"Engine.launch(place=...) needs spans of the unit's {unit.numel} elements, "
-                f"got {place[1]}"
+                f"Engine.launch(Given(place=...)) needs spans of the unit's {unit.numel} "
+                f"elements, got {place[1]}"
             )
-        if packed and not (own and self._packable(step, unit, complete, carry is not None)):
+        packed = given is not None and given.packed
+        if packed and not self._packable(step, unit, complete, carry is not None):
             raise ValueError(
-                "Engine.launch(packed=True) needs a unit that addend() returned a tensor for "
-                "(own=True, complete, no carry)"
+                "Engine.launch(Given(packed=True)) needs a unit that addend() returned a tensor "
+                "for (complete, no carry)"
             )
         t0 = self.clock()
         if not unit.compressed:  # no local check: the all-reduced sum, checked at commit, is
             # non-finite on every rank where an element is on one (NaN and Inf propagate)
             x = flat if out is flat else flat.clone()  # all-reduced in place
-            flight = _Flight(unit, x, None, self.comm.all_reduce_async(x), _nbytes(x), out)
+            flight = Flight(unit, x, None, self.comm.all_reduce_async(x), _nbytes(x), out)
         else:
             flight = self._launch_compressed(
-                step, unit, flat, out, carry, settle=complete, own=own, packed=packed
+                step, unit, flat, out, carry, settle=complete, given=given
             )
-            flight.spare = spare
+            flight.spare = given.spare if given is not None else None
         flight.place = place
         step.flights.append(flight)
         step.compress_seconds += self.clock() - t0
         return flight.result
 
     def needs_spare(self, step: Step, unit: Unit) -> bool:
-        """Whether :meth:`launch` with ``own`` would put ``unit``'s aggregate into a new tensor
-        at commit: it sends a compressed payload under error feedback but has no residual yet
-        whose storage the aggregate would take (see ``spare``)."""
+        """Whether :meth:`launch` with :class:`Given` would put ``unit``'s aggregate into a new
+        tensor at commit: it sends a compressed payload under error feedback but has no residual
+        yet whose storage the aggregate would take (see :attr:`Given.spare`)."""
         return (
             unit.compressed
             and step.decision.which != "dense"
@@ -503,9 +305,9 @@ class Engine:
     def addend(
         self, step: Step, unit: Unit, flat: Tensor, *, complete: bool = True, carry: bool = False
     ) -> Tensor | None:
-        """What a front end that hands ``flat`` over (:meth:`launch` with ``own``) may add to
-        the gradients as it writes them into ``flat``, so that it holds ``x = g + e`` without
-        a pass of its own (:meth:`Memory.addend`); it then launches with ``packed=True``.
+        """What a front end that gives ``flat`` over (:meth:`launch` with :class:`Given`) may add
+        to the gradients as it writes them into ``flat``, so that it holds ``x = g + e`` without
+        a pass of its own (:meth:`Memory.addend`); it then launches with ``Given(packed=True)``.
 
         ``None``: it writes the gradients alone and :meth:`launch` compensates them. That is
         the case for a dense unit, one with a missing gradient (``complete=False``) or residual
@@ -532,9 +334,8 @@ class Engine:
         carry: Tensor | None,
         *,
         settle: bool,
-        own: bool,
-        packed: bool,
-    ) -> _Flight:
+        given: Given | None,
+    ) -> Flight:
         c, plan = self.compressor, step.plan
         self.controller.track(unit.layer_ids, flat, unit.numels)
         # every tensor has a gradient here: nothing reads x after the send (the residual update
@@ -542,10 +343,10 @@ class Engine:
         early = settle and carry is None
         layer_cfs = plan.cfs_for(unit.layer_ids)
         per_layer = len(set(layer_cfs)) > 1
-        if packed:
+        if given is not None and given.packed:
             x: Tensor | None = flat
         else:
-            in_place = own and early and not per_layer
+            in_place = given is not None and early and not per_layer
             x = self.memory.compensate_(unit.key, flat) if in_place else None
         in_flat = x is not None
         if x is None:
@@ -608,7 +409,7 @@ class Engine:
         if step.decision.which == "dense":
             total = x if early else x.clone()  # all-reduced in place
             reduced = self.comm.all_reduce_async(total)
-            flight = _Flight(unit, x, None, reduced, _nbytes(total), out, taken=taken)
+            flight = Flight(unit, x, None, reduced, _nbytes(total), out, taken=taken)
             flight.shadow = shadow
             return flight
         payload, ctx = chosen
@@ -620,7 +421,7 @@ class Engine:
         if in_flat and residual is None:  # x, in flat, is read at commit: the aggregate goes
             out = None  # into a new tensor
         rotate = in_flat and residual is not None
-        return _Flight(
+        return Flight(
             unit,
             x,
             chosen,
@@ -647,7 +448,7 @@ class Engine:
 
     def _launch_layers(
         self, step: Step, unit: Unit, x: Tensor, cfs: tuple[float, ...], out: Tensor | None
-    ) -> _Flight:
+    ) -> Flight:
         """Send a unit whose tensors have CFs of their own (per-layer decisions): each run of
         adjacent tensors at one CF is a piece, a view of ``x`` compressed and sent on its own.
         No gains are measured (a per-layer policy reads none)."""
@@ -655,15 +456,15 @@ class Engine:
         step.ends.append(_ends(x))
         pieces = []
         for first, last, start, end in _runs(unit.shapes, cfs):
-            key = _PIECE_KEY_BASE + unit.key * _PIECE_KEY_STRIDE + first
+            key = PIECE_KEY_BASE + unit.key * PIECE_KEY_STRIDE + first
             base = Round(step.index, key, world, layout=unit.shapes[first:last])
             piece = x[start:end]
             (rnd,) = self._agree_stats(step, piece, [cfs[first]], base, unit.layer_ids[first:last])
             payload, ctx = c.compress(piece, cfs[first], rnd)
-            pieces.append(_Piece(start, end, payload, ctx, self._send(payload)))
+            pieces.append(Piece(start, end, payload, ctx, self._send(payload)))
         arrived = collect([p.arrived for p in pieces])
         nbytes = sum(wire_bytes(p.payload) for p in pieces)
-        return _Flight(unit, x, None, arrived, nbytes, out, pieces=tuple(pieces))
+        return Flight(unit, x, None, arrived, nbytes, out, pieces=tuple(pieces))
 
     @property
     def _windowed(self) -> bool:
@@ -725,17 +526,22 @@ class Engine:
         self.last_close = now
         step.closed_at = now
         step.flags = len(has_grad)
-        local_bad = not _ends_finite(step.ends)
         bounds = [b.reshape(-1) for b in step.bounds if b.numel()]
         device = bounds[0].device if bounds else None
-        bound = float(torch.cat([b.to(device) for b in bounds]).max()) if bounds else 0.0
-        scalars = [local_bad, stale, interval, self.last_comm, bound, *has_grad]
-        head = torch.tensor(scalars, dtype=torch.float64)
         values = torch.tensor(self.controller.local_values(), dtype=torch.float64)
         step.values = len(values)
-        stats = [s.cpu() for _, s in step.stats]
-        local = torch.cat([head, step.terms.cpu(), values, *stats]).to(self.comm.device)
-        step.scalars = self.comm.all_gather_async(local)
+        row = Row(
+            nonfinite=not _ends_finite(step.ends),
+            stale=stale,
+            interval=interval,
+            exposed=self.last_comm,
+            bound=float(torch.cat([b.to(device) for b in bounds]).max()) if bounds else 0.0,
+            has_grad=has_grad,
+            terms=step.terms,
+            values=values,
+            stats=[s for _, s in step.stats],
+        )
+        step.scalars = self.comm.all_gather_async(row.pack(self.comm.device))
         waits: list[Future[Any]] = [step.scalars, *(f.arrived for f in step.flights)]
         if step.totals:
             payload = signal_payload(step.totals).to(self.comm.device)
@@ -744,41 +550,64 @@ class Engine:
         return collect(waits)
 
     def commit(self, step: Step) -> Outcome:
-        """Apply a step whose :meth:`close` future has completed: update the residuals and fold
-        the agreed values into the controller, or skip it on every rank.
+        """Apply a step whose :meth:`close` future has completed, in five stages: check the
+        agreed scalars, aggregate every unit, feed the residuals back, let the controller
+        observe the agreed values, record the step; or skip it on every rank.
 
         Raises:
             FloatingPointError: ``nonfinite="raise"`` and some value was not finite.
             RuntimeError: some rank changed a gradient after it was launched.
         """
+        table, comm_seconds = self._check(step)
+        if table.any_nonfinite:
+            return self._skip(step)
+        totals = self._aggregate_all(step, table.bound)
+        if totals is None:
+            return self._skip(step)
+        self.last_comm = comm_seconds  # agreed with the next step's scalars
+        present = table.present
+        self._feed_back(step, present)
+        seen = self._observe(step, table)
+        record = self._record(step, seen, comm_seconds)
+        for f, g in zip(step.flights, totals, strict=True):
+            f.result.set_result(g)
+        return Outcome(False, tuple(totals), present, record, search=seen.search)
+
+    def _check(self, step: Step) -> tuple[Table, float]:
+        """Stage 1: every rank's scalars and the seconds the step waited for them since its
+        close; raise on every rank if some rank changed a gradient after it was launched."""
         if step.scalars is None or step.closed_at is None:
             raise RuntimeError("Engine.commit() needs a step closed by Engine.close()")
-        table = torch.stack(step.scalars.value()).cpu()
+        rows = torch.stack(step.scalars.value()).cpu()
         comm_seconds = self.clock() - step.closed_at
-        if table[:, 1].max() > 0:
+        terms = terms_size(len(step.plan.shadows))
+        table = Table(rows, flags=step.flags, terms=terms, values=step.values)
+        if table.any_stale:
             self.compressor.load_state_dict(step.snapshot)
-            stale = [r for r in range(table.shape[0]) if table[r, 1] > 0]
             error = RuntimeError(
-                f"rank(s) {stale} changed a gradient after its bucket had been sent during "
-                "backward(), so the change would be lost: call opt.synchronize() before "
+                f"rank(s) {table.stale_ranks} changed a gradient after its bucket had been sent "
+                "during backward(), so the change would be lost: call opt.synchronize() before "
                 "working on gradients (clipping, unscaling), accumulate inside opt.no_sync(), "
                 "or pass overlap=False"
             )
             for f in step.flights:
                 f.result.set_exception(error)  # type: ignore[arg-type]  # stub types it as T
             raise error
-        if table[:, 0].max() > 0:
-            return self._skip(step)
-        bound = float(table[:, _BOUND].max())
+        return table, comm_seconds
+
+    def _aggregate_all(self, step: Step, bound: float) -> list[Tensor] | None:
+        """Stage 2: every unit's aggregate (laid into its place, where it has one); ``None``
+        where one is not finite. The aggregates the compressor does not vouch for, given the
+        agreed ``bound`` on every rank's ``max |x|``, are computed and checked first, into
+        buffers a skip may overwrite."""
         vouched = [self._vouched(f, bound) for f in step.flights]
-        # first the aggregates that must be checked, into buffers a skip may overwrite
         checked = {
             i: self._aggregate(f, None if f.rotate else f.out)
             for i, (f, v) in enumerate(zip(step.flights, vouched, strict=True))
             if not v
         }
         if not all_finite(list(checked.values())):
-            return self._skip(step)
+            return None
         totals = []
         for i, f in enumerate(step.flights):
             target = self._target(f)  # swaps a rotating flight's residual in, vouched or not
@@ -786,12 +615,11 @@ class Engine:
                 totals.append(checked[i] if i in checked else self._aggregate(f, target))
             else:
                 totals.append(self._lay(f, target, checked.get(i)))
-        self.last_comm = comm_seconds  # agreed with the next step's scalars
-        n_flags = step.flags
-        flags = _HEAD + n_flags
-        present = tuple(bool(v) for v in (table[:, _HEAD:flags].max(dim=0).values > 0))
-        n_terms = _n_terms(step.plan)
-        terms = table[:, flags : flags + n_terms].sum(dim=0)
+        return totals
+
+    def _feed_back(self, step: Step, present: tuple[bool, ...]) -> None:
+        """Stage 3: error feedback: each compressed unit's residual ``e <- x - D(sent)``, the
+        plan's shadow CFs replayed, and the window's sums cleared where a window closed."""
         for f in step.flights:
             if f.unit.compressed:
                 self._update_residual(f, present, step.plan)
@@ -801,66 +629,70 @@ class Engine:
             keep = self.controller.horizon - 1  # windows the next gains span too
             self.windows.clear(keep)
             self.shadows.clear(keep)
+
+    def _observe(self, step: Step, table: Table) -> _Seen:
+        """Stage 4: the agreed gains, throughput and values folded into the controller (when
+        something was compressed: otherwise nothing was searched)."""
         compressed = [f for f in step.flights if f.unit.compressed]
         plan, decision = step.plan, step.decision
         if not compressed:  # nothing to compress: no gains, no search
             plan, decision = Plan(theta_min=plan.theta_min, candidate=None, measure=False), _DENSE
-        gain_min = gain_from_terms(terms[[0, 1, 4]]) if plan.measure else math.nan
-        gain_c = None
+        terms: Terms = table.summed_terms
+        seen = _Seen(plan, decision, compressed)
+        seen.gain_min = terms.gain_min if plan.measure else math.nan
         if plan.candidate is not None and plan.measure:
-            gain_c = gain_from_terms(terms[[2, 3, 4]])
-        gain_w, shadow_gains, share = math.nan, {}, None
+            seen.gain_candidate = terms.gain_candidate
         if plan.window_terms and plan.shadows:
-            shadow_gains = _shadow_gains(plan, terms)
+            seen.shadow_gains = terms.shadow_gains(plan.shadows)
         if plan.window_terms and self._windowed:
-            gain_w = gain_from_terms(terms[_WINDOW_TERMS:_TERMS])
-        if compressed:
-            interval, exposed = float(table[:, 2].max()), float(table[:, 3].max())
-            samples = (self.batch_size or 1) * self.comm.world_size
-            if interval > 0 and self.last_cf is not None:
-                self.controller.record_throughput(self.last_cf, samples / interval)
-            if exposed >= 0 and self.last_cf is not None:
-                self.controller.record_comm(self.last_cf, exposed / samples)
-            start = flags + n_terms
-            self.controller.observe_values(table[:, start : start + step.values])
-            self._keep_stats(step, table[:, start + step.values :])
-            if plan.window_terms:
-                if step.signal is not None:
-                    share = signal_fraction(step.signal.value().cpu(), self.comm.world_size)
-                    self.controller.observe_signal(share)
-                self.controller.observe_window(plan, gain_w)
-                if shadow_gains:
-                    self.controller.observe_shadows(plan, shadow_gains)
-            self.controller.observe(plan, gain_min, gain_c)
-        step_bytes = sum(f.wire_bytes for f in step.flights)
-        dense_bytes = 4 * sum(f.unit.numel for f in step.flights)
-        ctl, cf = self.controller, decision.cf
-        record = StepRecord(
+            seen.gain_window = terms.gain_window
+        if not compressed:
+            return seen
+        ctl = self.controller
+        interval, exposed = table.interval, table.exposed
+        samples = (self.batch_size or 1) * self.comm.world_size
+        if interval > 0 and self.last_cf is not None:
+            ctl.record_throughput(self.last_cf, samples / interval)
+        if exposed >= 0 and self.last_cf is not None:
+            ctl.record_comm(self.last_cf, exposed / samples)
+        ctl.observe_values(table.controller_values)
+        self._keep_stats(step, table.stats)
+        if plan.window_terms:
+            if step.signal is not None:
+                seen.share = signal_fraction(step.signal.value().cpu(), self.comm.world_size)
+                ctl.observe_signal(seen.share)
+            ctl.observe_window(plan, seen.gain_window)
+            if seen.shadow_gains:
+                ctl.observe_shadows(plan, seen.shadow_gains)
+        ctl.observe(plan, seen.gain_min, seen.gain_candidate)
+        return seen
+
+    def _record(self, step: Step, seen: _Seen, comm_seconds: float) -> StepRecord:
+        """Stage 5: what the step did, for the log."""
+        plan, compressed, ctl, cf = seen.plan, seen.compressed, self.controller, seen.decision.cf
+        return StepRecord(
             step=step.index,
             phase=ctl.phase.value,
             cf_sent=_achieved_cf(compressed) if plan.per_layer else cf,
             cf_achieved=_achieved_cf(compressed),
-            sent=decision.which,
+            sent=seen.decision.which,
             theta_min=plan.theta_min,
             cf_candidate=plan.candidate,
             gain_min=ctl.smoothed_gain(plan.theta_min),
             gain_candidate=None if plan.candidate is None else ctl.smoothed_gain(plan.candidate),
-            gain_min_step=gain_min,
-            gain_candidate_step=gain_c,
-            gain_window=gain_w if plan.window_terms else None,
-            gain_shadow=tuple(shadow_gains.items()),
-            signal=share,
+            gain_min_step=seen.gain_min,
+            gain_candidate_step=seen.gain_candidate,
+            gain_window=seen.gain_window if plan.window_terms else None,
+            gain_shadow=tuple(seen.shadow_gains.items()),
+            signal=seen.share,
             system_throughput=ctl.tsys.get(cf_key(cf)),
             compression_throughput=ctl.tput().get(cf_key(cf)),
-            wire_bytes=step_bytes,
-            dense_wire_bytes=dense_bytes,
+            wire_bytes=sum(f.wire_bytes for f in step.flights),
+            dense_wire_bytes=4 * sum(f.unit.numel for f in step.flights),
             compress_seconds=step.compress_seconds,
             comm_seconds=comm_seconds,
             skipped_steps=self.skipped_steps,
         )
-        for f, g in zip(step.flights, totals, strict=True):
-            f.result.set_result(g)
-        return Outcome(False, tuple(totals), present, record, search=bool(compressed))
 
     def _keep_stats(self, step: Step, table: Tensor) -> None:
         """Reduce the step's lagging statistics over ranks (every rank's row of them), for the
@@ -872,7 +704,7 @@ class Engine:
             op = self.compressor.stats_op
             self._lagged[layers] = cols.amax(dim=0) if op == "max" else cols.sum(dim=0)
 
-    def _aggregate(self, f: _Flight, out: Tensor | None) -> Tensor:
+    def _aggregate(self, f: Flight, out: Tensor | None) -> Tensor:
         """The mean over ranks of what ``f`` sent, dense and flat, in ``out`` if given: the
         all-reduced tensor divided, or the compressor's combination of every rank's payload
         (once a step: it advances the compressor's shared state)."""
@@ -887,7 +719,7 @@ class Engine:
             return total.div_(n) if n > 1 else total
         return c.combine_mean(arrived, f.sent[1], n, out=out).reshape(-1)
 
-    def _lay(self, f: _Flight, target: Tensor | None, checked: Tensor | None) -> Tensor:
+    def _lay(self, f: Flight, target: Tensor | None, checked: Tensor | None) -> Tensor:
         """Lay ``f``'s aggregate into its place (``checked``: the aggregate, computed already);
         return a flat buffer the front end may reuse: ``target`` where the compressor wrote
         into the place itself, else the flat aggregate, copied into the place."""
@@ -900,7 +732,7 @@ class Engine:
         scatter_spans(*f.place, total)
         return total
 
-    def _vouched(self, f: _Flight, bound: float) -> bool:
+    def _vouched(self, f: Flight, bound: float) -> bool:
         """Whether ``f``'s aggregate is finite without a look at it: the compressor bounds
         every value aggregating it computes (:meth:`Compressor.mean_bound`), given the
         agreed ``bound`` on every rank's ``max |x|``, well inside the dtype's range."""
@@ -910,7 +742,7 @@ class Engine:
         b = self.compressor.mean_bound(f.sent[1], self.comm.world_size, bound)
         return b is not None and b <= limit
 
-    def _target(self, f: _Flight) -> Tensor | None:
+    def _target(self, f: Flight) -> Tensor | None:
         """Where ``f``'s vouched aggregate goes: ``f.out``; where ``f`` rotates, the old
         residual's storage, given up by the memory as ``x``'s becomes the residual (a new
         tensor, or the front end's spare, when there was none; dropped when the aggregate was
@@ -923,7 +755,7 @@ class Engine:
             return old
         return f.spare if f.spare is not None else torch.empty_like(f.residual.reshape(-1))
 
-    def _update_residual(self, f: _Flight, present: tuple[bool, ...], plan: Plan) -> None:
+    def _update_residual(self, f: Flight, present: tuple[bool, ...], plan: Plan) -> None:
         """``e <- x - D(sent)``, and what was sent (``x - e``) added to the window's sums
         (:meth:`_sums`)"""
         if not self._sums(plan):
@@ -934,7 +766,7 @@ class Engine:
         residual = self.memory.residual(f.unit.key)
         self.windows.add(f.unit.layer_ids, f.unit.numels, taken, residual)
 
-    def _replay(self, f: _Flight, plan: Plan) -> None:
+    def _replay(self, f: Flight, plan: Plan) -> None:
         """Replay error feedback at each of ``plan.shadows`` on ``f``'s sampled gradient
         (:mod:`gravac.control.replay`), added to the window's shadow sums as :meth:`_sums` says."""
         assert f.shadow is not None  # planned shadows: sampled at launch
@@ -948,7 +780,7 @@ class Engine:
             accumulate=self._sums(plan),
         )
 
-    def _update_memory(self, f: _Flight, present: tuple[bool, ...]) -> None:
+    def _update_memory(self, f: Flight, present: tuple[bool, ...]) -> None:
         """``e <- x - D(sent)``; what belongs to a tensor with a gradient on no rank stays in
         the residual (it is applied to nothing); after a dense send, ``e <- 0``."""
         if f.residual is not None:  # settled at launch, where every tensor had a gradient
@@ -967,7 +799,7 @@ class Engine:
             applied = applied.masked_fill(absent, 0)
         self.memory.update(f.unit.key, f.x, applied)
 
-    def _decompressed(self, f: _Flight) -> Tensor:
+    def _decompressed(self, f: Flight) -> Tensor:
         """What ``f`` sent, dense (its pieces written side by side)."""
         if f.sent is not None:
             return self.compressor.decompress(*f.sent)
@@ -977,7 +809,7 @@ class Engine:
         return dense
 
     @staticmethod
-    def _absent_mask(f: _Flight, present: tuple[bool, ...]) -> Tensor | None:
+    def _absent_mask(f: Flight, present: tuple[bool, ...]) -> Tensor | None:
         if not f.unit.slots or all(present[i] for i in f.unit.slots):
             return None
         return torch.cat(
@@ -1136,7 +968,7 @@ def _nbytes(t: Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def _achieved_cf(flights: Sequence[_Flight]) -> float:
+def _achieved_cf(flights: Sequence[Flight]) -> float:
     """The CF achieved over the compressed units: elements over float32 elements sent."""
     numel = sum(f.unit.numel for f in flights)
     sent = sum(f.sent_elements for f in flights)

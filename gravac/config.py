@@ -1,0 +1,244 @@
+"""One configuration for both front ends, validated once, and the engine built from it.
+
+:class:`GravacConfig` holds the compression, search and engine options that
+:class:`gravac.GravacOptimizer`, :class:`gravac.ddp.GravacHookState` and ``gravac compare``
+share; each takes a ``config`` and accepts the same fields as keyword arguments, as sugar.
+:func:`build_engine` builds the :class:`gravac.engine.Engine` from one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from gravac import compressors
+from gravac.comm import Communicator
+from gravac.compressors.base import Compressor
+from gravac.control import policies
+from gravac.control.controller import ControllerConfig
+from gravac.control.policies.base import SEARCHES, ScalingPolicy
+from gravac.engine import Engine
+from gravac.memory import NoMemory
+
+__all__ = [
+    "LOCAL_FIELDS",
+    "NONFINITE_CHOICES",
+    "GravacConfig",
+    "build_engine",
+    "learning_rate",
+    "make_config",
+]
+
+#: what a non-finite gradient or aggregate does: skip the step on every rank, or raise
+NONFINITE_CHOICES = ("skip", "raise")
+#: fields that belong to one process (a log, a clock): not pickled with a hook state
+LOCAL_FIELDS = ("monitor", "clock")
+
+
+def learning_rate(optimizer: torch.optim.Optimizer | None) -> float | None:
+    """The largest learning rate of ``optimizer``'s parameter groups (``None``: no optimizer,
+    or a group without one): what the engine tells a controller at each step's start
+    (:meth:`gravac.engine.Engine.begin`), which Accordion reads for decays."""
+    if optimizer is None or any("lr" not in g for g in optimizer.param_groups):
+        return None
+    return max(float(g["lr"]) for g in optimizer.param_groups)
+
+
+def _check_named(value: object, name: str, kind: type, known: list[str]) -> None:
+    """``value`` must be a registered name or an instance of ``kind``."""
+    if isinstance(value, str):
+        return  # the registry checks the name and lists the known ones
+    if not isinstance(value, kind):
+        raise ValueError(
+            f"{name} must be one of {known} or a {kind.__name__} instance, got {value!r}"
+        )
+
+
+def _check_monitor(monitor: object) -> None:
+    if not (
+        monitor is None
+        or hasattr(monitor, "log")
+        or hasattr(monitor, "add_scalar")
+        or isinstance(monitor, str | os.PathLike)
+    ):
+        raise ValueError(
+            "monitor must be None, a gravac Monitor, a SummaryWriter or a log directory "
+            f"(str or path), got {monitor!r}"
+        )
+
+
+@dataclass(frozen=True)
+class GravacConfig:
+    """The options of gravac's engine, checked when made: a bad value raises ``ValueError``
+    naming the field, the value and what is allowed.
+
+    Attributes:
+        compressor: a compressor name (:func:`gravac.compressors.names`) or instance.
+        compressor_options: keyword options for a compressor given by name.
+        policy: a ladder name (:func:`gravac.control.policies.names`: ``"exponential"``,
+            ``"geometric"``, ``"fixed"``, ``"accordion"``) or a policy instance.
+        policy_options: keyword options for a policy given by name (``{"cf": 100}`` for
+            ``"fixed"``; ``progress``, ``horizon``, ``noise`` for the searches that take them).
+        search: how an adaptive ladder's CFs are judged (``"auto"``, ``"shadow"``,
+            ``"trial"``, ``"paper"``; :data:`gravac.control.policies.base.SEARCHES`);
+            ``None``: the policy's default (``"auto"``). The spelling
+            ``policy_options={"search": ...}`` still works, with a ``DeprecationWarning``.
+        theta_min, theta_max, epsilon, omega, window, warmup_steps, ewma_alpha: the
+            controller's hyperparameters (:class:`gravac.control.controller.ControllerConfig`
+            says what each means and why its default is what it is).
+        error_feedback: keep residuals of what was not sent (default) or drop them.
+        batch_size: samples per rank per step, for throughput in samples/s; ``None`` measures
+            steps/s times the world size (the same ranking of CFs).
+        nonfinite: ``"skip"`` (default) skips a step whose gradient holds NaN or Inf on any
+            rank, or whose aggregate does, leaving parameters, residuals, controller and
+            compressor state untouched (as ``GradScaler`` does); ``"raise"`` raises
+            ``FloatingPointError`` on every rank.
+        monitor: a :class:`gravac.monitor.Monitor`, a ``SummaryWriter``, or a log directory;
+            used on rank 0 only.
+        clock: seconds for step timing (tests inject a deterministic one).
+    """
+
+    compressor: str | Compressor = "topk"
+    compressor_options: Mapping[str, Any] | None = None
+    policy: str | ScalingPolicy = "exponential"
+    policy_options: Mapping[str, Any] | None = None
+    search: str | None = None
+    theta_min: float = ControllerConfig.theta_min
+    theta_max: float = ControllerConfig.theta_max
+    epsilon: float = ControllerConfig.epsilon
+    omega: float = ControllerConfig.omega
+    window: int = ControllerConfig.window
+    warmup_steps: int = ControllerConfig.warmup_steps
+    ewma_alpha: float | None = None
+    error_feedback: bool = True
+    batch_size: int | None = None
+    nonfinite: str = "skip"
+    monitor: Any = field(default=None, compare=False)
+    clock: Callable[[], float] = field(default=time.perf_counter, compare=False)
+
+    def __post_init__(self) -> None:
+        _check_named(self.compressor, "compressor", Compressor, compressors.names())
+        _check_named(self.policy, "policy", ScalingPolicy, policies.names())
+        for label, options in (
+            ("compressor_options", self.compressor_options),
+            ("policy_options", self.policy_options),
+        ):
+            if options is not None and not isinstance(options, Mapping):
+                raise ValueError(
+                    f"{label} must be a dict of keyword options or None, got {options!r}"
+                )
+        if self.search is not None and self.search not in SEARCHES:
+            raise ValueError(f"search must be one of {SEARCHES} or None, got {self.search!r}")
+        if self.search is not None and "search" in (self.policy_options or {}):
+            raise ValueError(
+                "search is given twice: as search and in policy_options; pass search alone"
+            )
+        if not isinstance(self.error_feedback, bool):
+            raise ValueError(f"error_feedback must be True or False, got {self.error_feedback!r}")
+        _check_monitor(self.monitor)
+        if self.nonfinite not in NONFINITE_CHOICES:
+            raise ValueError(
+                f"nonfinite must be one of {NONFINITE_CHOICES}, got {self.nonfinite!r}"
+            )
+        b = self.batch_size
+        if b is not None and (not isinstance(b, int) or b < 1):
+            raise ValueError(f"batch_size must be None or an integer >= 1, got {b!r}")
+        if not isinstance(self.compressor, str) and self.compressor_options:
+            raise ValueError("compressor_options go with a compressor name, not an instance")
+        if not isinstance(self.policy, str) and self.policy_options:
+            raise ValueError("policy_options go with a policy name, not an instance")
+        if not isinstance(self.policy, str) and self.search is not None:
+            raise ValueError("search goes with a policy name, not an instance")
+        self.controller_config()  # checks the hyperparameters
+
+    def controller_config(self) -> ControllerConfig:
+        """The controller's hyperparameters."""
+        return ControllerConfig(
+            theta_min=self.theta_min,
+            theta_max=self.theta_max,
+            epsilon=self.epsilon,
+            omega=self.omega,
+            window=self.window,
+            warmup_steps=self.warmup_steps,
+            ewma_alpha=self.ewma_alpha,
+        )
+
+    def make_compressor(self) -> Compressor:
+        """The compressor: the instance given, or a new one built by name."""
+        if isinstance(self.compressor, str):
+            return compressors.create(self.compressor, **(self.compressor_options or {}))
+        return self.compressor
+
+    def make_policy(self) -> ScalingPolicy:
+        """The policy: the instance given, or a new one built by name with its options and
+        :attr:`search`."""
+        if not isinstance(self.policy, str):
+            return self.policy
+        options = dict(self.policy_options or {})
+        if "search" in options:
+            warnings.warn(
+                "policy_options={'search': ...} is deprecated: pass search=... to gravac "
+                "(GravacOptimizer, GravacHookState, GravacConfig) instead",
+                DeprecationWarning,
+                stacklevel=4,
+            )
+        elif self.search is not None:
+            options["search"] = self.search
+        return policies.create(self.policy, **options)
+
+    def options(self, *, local: bool = True) -> dict[str, Any]:
+        """The fields as keyword options (without :data:`LOCAL_FIELDS` unless ``local``)."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if local or f.name not in LOCAL_FIELDS
+        }
+
+
+def make_config(config: GravacConfig | None = None, **options: Any) -> GravacConfig:
+    """``config`` (default: :class:`GravacConfig`'s defaults) with keyword ``options``
+    replacing its fields, checked.
+
+    Raises:
+        ValueError: ``config`` is not a :class:`GravacConfig`, or an option is not valid.
+        TypeError: an option is not a field of :class:`GravacConfig`.
+    """
+    if not isinstance(config, GravacConfig | None):
+        raise ValueError(f"config must be a GravacConfig or None, got {config!r}")
+    config = config or GravacConfig()
+    return dataclasses.replace(config, **options) if options else config
+
+
+def build_engine(
+    process_group: dist.ProcessGroup | None = None,
+    config: GravacConfig | None = None,
+    **options: Any,
+) -> Engine:
+    """The engine of ``config`` (default: :class:`GravacConfig`'s defaults) in
+    ``process_group``; keyword ``options`` replace the config's fields.
+
+    Raises:
+        ValueError: an option is not valid; the message names it, its value and what is
+            allowed.
+    """
+    config = make_config(config, **options)
+    compressor = config.make_compressor()
+    return Engine(
+        compressor,
+        config.make_policy(),
+        config.controller_config(),
+        compressor.make_memory() if config.error_feedback else NoMemory(),
+        Communicator(process_group),
+        batch_size=config.batch_size,
+        nonfinite=config.nonfinite,
+        monitor=config.monitor,
+        clock=config.clock,
+    )

@@ -1,0 +1,167 @@
+"""The scalars every rank sends with a step, and the table of every rank's.
+
+Besides its payloads, a step exchanges one float64 row per rank, all-gathered in one
+asynchronous collective (:meth:`gravac.engine.Engine.close`)::
+
+    [nonfinite, stale, interval, exposed, bound | has_grad x F | terms x T | values x V | stats]
+
+* ``nonfinite``: this rank saw a non-finite gradient (1) or not (0);
+* ``stale``: this rank changed a gradient after it was launched;
+* ``interval``: seconds since the previous step's close (-1: none);
+* ``exposed``: the previous step's exposed communication seconds (-1: none);
+* ``bound``: a bound on ``max |x|`` over this rank's compressed units (``inf``: none known);
+* ``has_grad``: per tensor, whether this rank has its gradient (:attr:`Unit.slots`);
+* ``terms``: the local gain terms (:class:`Terms`), summed over the compressed units;
+* ``values``: the controller's own values (:meth:`Controller.local_values`);
+* ``stats``: compressor statistics whose reduction may lag a step (THC's norms).
+
+Every rank reads the same table, so every decision taken from it is the same on every rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from gravac.gain import gain_from_terms
+
+__all__ = ["STEP_TERMS", "Row", "Table", "Terms", "terms_size"]
+
+#: gain terms every step carries: ``<c_min, x>, ||c_min||^2, <c_c, x>, ||c_c||^2, ||x||^2``
+#: (the CFs compressed at, :mod:`gravac.gain`), then the window's ``<S, X>, ||S||^2, ||X||^2``
+#: (:mod:`gravac.control.window`, at a step that closes a window)
+STEP_TERMS = 8
+#: terms each of a plan's shadow CFs adds after them (:mod:`gravac.control.replay`)
+TERMS_PER_SHADOW = 3
+#: the scalars before the has-gradient flags: nonfinite, stale, interval, exposed, bound
+_HEAD = 5
+
+
+def terms_size(shadows: int) -> int:
+    """How many gain terms a step carries with ``shadows`` shadow CFs."""
+    return STEP_TERMS + TERMS_PER_SHADOW * shadows
+
+
+@dataclass(frozen=True)
+class Terms:
+    """A step's gain terms, summed over units and ranks, by name (see :data:`STEP_TERMS`)."""
+
+    values: Tensor
+
+    @property
+    def gain_min(self) -> float:
+        """The gain of what was compressed at ``theta_min``."""
+        return gain_from_terms(self.values[[0, 1, 4]])
+
+    @property
+    def gain_candidate(self) -> float:
+        """The gain of what was compressed at the candidate CF."""
+        return gain_from_terms(self.values[[2, 3, 4]])
+
+    @property
+    def gain_window(self) -> float:
+        """The gain of the window that ended before the step."""
+        return gain_from_terms(self.values[5:STEP_TERMS])
+
+    def shadow_gains(self, shadows: Sequence[float]) -> dict[float, float]:
+        """The window gain of each of the plan's ``shadows``, in order."""
+        k = TERMS_PER_SHADOW
+        return {
+            cf: gain_from_terms(self.values[STEP_TERMS + k * i : STEP_TERMS + k * (i + 1)])
+            for i, cf in enumerate(shadows)
+        }
+
+
+@dataclass(frozen=True)
+class Row:
+    """One rank's scalars of a step (see the module docstring)."""
+
+    nonfinite: bool
+    stale: bool
+    interval: float
+    exposed: float
+    bound: float
+    has_grad: Sequence[bool]
+    terms: Tensor
+    values: Tensor
+    stats: Sequence[Tensor]
+
+    def pack(self, device: torch.device) -> Tensor:
+        """The row as one float64 tensor on ``device``, to all-gather."""
+        head = [self.nonfinite, self.stale, self.interval, self.exposed, self.bound]
+        scalars = torch.tensor([*head, *self.has_grad], dtype=torch.float64)
+        stats = [s.cpu() for s in self.stats]
+        return torch.cat([scalars, self.terms.cpu(), self.values, *stats]).to(device)
+
+
+@dataclass(frozen=True)
+class Table:
+    """Every rank's :class:`Row` of a step, one row each (float64, on the CPU), read by name.
+
+    Attributes:
+        rows: the gathered rows.
+        flags: has-gradient flags per row.
+        terms: gain terms per row.
+        values: controller values per row.
+    """
+
+    rows: Tensor
+    flags: int
+    terms: int
+    values: int
+
+    @property
+    def stale_ranks(self) -> list[int]:
+        """The ranks that changed a gradient after it was launched."""
+        return [r for r in range(self.rows.shape[0]) if self.rows[r, 1] > 0]
+
+    @property
+    def any_stale(self) -> bool:
+        """Whether some rank changed a gradient after it was launched."""
+        return bool(self.rows[:, 1].max() > 0)
+
+    @property
+    def any_nonfinite(self) -> bool:
+        """Whether some rank saw a non-finite gradient."""
+        return bool(self.rows[:, 0].max() > 0)
+
+    @property
+    def interval(self) -> float:
+        """The longest interval between two closes over ranks (-1: none)."""
+        return float(self.rows[:, 2].max())
+
+    @property
+    def exposed(self) -> float:
+        """The longest exposed communication of the previous step over ranks (-1: none)."""
+        return float(self.rows[:, 3].max())
+
+    @property
+    def bound(self) -> float:
+        """A bound on ``max |x|`` over every rank."""
+        return float(self.rows[:, 4].max())
+
+    @property
+    def present(self) -> tuple[bool, ...]:
+        """For each has-gradient flag, whether some rank had that gradient."""
+        flags = self.rows[:, _HEAD : _HEAD + self.flags]
+        return tuple(bool(v) for v in (flags.max(dim=0).values > 0))
+
+    @property
+    def summed_terms(self) -> Terms:
+        """The gain terms summed over ranks."""
+        start = _HEAD + self.flags
+        return Terms(self.rows[:, start : start + self.terms].sum(dim=0))
+
+    @property
+    def controller_values(self) -> Tensor:
+        """Every rank's controller values (one row each)."""
+        start = _HEAD + self.flags + self.terms
+        return self.rows[:, start : start + self.values]
+
+    @property
+    def stats(self) -> Tensor:
+        """Every rank's lagging compressor statistics (one row each)."""
+        return self.rows[:, _HEAD + self.flags + self.terms + self.values :]

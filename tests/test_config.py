@@ -1,0 +1,105 @@
+"""GravacConfig: one configuration for the optimizer, the DDP hook and the lab, checked when
+made, with keywords as sugar and ``search`` as a first-class option."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import warnings
+from typing import Any
+
+import pytest
+import torch
+
+from gravac import GravacConfig, GravacOptimizer, compressors, policies
+from gravac.config import LOCAL_FIELDS, build_engine, make_config
+from gravac.control.controller import Controller, ControllerConfig
+from gravac.control.shadow_search import ShadowController
+from gravac.control.trial import TrialController
+from gravac.ddp import GravacHookState
+from tests.helpers import counter_clock, tiny_model
+
+
+def test_the_defaults_are_the_controllers() -> None:
+    assert GravacConfig().controller_config() == ControllerConfig()
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"compressor": 3}, "compressor must be one of"),
+        ({"policy": object()}, "policy must be one of"),
+        ({"compressor_options": [1]}, "compressor_options must be a dict"),
+        ({"policy_options": "cf=10"}, "policy_options must be a dict"),
+        ({"search": "guess"}, "search must be one of ('trial', 'paper', 'shadow', 'auto')"),
+        ({"error_feedback": 1}, "error_feedback must be True or False, got 1"),
+        ({"monitor": 3}, "monitor must be None, a gravac Monitor"),
+        ({"nonfinite": "ignore"}, "nonfinite must be one of ('skip', 'raise'), got 'ignore'"),
+        ({"batch_size": 0}, "batch_size must be None or an integer >= 1, got 0"),
+        ({"theta_min": 0.5}, "theta_min must be a finite number >= 1, got 0.5"),
+        ({"theta_max": 5.0}, "theta_max must be >= theta_min (10.0), got 5.0"),
+        ({"epsilon": 2}, "epsilon must be a number in [0, 1], got 2"),
+        ({"window": 0}, "window must be an integer >= 1, got 0"),
+        ({"policy": "fixed", "search": "trial", "policy_options": {"search": "paper"}}, "twice"),
+    ],
+)
+def test_a_bad_option_is_named_when_the_config_is_made(options: dict[str, Any], says: str) -> None:
+    with pytest.raises(ValueError) as exc:
+        GravacConfig(**options)
+    assert says in str(exc.value)
+
+
+def test_options_go_with_names_not_instances() -> None:
+    with pytest.raises(ValueError, match="compressor_options go with a compressor name"):
+        GravacConfig(compressor=compressors.create("topk"), compressor_options={"exact": True})
+    with pytest.raises(ValueError, match="policy_options go with a policy name"):
+        GravacConfig(policy=policies.create("exponential"), policy_options={"horizon": 1})
+    with pytest.raises(ValueError, match="search goes with a policy name"):
+        GravacConfig(policy=policies.create("exponential"), search="trial")
+
+
+@pytest.mark.parametrize(
+    ("search", "kind"),
+    [("trial", TrialController), ("shadow", ShadowController), ("paper", Controller)],
+)
+def test_search_chooses_the_controller(search: str, kind: type[Controller]) -> None:
+    engine = build_engine(search=search)
+    assert type(engine.controller) is kind
+    assert engine.controller.policy.search == search
+
+
+def test_search_in_policy_options_still_works_with_a_deprecation_warning() -> None:
+    with pytest.warns(DeprecationWarning, match=r"pass search=\.\.\. to gravac"):
+        engine = build_engine(policy_options={"search": "trial"})
+    assert type(engine.controller) is TrialController
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        build_engine(search="trial")
+
+
+def test_keywords_replace_the_configs_fields() -> None:
+    config = GravacConfig(compressor="randomk", window=7, search="trial")
+    model = tiny_model()
+    opt = GravacOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), config, window=9)
+    assert opt.engine.compressor.name == "randomk"
+    assert opt.engine.controller.config.window == 9
+    assert type(opt.engine.controller) is TrialController
+    assert make_config(config) is config
+    assert make_config(config, window=9) == dataclasses.replace(config, window=9)
+    with pytest.raises(TypeError, match="windows"):
+        make_config(config, windows=9)
+    with pytest.raises(ValueError, match=r"config must be a GravacConfig or None, got \{\}"):
+        GravacOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), {})  # type: ignore[arg-type]
+
+
+def test_the_hook_state_keeps_its_config_and_pickles_it_without_local_fields() -> None:
+    clock = counter_clock()
+    state = GravacHookState(None, GravacConfig(search="trial", clock=clock), window=5)
+    assert state.config.window == 5 and state.config.clock is clock
+    assert state.engine.controller.config.window == 5
+    options = state.__getstate__()["options"]
+    assert not set(options) & set(LOCAL_FIELDS)
+    again = pickle.loads(pickle.dumps(state))
+    assert again.config == state.config  # monitor and clock are not compared
+    assert again.config.clock is not clock
+    assert type(again.engine.controller) is TrialController

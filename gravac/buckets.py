@@ -1,9 +1,9 @@
-"""Fixed-order gradient buckets (DESIGN.md sections 1 and 2).
+"""Fixed-order gradient buckets (docs/design.md section 3).
 
 Parameters are taken in the order of the optimizer's param groups (lists, never sets), so every
 rank builds the same layout. Frozen parameters (``requires_grad=False``) are left out. 1-D tensors
 travel dense, like the bias and norm parameters that PowerSGD, CGX and BytePS skip, and so do
-tensors below ``dense_bytes`` (0 by default: DESIGN.md 2 packs small matrices into buckets and
+tensors below ``dense_bytes`` (0 by default: gravac packs small matrices into buckets and
 compresses them, since a per-tensor threshold such as BytePS's 1 MiB suits tensor-by-tensor
 compression, not buckets, and left a small transformer uncompressed); the rest are packed, per
 dtype, into buckets of at most ``bucket_bytes`` that are compressed whole, in reverse parameter
@@ -50,7 +50,7 @@ DEFAULT_BUCKET_BYTES = 25 * 2**20
 #: as DDP's first bucket, so that communication starts early in backward
 FIRST_BUCKET_BYTES = 2**20
 #: tensors smaller than this travel dense; 0: every tensor of 2 or more dimensions is compressed
-#: (DESIGN.md 2)
+#: (docs/design.md section 3)
 DEFAULT_DENSE_BYTES = 0
 #: a compressor's smaller preferred bucket (:attr:`gravac.compressors.Compressor.bucket_bytes`)
 #: grows so that the compressed gradient fills at most this many buckets: each costs a

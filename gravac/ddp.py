@@ -1,4 +1,4 @@
-"""gravac as a ``DistributedDataParallel`` communication hook (DESIGN.md section 2).
+"""gravac as a ``DistributedDataParallel`` communication hook (docs/design.md section 3).
 
 The second front end over the step engine (:mod:`gravac.engine`): DDP fills its buckets during
 backward and hands each to the hook, which compresses it with the same engine, controller and

@@ -1,4 +1,4 @@
-"""Compression gain (DESIGN.md section 3; GraVAC, Tyagi and Swany, IEEE CLOUD 2023, section III).
+"""Compression gain (GraVAC, Tyagi and Swany, CLOUD 2023, section III; docs/design.md section 6).
 
 GraVAC measures the information a compressed gradient keeps as the ratio of the variance of the
 compressed gradient to the variance of the error-fed gradient. We compute it as the squared cosine

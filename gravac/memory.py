@@ -1,7 +1,7 @@
 """Error feedback (EF): the residual memory kept beside any compressor.
 
 Each step the residual of what was not sent is added back (Seide et al. 2014; Stich et al. 2018;
-DESIGN.md section 1)::
+docs/design.md section 5)::
 
     x = g + e            (compensate)
     send C(x)

@@ -1,6 +1,6 @@
 """GravacOptimizer: adaptive gradient compression around any ``torch.optim`` optimizer.
 
-A thin front end over the step engine (:mod:`gravac.engine`, DESIGN.md section 2), which the
+A thin front end over the step engine (:mod:`gravac.engine`, docs/design.md section 4), which the
 DDP comm hook (:mod:`gravac.ddp`) shares. Gradients are packed into buckets in reverse
 parameter order, as DDP fills them; with ``overlap=True`` (default) a post-accumulate-grad hook
 launches each bucket (error feedback, compression at the planned CFs, the collective) as soon

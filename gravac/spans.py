@@ -1,7 +1,7 @@
 """A unit's elements laid into a larger flat buffer by spans (the DDP hook's mixed buckets).
 
 DDP fills a bucket with its tensors in reverse parameter order, so a bucket can interleave the
-tensors gravac compresses with the 1-D ones that travel dense (DESIGN.md section 2). Each kind
+tensors gravac compresses with the 1-D ones that travel dense (docs/design.md section 3). Each kind
 is one engine unit, whose flat gradient is the bucket's *spans* of that kind, concatenated:
 
     spans = ((a_1, b_1), ..., (a_m, b_m)),  a_1 < b_1 <= a_2 < ...;

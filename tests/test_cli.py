@@ -29,7 +29,7 @@ ROW_KEYS = {
     "size",
     "workers",
 }
-#: CF of the dense baselines regardless of the request (DESIGN.md 1).
+#: CF of the dense baselines regardless of the request (docs/design.md section 1).
 DENSE_CF = {"none": 1.0, "fp16": 2.0, "bf16": 2.0}
 
 

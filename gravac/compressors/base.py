@@ -1,6 +1,6 @@
 """The compressor interface shared by every gradient compressor.
 
-A compressor maps a requested compression factor (CF, DESIGN.md section 1) to its own knob (k
+A compressor maps a requested compression factor (CF, docs/design.md section 1) to its own knob (k
 kept elements, bits, rank), compresses a tensor into a named *payload* (the tensors that travel)
 and a local *context* (what the sender keeps), and decompresses back to a dense tensor of the
 input's shape and dtype. Error feedback is not part of a compressor: see :mod:`gravac.memory`.
@@ -61,7 +61,7 @@ __all__ = [
 Collective = Literal["allreduce", "allgather"]
 StatsOp = Literal["sum", "max"]
 
-#: Bits of the float32 reference element that every CF is measured against (DESIGN.md 1).
+#: Bits of the float32 reference element every CF is counted against (docs/design.md section 1).
 REFERENCE_BITS = 32
 
 
@@ -109,7 +109,7 @@ class Context:
         shape: shape of the compressed input.
         dtype: dtype of the compressed input (decompression returns it).
         numel: number of elements of the input.
-        achieved_cf: the CF really achieved (DESIGN.md 1), >= 1.
+        achieved_cf: the CF really achieved (docs/design.md section 1), >= 1.
     """
 
     shape: torch.Size
@@ -150,7 +150,7 @@ class Compressor(ABC):
     name: ClassVar[str]
     #: the collective that aggregates payloads (an instance may choose, e.g. THC's transport)
     collective: Collective
-    #: whether :meth:`recompress` is implemented (multi-level compression, DESIGN.md 4)
+    #: whether :meth:`recompress` is implemented (multi-level compression, docs/design.md section 7)
     supports_multilevel: bool = False
     #: what it sends at a CF can be replayed on a sample of the gradient (:meth:`shadow_kept`)
     shadowable: ClassVar[bool] = False
@@ -223,8 +223,9 @@ class Compressor(ABC):
     ) -> tuple[Payload, Context]:
         """Compress an already compressed result further, to the overall CF ``cf``.
 
-        Multi-level compression (DESIGN.md 4): for a sparsifier, compressing the theta_1 result
-        to theta_2 equals compressing the input at theta_2 directly, at a fraction of the cost.
+        Multi-level compression (docs/design.md section 7): for a sparsifier, compressing the
+        theta_1 result to theta_2 equals compressing the input at theta_2 directly, at a fraction
+        of the cost.
         """
         raise NotImplementedError(f"compressor {self.name!r} does not support multi-level")
 

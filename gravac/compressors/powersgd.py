@@ -1,9 +1,9 @@
 """PowerSGD: low-rank gradient compression by warm-started power iteration, one all-reduce a step.
 
 Vogels, Karimireddy and Jaggi, "PowerSGD: Practical Low-Rank Gradient Compression for Distributed
-Optimization", NeurIPS 2019 (DESIGN.md sections 1 and 6). Each tensor of a bucket with two or more
-dimensions is viewed as a matrix ``M`` of shape ``(shape[0], -1) = (m, n)`` and approximated at
-rank ``r``, chosen from the requested CF by the rule of DESIGN.md section 1::
+Optimization", NeurIPS 2019 (docs/design.md sections 1 and 10). Each tensor of a bucket with two or
+more dimensions is viewed as a matrix ``M`` of shape ``(shape[0], -1) = (m, n)`` and approximated at
+rank ``r``, chosen from the requested CF by the rule of docs/design.md section 1::
 
     CF = m n / (r (m + n))   =>   r = clamp(floor(m n / (CF (m + n))), 1, min(m, n))
 
@@ -47,7 +47,7 @@ factor per matrix plus the dense values).
 .. note::
    Factors are computed and sent in float32 (float64 for float64 gradients) whatever the
    gradient's dtype: orthonormalisation in 16 bits loses the basis. ``achieved_cf`` counts
-   elements (DESIGN.md section 1); ``wire_bytes`` counts the real bytes. With
+   elements (docs/design.md section 1); ``wire_bytes`` counts the real bytes. With
    ``warm_start=False`` each step draws a fresh seeded basis and sends ``P = M Q`` for it: with
    one all-reduce a step that is a random rank-r projection, not a power iteration.
 """
@@ -99,8 +99,8 @@ __all__ = [
 #: default of PyTorch's PowerSGD hook and of epfml/powersgd.
 DEFAULT_MIN_COMPRESSION_RATE = 2.0
 #: Tensors with fewer elements go dense: 256 float32 values are 1 KiB, less than the per-tensor
-#: overhead (two small matmuls and a QR) is worth; the optimizer's bucketing sends small tensors
-#: dense anyway (DESIGN.md section 2), this only guards direct callers.
+#: overhead (two small matmuls and a QR) is worth; the front ends pack small matrices into
+#: compressed buckets (docs/design.md section 3), so this sends them dense within the payload.
 DEFAULT_MIN_NUMEL = 256
 #: Seed of the shared random bases when none is given (every rank must use the same).
 DEFAULT_SEED = 0
@@ -115,7 +115,8 @@ _BASIS_STREAM = 0x50535344  # "PSSD"
 def rank_for_cf(m: int, n: int, cf: float) -> int:
     """Rank of an ``m x n`` matrix at CF ``cf``: ``clamp(floor(mn / (cf (m + n))), 1, min(m, n))``.
 
-    The inverse of DESIGN.md's ``CF = mn / (r (m + n))``, rounded down so the CF is at least met.
+    The inverse of ``CF = mn / (r (m + n))`` (docs/design.md section 1), rounded down so the CF is
+    at least met.
     """
     return max(1, min(m, n, math.floor(m * n / (check_cf(cf) * (m + n)))))
 
@@ -398,7 +399,7 @@ class PowerSGDCompressor(Compressor):
             self._table, self._table_shapes = RankTable(shapes, self._ranks), shapes
 
     def deliverable_cf(self, cf: float, world_size: int = 1) -> float:
-        """The rank-rule CF (DESIGN.md section 1) nearest ``cf`` that the bound layout
+        """The rank-rule CF (docs/design.md section 1) nearest ``cf`` that the bound layout
         (:meth:`bind_shapes`) can be sent at; ``cf`` itself before one is bound."""
         cf = check_cf(cf)
         return cf if self._table is None else self._table.snap(cf)

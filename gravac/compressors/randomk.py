@@ -9,16 +9,16 @@ they are summed by an all-reduce; each rank re-derives the indices and keeps the
 A fresh set is drawn every step, so over many steps every coordinate is visited.
 
 By default the result is the projection ``C(x) = x * 1_S`` for the random set ``S`` (|S| = k), so
-its gain (DESIGN.md 3) is ``||x_S||^2 / ||x||^2``. With ``unbiased=True`` the kept values are
-scaled by ``d / k`` so that ``E_S[C(x)] = x``; the squared-cosine gain is scale invariant and so
-unchanged, but it is then no longer the variance ratio ``||C(x)||^2 / ||x||^2`` of a projection
-(that ratio is about ``d / k`` times larger), and the scaled error-feedback residual is not exactly
-zero at the kept coordinates.
+its gain (docs/design.md section 6) is ``||x_S||^2 / ||x||^2``. With ``unbiased=True`` the kept
+values are scaled by ``d / k`` so that ``E_S[C(x)] = x``; the squared-cosine gain is scale invariant
+and so unchanged, but it is then no longer the variance ratio ``||C(x)||^2 / ||x||^2`` of a
+projection (that ratio is about ``d / k`` times larger), and the scaled error-feedback residual is
+not exactly zero at the kept coordinates.
 
-Multi-level compression (DESIGN.md 4): a uniformly random k2-subset of a uniformly random
-k1-subset is a uniformly random k2-subset, so :meth:`RandomKCompressor.recompress` draws k2 of the
-k1 kept coordinates, again from shared seeded randomness (the target CF enters as the ``k2`` it
-maps to), and the result is distributed exactly as direct compression at the target CF.
+Multi-level compression (docs/design.md section 7): a uniformly random k2-subset of a uniformly
+random k1-subset is a uniformly random k2-subset, so :meth:`RandomKCompressor.recompress` draws k2
+of the k1 kept coordinates, again from shared seeded randomness (the target CF enters as the ``k2``
+it maps to), and the result is distributed exactly as direct compression at the target CF.
 """
 
 from __future__ import annotations

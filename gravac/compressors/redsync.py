@@ -19,7 +19,7 @@ finite, the exact top-k is taken over the smallest selection of at least ``k`` e
 values if none) and :attr:`RedSyncCompressor.fallbacks` is incremented.
 
 .. note:: The paper also quantizes the sent values; the public code found sends raw values, and
-   so does this module (DESIGN.md 6).
+   so does this module (docs/design.md section 10).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""THC: Tensor Homomorphic Compression (Li et al., NSDI 2024; DESIGN.md section 6).
+"""THC: Tensor Homomorphic Compression (Li et al., NSDI 2024; docs/design.md section 10).
 
 Every rank quantises its gradient onto integer levels that can be *summed* by the collective and
 decompressed once, after aggregation, so nothing is decompressed and re-compressed in between::
@@ -25,7 +25,7 @@ decompressed once, after aggregation, so nothing is decompressed and re-compress
   rotation every block has its own norm, reduced across ranks block by block: one global scale
   over block-rotated heavy-tailed data leaves most blocks far below the clamp and the table
   (measured on log-normal(0, 2), 2^16 elements, blocks of 2^10: NMSE 0.067 with one global
-  max-norm against 0.015 with per-block norms; DESIGN.md 6 quotes 0.19 against 0.020).
+  max-norm against 0.015 with per-block norms; ``tests/compressors/test_thc.py``).
 * Clamp at ``t_p = Phi^-1(1 - p/2)`` (a fraction ``p`` of normal coordinates) and stochastic
   rounding onto the optimal table ``T_{b,g,p}`` (:mod:`gravac.compressors.thc_table`; by default
   the mirror-symmetric optimum, which reproduces THC's published table for (4, 30, 1/32)).
@@ -72,25 +72,17 @@ every level to 64 bits). The diagonal's hashes are computed once in NumPy uint32
 :func:`~gravac.kernels.quantize.hash_signs` uses too). Both equal the reference
 (:func:`thc_payload` with ``backend="torch"``, :func:`thc_decode`) up to the rotation's
 summation order: the payload bit for bit when the rotated values are exact, the decoded sum
-within ``2 log2(B) 2^-24`` of its norm (``tests/compressors/test_thc.py``). ``gravac bench
-compressors --size 16M --cf 100 --threads 1 --compressors thc`` (4 workers, b = 1), medians of
-repeated runs on a shared 2-core machine: ``ratio_to_copy`` 0.0022 (reference), 0.019-0.025
-(6db1082), 0.035 (7c634b4, full rotation), 0.053-0.057 (7c634b4, partial; compress 0.127 s),
-0.071-0.075 (this kernel, partial; compress 0.095 s; medians 0.0737 and 0.0746 of two sets of 3
-against 0.0574 for 7c634b4 in the same session); ``decompress_gbps`` 0.059 (1.14 s) before, 0.34
-(full), 0.49-0.62 (7c634b4, partial, 0.097-0.11 s), 0.8 (this kernel, 0.082-0.085 s). What
-bounds it (cProfile, one thread, per 16M compress): the two 32 x 32 GEMMs of a 2^10 block
-(about 35 ms, near one core's FMA peak; other factorisations of 2^10, 16 x 64 or three
-factors, measured no faster), the rounding's 11 elementwise passes (hash, comparison; 27 ms),
-the sign flips (12 ms), the scale-clamp-shift's 5 passes (11 ms), the local norms (5 ms), the
-lanes (8 ms with the interleave) and the diagonal's hashes (3 ms).
+within ``2 log2(B) 2^-24`` of its norm (``tests/compressors/test_thc.py``). Why this shape: the
+torch reference makes many full-size passes and gathers; chunks that stay in cache and GEMMs
+for the rotation make the CPU path many times faster than the reference, and the two 32 x 32
+GEMMs of a 2^10 block run near one core's FMA peak. The timings and the profile are in
+``docs/studies/2026-11-30-thc-cpu.md``.
 
-Default rotation: ``"partial"`` (blocks of 2^10, per-block max-norms), decided by the same bench
-(16M elements, 4 workers, CF 100, so b = 1): NMSE 0.314 partial against 0.337 full, compress
-0.15 s against 0.23 s, decompress 0.11 s against 0.19 s (the full rotation of 2^24 takes five
-GEMM passes over memory instead of two in cache). At b = 4 on one worker the tests bound both
-below 0.026 (``tests/compressors/test_thc.py``); ``"full"`` remains
-available.
+Default rotation: ``"partial"`` (blocks of 2^10, per-block max-norms). On ``gravac bench
+compressors`` it was no less accurate than the full rotation and faster to compress and
+decompress (the full rotation of a large bucket takes more passes over memory), measured in
+``docs/studies/2026-11-30-thc-cpu.md``. At b = 4 on one worker the tests bound both below 0.026
+(``tests/compressors/test_thc.py``); ``"full"`` remains available.
 
 Defaults per bit width, ``(g, p)``, chosen by the table DP's predicted NMSE of one worker on
 normal coordinates (:func:`gravac.compressors.thc_table.expected_nmse`; rounding plus clamping):

@@ -1,7 +1,7 @@
 """TopK Chunked (TopKC): Top-k over fixed chunks agreed by all ranks, aggregated by all-reduce.
 
 From "Beyond Throughput and Compression Ratios: Towards High End-to-end Utility of Gradient
-Compression" (HotNets 2024; DESIGN.md section 6). Plain Top-k needs an all-gather
+Compression" (HotNets 2024; docs/design.md section 10). Plain Top-k needs an all-gather
 because every rank keeps different entries. TopKC splits the flat gradient ``x`` (``d`` elements)
 into chunks of ``c`` consecutive elements and lets the ranks *agree* on which chunks to send::
 
@@ -12,7 +12,7 @@ into chunks of ``c`` consecutive elements and lets the ranks *agree* on which ch
 so every rank sends the values of the same positions, in the same order, and the payloads are
 summed by an all-reduce. Decompression scatters the (summed) values back to their positions.
 
-Multi-level compression (DESIGN.md section 4) is exact: the elements kept at a larger CF are a
+Multi-level compression (docs/design.md section 7) is exact: the elements kept at a larger CF are a
 prefix of those kept at a smaller one, so :meth:`TopKCCompressor.recompress` takes a prefix of the
 payload and equals compressing the input directly at the larger CF, bit for bit.
 

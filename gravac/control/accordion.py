@@ -1,4 +1,4 @@
-"""Accordion's controller: per-layer regimes from accumulated-gradient norms (DESIGN.md 7).
+"""Accordion's controller: per-layer regimes from gradient norms (docs/design.md section 9.6).
 
 Agarwal et al., "Adaptive Gradient Communication via Critical Learning Regime
 Identification", MLSys 2021; the policy and its options are
@@ -15,7 +15,7 @@ front end's stable id, taken in launch order, identical on every rank)::
 A learning-rate decay (the rate below :data:`LR_DECAY_FRACTION` of the previous step's, on any
 rank) makes every layer critical from the next step to the end of the interval. Decisions read
 only values agreed with a step's scalars, so each step's CFs are known before its gradients
-(DESIGN.md 5) and identical on every rank.
+(docs/design.md section 8) and identical on every rank.
 
 Two choices where the paper is silent: the norms are the mean over ranks of each rank's own
 accumulated gradient (Accordion's code uses rank 0's); and a step skipped on every rank

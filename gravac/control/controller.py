@@ -1,7 +1,7 @@
 """The GraVAC controller: which CF to evaluate and which to send (GraVAC Algorithm 1).
 
 Tyagi and Swany, "GraVAC: Adaptive Compression for Communication-Efficient Distributed DL
-Training", IEEE CLOUD 2023, Algorithm 1, as DESIGN.md section 5 states it. Every step the
+Training", IEEE CLOUD 2023, Algorithm 1, as docs/design.md section 9.1 states it. Every step the
 engine compresses at ``theta_min`` and, outside warm-up, at a candidate
 ``theta_c = min(theta_min * s, theta_max)``; the controller chooses what to send::
 
@@ -102,22 +102,17 @@ class ControllerConfig:
 
     Defaults: the CF range 10..1000 is the paper's; window 25 is the reference code's
     (sahiltyagi4/GraVAC). ``omega`` is 0.1, not that code's 0.05: the searches by trial and by
-    shadow compare throughputs measured or modelled from a window's noisy step times, and 0.05
-    let the noise move the ResNet and the LSTM at 1 Gbit/s off CF 10, where compression barely
-    changes their step time (six seeds of the six controller studies: within 1.1x of the best
-    static CF's time to target in 4 studies with 0.1, 3 with 0.05; ``docs/CONTROLLER.md``
-    section 7). Algorithm 1 (``search="paper"``) takes the reference code's with
-    ``omega=0.05``. ``epsilon`` is 0.5 rather than the reference code's 0.75
-    because that code thresholds a ratio of *norms* while our gain is a squared cosine, an
-    energy ratio (0.75 of the norm is 0.56 of the energy); Top-k at CF 10 keeps a smoothed gain
-    of 0.68-0.9 on the demo's CNN (``gravac demo``, TensorBoard tag ``gravac/gain_min``), so
-    0.5 sends it and falls back to dense only when a CF keeps less than half the gradient's
-    energy. The same 0.5 of the *window* gain keeps Top-k at CF 100 on that CNN (0.72,
-    ``docs/CONTROLLER.md``), whose progress per step is 0.67 of dense's, and rejects CF 1000
-    (0.2; 0.4 of dense's progress). The warm-up is 10 steps, shorter than the reference code's
-    one window: the warm-up sends at theta_min, which on a slow link is the most expensive CF
-    (on that CNN at 100 Mbit/s a step at CF 10 takes several times one at CF 1000), but for the
-    steps whose time the search by shadow does not read (:mod:`gravac.control.shadow_search`).
+    shadow compare throughputs measured or modelled from a window's noisy step times, and with
+    0.05 the noise moved them off CF 10 on workloads whose step time compression barely changes
+    (``docs/studies/2026-12-01-six-seeds-omega.md``). Algorithm 1 (``search="paper"``) takes the
+    reference code's with ``omega=0.05``. ``epsilon`` is 0.5, not the reference code's 0.75,
+    because that code thresholds a ratio of *norms* while this gain is a squared cosine, an
+    energy ratio (0.75 of the norm is 0.56 of the energy): a CF is sent or kept while it keeps at
+    least half the gradient's energy, per step under Algorithm 1, over a window under the other
+    searches (``docs/studies/2026-11-30-which-gain.md``). The warm-up is 10 steps, shorter than
+    the reference code's one window: the warm-up sends theta_min, which on a slow link is the
+    most expensive CF, except at the steps whose time the search by shadow does not read
+    (:mod:`gravac.control.shadow_search`).
     """
 
     theta_min: float = 10.0
@@ -309,9 +304,9 @@ class Controller:
     def decide(self, plan: Plan) -> Decision:
         """What to send at the step ``plan`` was made for, from the gains agreed before it.
 
-        The decision at step t reads the EWMAs through step t - 1 (DESIGN.md 5), so that it is
-        known before step t's gradients exist and each bucket can be sent as soon as it is
-        ready; step t's own gains reach :meth:`observe` afterwards. A CF without a smoothed
+        The decision at step t reads the EWMAs through step t - 1 (docs/design.md section 8), so
+        that it is known before step t's gradients exist and each bucket can be sent as soon as it
+        is ready; step t's own gains reach :meth:`observe` afterwards. A CF without a smoothed
         gain yet is not sent, except ``theta_min``, which is sent until its gain is known (as
         in warm-up): a new candidate is first measured, then sent from its next step on.
         """

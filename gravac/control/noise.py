@@ -16,16 +16,14 @@ Empirical Model of Large-Batch Training", appendix A), with one rank's batches a
 as the two sizes. Noise averages out of the sum, signal adds up; a negative estimate is noise
 larger than the signal (clipped to 0).
 
-Why the search by shadow reads it (``docs/CONTROLLER.md`` section 10): the window gain counts
-everything error feedback held back against a CF, noise or signal, yet held-back noise costs no
-progress. On the VGG-style digits CNN and the ResNet (2 ranks, batch 32 a rank, 25-step
-windows) the signal share of a window's gradient is 0.1-0.5 over the first 50 steps and below
-0.1 after them at CFs 10 and 100 (0.1-0.3 at CF 1000); on the LSTM 0.9 at the start, falling
-to 0 by step 200 at CF 10 and staying 0.4-0.9 at CFs 100 and 1000. So the search judges a
-CF by the signal it held back, the held-back share of the energy ``1 - g`` times the largest
-signal share measured so far in the run (:func:`signal_gain`): the workload's at its start,
-where it learns fastest. Not the current share: late in training on the LSTM it falls as on
-the CNNs, yet higher CFs there still cost perplexity.
+Why the search by shadow reads it: the window gain counts everything error feedback held back
+against a CF, noise or signal, yet held-back noise costs no progress, and on the studies' CNNs
+most of a window's gradient is noise after the first 50 steps
+(``docs/studies/2026-12-02-signal-share.md``). So the search judges a CF by the signal it held
+back, the held-back share of the energy ``1 - g`` times the largest signal share measured so
+far in the run (:func:`signal_gain`): the workload's at its start, where it learns fastest. Not
+the current share: late in training on the LSTM it falls as on the CNNs, yet higher CFs there
+still cost perplexity.
 
 The sums are taken on a sample, every :data:`SIGNAL_STRIDE`-th element of the window's sample
 (:func:`gravac.control.window.sample`), and added over ranks by one all-reduce at each window's end.

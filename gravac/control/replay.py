@@ -18,7 +18,8 @@ every CF of the set is judged on the same steps, at the cost of one selection ov
 per CF and step, two sampled buffers per CF, and the sample's indices (int32, cached per
 layout: 1/64 of the gradient's memory). What the shadow does not see
 is the trajectory the model would have taken at ``c``; the CF actually sent is in the set as
-well, so its shadow gain can be compared with its real window gain (``docs/CONTROLLER.md``).
+well, so its shadow gain can be compared with its real window gain
+(``docs/studies/2026-12-01-search-by-shadow.md``).
 """
 
 from __future__ import annotations

@@ -2,12 +2,12 @@
 
 The search by trial (:mod:`gravac.control.trial`) sends each candidate CF for a window to measure
 its window gain, so it spends its first windows, while the model learns fastest, at the CFs it
-passes through: on the VGG-style digits CNN at 1 Gbit/s, 63 steps at CF 10-40 before it reaches
-the CF it keeps (``docs/CONTROLLER.md``). Here the window gain of every CF of the ladder
-(``theta_min`` and the policy's candidates ``theta_min * s`` up to ``theta_max``) is measured at
-every window by replaying error feedback on a sample of the gradient (:mod:`gravac.control.replay`),
-and the system throughput of a CF not sent comes from the CFs timed around it or the link model
-(:func:`gravac.control.trial.between_seconds`, :func:`gravac.control.trial.link_seconds`)::
+passes through (``docs/studies/2026-12-01-search-by-shadow.md``). Here the window gain of every CF
+of the ladder (``theta_min`` and the policy's candidates ``theta_min * s`` up to ``theta_max``) is
+measured at every window by replaying error feedback on a sample of the gradient
+(:mod:`gravac.control.replay`), and the system throughput of a CF not sent comes from the CFs timed
+around it or the link model (:func:`gravac.control.trial.between_seconds`,
+:func:`gravac.control.trial.link_seconds`)::
 
     warm-up:  send theta_min for warmup_steps (ended after MIN_WARMUP_STEPS on a slow link, as
               the search by trial's), except at its first and third steps and, when the link
@@ -31,53 +31,47 @@ and the system throughput of a CF not sent comes from the CFs timed around it or
     :func:`gravac.control.window.predicted_progress`)
 
 The link model needs one step's time at ``theta_min``, the most expensive CF on a slow link; the
-warm-up's other steps cost more there than they tell (the CNN at 100 Mbit/s: its 4 steps at
-CF 10 took 2.1 s of static CF 1000's 8.4 s to the target). So the steps whose time the link model
+warm-up's other steps cost more there than they tell. So the steps whose time the link model
 does not read send the top of the ladder (:data:`TOP_WARMUP_STEPS`): the first, whose time
 carries the run's one-off costs and is not kept, the third, sent before the second's time is
 agreed, and the bridge of a warm-up the link model ended. On a fast link the warm-up goes on at
 ``theta_min`` after them, as before. The warm-up then sent two CFs: its real window gain is no
-CF's own, and corrects no shadow. On the CNN at 100 Mbit/s (seeds 3-5) the search's time to
-the target went from 1.30x to 1.08x of static CF 1000's (``docs/CONTROLLER.md`` section 11).
+CF's own, and corrects no shadow (``docs/studies/2026-12-02-warmup-top.md``).
 
 A step's time at a CF not sent is more than its communication scaled by the bytes: on the CPU
-compression grows with the elements kept (the CNN on loopback: 33 ms a step at CF 10 against
-12 ms at CF 100, of 119 and 80 ms steps), and the link model, which keeps all but the
-communication, put every CF at CF 10's 119 ms; so on loopback the search sent CF 10 from its
-fourth step for 34-112 steps, on each of six seeds. The warm-up's steps at the top of the
-ladder time its step as well, and a CF between two CFs timed is timed between them, linear in
-``1 / cf``; the top's time is held to the link model's, which a noisy interval would exceed.
-The engine times a step from the close of the one before and counts it at that one's CF, so an
-interval holds the step before's wait for communication and its own compression: the top's
+compression grows with the elements kept, and the link model, which keeps all but the
+communication, would time every CF as the one it was anchored at, so on loopback the search
+kept sending a low CF (``docs/studies/2026-12-02-between-timing.md``). The warm-up's steps at the
+top of the ladder time its step as well, and a CF between two CFs timed is timed between them,
+linear in ``1 / cf``; the top's time is held to the link model's, which a noisy interval would
+exceed. The engine times a step from the close of the one before and counts it at that one's CF, so
+an interval holds the step before's wait for communication and its own compression: the top's
 whole step is the bridge's interval where the link model ended the warm-up (the top sent at
 both), else the intervals of the warm-up's third and fourth steps (the third sent the top)
 less one of a step at theta_min alone.
 
-The CF sent changes only for one better by more than omega: without that, the geometric search
-on the CNN at 100 Mbit/s went 80, 320, 160, 80, 320 in its first 200 steps. And the shadow of a
-high CF is optimistic: replayed while a lower CF trains the model, it does not see the slower
-training the CF itself brings (the CNN at 100 Mbit/s: CF 320's real window gains 0.46-0.52 over
-the 6 windows it was sent, its shadow's 0.53-0.72; within 0.05 at CFs up to 40), so the real
-window gain of the CF sent corrects its shadow from then on (``excess``).
+The CF sent changes only for one better by more than omega: without that, the search moved back
+and forth between CFs from window to window. And the shadow of a high CF is optimistic: replayed
+while a lower CF trains the model, it does not see the slower training the CF itself brings, so
+the real window gain of the CF sent corrects its shadow from then on (``excess``;
+``docs/studies/2026-12-01-search-by-shadow.md``).
 
 The gains' horizon (the policy option ``horizon``, windows; 2 by default) may be longer than
 the interval between decisions: with ``horizon = h`` each window's end judges the gains over it
 and the ``h - 1`` windows before it (the sums ``S`` of those windows kept,
-:meth:`gravac.control.replay.ShadowSums.clear`), shadows and the CF sent alike. A window gain grows
-with its horizon at a high CF, whose residual is delivered steps later (the CNN at 100 Mbit/s:
-50-step windows send CF 1000, 25-step ones do not), so a longer horizon judges high CFs over more of
+:meth:`gravac.control.replay. ShadowSums.clear`), shadows and the CF sent alike. A window gain grows
+with its horizon at a high CF, whose residual is delivered steps later
+(``docs/studies/2026-12-01-window-horizon.md``), so a longer horizon judges high CFs over more of
 what error feedback delivers without deciding less often. The real gain of a CF sent then spans the
-CFs sent before it until it was sent for ``h`` windows in a row, so it corrects the CF's shadow
-only from then on (``excess``).
+CFs sent before it until it was sent for ``h`` windows in a row, so it corrects the CF's shadow only
+from then on (``excess``).
 
 What error feedback holds back is noise as well as signal, and held-back noise costs no
-progress: on the VGG-style digits CNN and the ResNet the signal share of a window's gradient
-(:mod:`gravac.control.noise`, from how the ranks' window sums agree) is 0.1-0.5 over the first 50
-steps and mostly below 0.2 after them, and there the window gain of CF 1000 falls while its
-progress does not. So the held-back part of a gain counts by the signal share (the policy
-option ``noise``, on by default): the largest share measured so far, the workload's at its
-start, not the current one, which falls late in training on the LSTM too, where higher CFs
-still cost perplexity (``docs/CONTROLLER.md`` section 10).
+progress. So the held-back part of a gain counts by the signal share of a window's gradient
+(:mod:`gravac.control.noise`, from how the ranks' window sums agree; the policy option ``noise``, on
+by default): the largest share measured so far, the workload's at its start, not the current one,
+which falls late in training even where higher CFs still cost progress
+(``docs/studies/2026-12-02-signal-share.md``).
 
 Every decision reads only values agreed over ranks (the shadow terms are summed over ranks with
 the step's scalars, as the window's are), so the ranks decide alike. It needs a compressor whose

@@ -2,13 +2,11 @@
 
 Algorithm 1 (:mod:`gravac.control.controller`) sends a candidate CF only once its *per-step* gain,
 the squared cosine of ``C(x)`` and ``x``, reaches ``epsilon``. Under error feedback that gain
-measures the wrong thing: what one step holds back is sent at later steps. On the VGG-style
-digits CNN (2 workers), Top-k at a static CF of 100 keeps a median 0.13 of a step's energy, yet
-makes 0.67 of a dense step's progress (0.95 test accuracy after 90 steps against DDP's 60); so
-Algorithm 1 never sends it, and settles on CF 10 (``docs/CONTROLLER.md``). This controller sends
-each candidate for a whole window instead and judges it by the gain over that window
-(:mod:`gravac.control.window`: 0.72 for that CF 100), and by the system throughput measured while it
-was sent::
+measures the wrong thing: what one step holds back is sent at later steps, so a CF whose
+per-step gain is low can still make most of a dense step's progress, and Algorithm 1 never sends
+it (``docs/studies/2026-11-30-which-gain.md``). This controller sends each candidate for a whole
+window instead and judges it by the gain over that window (:mod:`gravac.control.window`), and by the
+system throughput measured while it was sent::
 
     warm-up:  send theta_min for warmup_steps: theta_min's window (a window's length without
               warm-up); it ends after MIN_WARMUP_STEPS when the link model says that a

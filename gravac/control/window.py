@@ -10,9 +10,8 @@ the residual it started with, less the residual it ends with (``sent_t = x_t - e
 holds back is delivered at later steps. The window gain is the squared cosine of the two,
 ``<S, X>^2 / (||S||^2 ||X||^2)`` (:func:`gravac.gain.gain_from_terms`), which for a window of
 one step is the per-step gain of :mod:`gravac.gain` (``S = C(x)``, ``X = x``). The per-step
-gain says little about what error feedback delivers over several steps: Top-k at a static CF of
-100 on the VGG-style digits CNN keeps a median 0.13 of a step's energy, makes 0.67 of a dense
-step's progress, and has a window gain of 0.72 (``docs/CONTROLLER.md``).
+gain says little about what error feedback delivers over several steps; the window gain follows
+the progress a CF makes far more closely (``docs/studies/2026-11-30-which-gain.md``).
 
 ``S`` is kept for a fixed sample of every compressed tensor's elements (blocks of
 :data:`WINDOW_BLOCK` consecutive elements, one block in every :data:`WINDOW_STRIDE`), by the
@@ -25,12 +24,10 @@ The searches rank CFs by compression throughput, system throughput times the fra
 step's progress a step at the CF makes, as predicted from the CF's window gain
 (:func:`predicted_progress`). The window gain's square root, the cosine of ``S`` and ``X`` (for
 one step of a sparsifier ``||C(x)|| / ||x||``, the ratio of norms the GraVAC reference code's
-gain is), predicts the progress of static CFs better: over Top-k at CFs 100 and 1000 on three
-workloads and two seeds it lies 0.09 from the progress measured in steps to the target on
-average, the window gain itself 0.18 (it underestimates CF 1000's by half), the per-step gain
-0.53. Yet the searches that rank by it reached the target no sooner, at higher CFs (fewer bytes
-on the CNNs, a worse LSTM perplexity), over the controller studies' seeds, so the gain itself
-stays the default (``docs/CONTROLLER.md`` sections 1 and 6).
+gain is), predicts the progress of static CFs better, yet the searches that rank by it reached
+the target no sooner, at higher CFs (fewer bytes on the CNNs, a worse LSTM perplexity), so the
+gain itself stays the default (``docs/studies/2026-11-30-which-gain.md``,
+``docs/studies/2026-12-01-three-seeds-cosine.md``).
 """
 
 from __future__ import annotations

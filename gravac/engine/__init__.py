@@ -1,11 +1,11 @@
-"""The step engine: one per-bucket pipeline behind both front ends (DESIGN.md section 2).
+"""The step engine: one per-bucket pipeline behind both front ends (docs/design.md section 4).
 
 :class:`gravac.GravacOptimizer` and the DDP comm hook (:mod:`gravac.ddp`) hand the engine flat
 gradients, one *unit* at a time (a compressed bucket, or a dense one of 1-D tensors), as soon
 as each is ready; the engine does the rest. For every step::
 
     begin:   plan = controller.plan(); decision = controller.decide(plan)
-             (from values agreed through step t - 1, DESIGN.md 5: known before any gradient)
+             (agreed through step t - 1, docs/design.md section 8: known before any gradient)
     launch:  x = g + e                                      (error feedback, per unit)
              X_min = C(x, theta_min); X_c = C(X_min, theta_c / theta_min)   (multi-level)
              local gain terms <c, x>, ||c||^2 (from the payload), ||x||^2

@@ -1,4 +1,4 @@
-"""Hot operations of the compressors, dispatched by backend (DESIGN.md section 8).
+"""Hot operations of the compressors, dispatched by backend (docs/design.md section 13).
 
 Torch implementations run on any device and are the references; CuPy kernels (``cuda/*.cu``,
 wrapped by the ``cupy_*`` modules) run on CUDA tensors when CuPy is installed.

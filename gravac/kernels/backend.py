@@ -1,4 +1,4 @@
-"""Kernel backend selection (DESIGN.md section 8).
+"""Kernel backend selection (docs/design.md section 13).
 
 Each hot operation has a vectorised torch implementation that runs on any device, the reference
 its CuPy kernel (if any) is tested against. ``backend=None`` picks CuPy for a CUDA tensor when

@@ -50,7 +50,7 @@ __all__ = [
 SIZE_SUFFIXES = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMG]?)\s*$", re.IGNORECASE)
 
-#: Bytes per element of the benchmarked gradients (float32, the CF reference of DESIGN.md 1).
+#: Bytes per element of the benchmarked gradients (float32: docs/design.md section 1's reference).
 ELEMENT_BYTES = 4
 #: Throughputs are reported in GB/s of 1e9 bytes.
 BYTES_PER_GB = 1e9

@@ -65,7 +65,7 @@ FRONTS = ("optimizer", "hook")
 WIDTH = 2048
 #: Samples per step: activations of 8 x 2048 floats per layer are negligible next to weights.
 BATCH = 8
-#: The CF every compressor is asked for (GraVAC's theta_min, DESIGN.md section 5).
+#: The CF every compressor is asked for (GraVAC's theta_min, docs/design.md section 9.1).
 CF = 10.0
 _KIB = 1024
 _MMAP_ENV = "MALLOC_MMAP_THRESHOLD_"

@@ -1,7 +1,7 @@
 """``gravac bench multilevel``: multi-level compression against compressing twice.
 
 Times, for each compressor with ``supports_multilevel``, compressing at ``cf1`` then
-recompressing the result to ``cf2`` (DESIGN.md section 4) against compressing the input at
+recompressing the result to ``cf2`` (docs/design.md section 7) against compressing the input at
 ``cf1`` and at ``cf2`` directly; GraVAC (Tyagi and Swany, IEEE CLOUD 2023) reports 1.1x-1.83x
 saving. Times, gradient and layout are those of :mod:`gravac_lab.bench.common`.
 """
@@ -40,7 +40,7 @@ __all__ = [
     "multilevel_names",
 ]
 
-#: GraVAC's default theta_min and theta_max (DESIGN.md section 5).
+#: GraVAC's default theta_min and theta_max (docs/design.md section 9.1).
 DEFAULT_CF1 = 10.0
 DEFAULT_CF2 = 1000.0
 

@@ -3,8 +3,8 @@
 The controller's target (issue 12) is a time to accuracy within 1.1x of the best static CF's,
 without being told which CF that is. One seed says little: where the test metric hovers around
 the target, the first evaluation that crosses it moves by tens of steps between seeds
-(``docs/CONTROLLER.md`` section 4). From ``gravac compare`` studies (their JSON) that ran static
-CFs (``fixed`` policy variants) beside other variants on the same seeds, :func:`ratios` gives
+(``docs/studies/2026-11-30-targets.md``). From ``gravac compare`` studies (their JSON) that ran
+static CFs (``fixed`` policy variants) beside other variants on the same seeds, :func:`ratios` gives
 every run's time to the target over that of the fastest static CF *of the same study and seed*,
 and :func:`markdown` the median over seeds of each variant and study.
 

@@ -412,7 +412,7 @@ MIXED = tuple(
 
 
 def _rank_rule_cf(shapes: tuple[torch.Size, ...], ctx: PowerSGDContext) -> float:
-    """DESIGN.md's CF of the ranks a compression used: numel over r (m + n) or numel sent."""
+    """The CF (docs/design.md section 1) of the ranks used: numel over r (m + n), or numel sent."""
     sent = sum(p.numel if p.rank == 0 else p.rank * (p.rows + p.cols) for p in ctx.plans)
     return sum(math.prod(s) for s in shapes) / sent
 

@@ -55,7 +55,7 @@ def test_warmup_sends_theta_min_whatever_the_gain_then_searches() -> None:
 
 
 def test_send_candidate_min_or_dense_by_epsilon_of_the_previous_step() -> None:
-    """The decision at step t reads the gains agreed through step t - 1 (DESIGN.md 5)."""
+    """The decision at step t reads gains agreed through step t - 1 (docs/design.md section 8)."""
     c = make(warmup=0, window=100)
     # no gain yet: theta_min is sent, the candidate only measured
     assert run_step(c, 0.9, 0.8)[:2] == (10.0, "min")

@@ -1,5 +1,5 @@
 """Accordion (Agarwal et al., "Adaptive Gradient Communication via Critical Learning Regime
-Identification", MLSys 2021; DESIGN.md section 7): two CFs, chosen per layer by regime.
+Identification", MLSys 2021; docs/design.md section 9.6): two CFs, chosen per layer by regime.
 
 Every ``interval`` steps each layer's norm of its gradient accumulated over the interval is
 compared with the previous interval's: a relative change ``|prev - new| / prev >= eta`` marks a

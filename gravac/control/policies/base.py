@@ -1,4 +1,4 @@
-"""The scaling-policy interface and registry (GraVAC section IV-B; DESIGN.md section 5).
+"""The scaling-policy interface and registry (GraVAC section IV-B; docs/design.md section 9).
 
 A policy decides, from explicit state that the controller owns, how the candidate's step size
 ``s`` grows at the end of each search window (the candidate CF is ``min(theta_min * s,
@@ -65,11 +65,10 @@ def check_progress(progress: object, search: str, policy: str) -> str:
     return "energy" if progress is None else str(progress)
 
 
-#: windows the search by shadow's window gains span unless told: with 2 (50 steps, decisions
-#: every 25) the default search sent as many bytes as with 1 or fewer on every controller
-#: study (the CNN on loopback: 436-644 MB against 1,059-1,269 MB, two runs) and reached the
-#: target as soon (its time over one window's, median of 24 runs: 0.99); 3 and 4 did no
-#: better on loopback (``docs/CONTROLLER.md`` section 9)
+#: windows the search by shadow's window gains span unless told: a high CF's residual is
+#: delivered steps later, so a gain over two windows (50 steps, decisions still every 25) judges
+#: it over more of what error feedback delivers; 2 sent as many bytes as 1 or fewer and reached
+#: the target as soon, and 3 or 4 did no better (``docs/studies/2026-12-01-window-horizon.md``)
 DEFAULT_HORIZON = 2
 
 

@@ -1,4 +1,4 @@
-// Shared device helpers of gravac's CuPy kernels (DESIGN.md section 8). Self-contained: NVRTC
+// Shared device helpers of gravac's CuPy kernels (docs/design.md section 13). Self-contained: NVRTC
 // ships no standard headers, so fixed-width types and the 16-bit conversions are spelled out here
 // (the conversions are the PTX instructions torch's own CUDA casts compile to, so results match
 // torch bit for bit, NaN patterns included).

@@ -160,16 +160,9 @@ class GravacConfig:
         self.controller_config()  # checks the hyperparameters
 
     def controller_config(self) -> ControllerConfig:
-        """The controller's hyperparameters."""
-        return ControllerConfig(
-            theta_min=self.theta_min,
-            theta_max=self.theta_max,
-            epsilon=self.epsilon,
-            omega=self.omega,
-            window=self.window,
-            warmup_steps=self.warmup_steps,
-            ewma_alpha=self.ewma_alpha,
-        )
+        """The controller's hyperparameters (the fields of this config that it has)."""
+        names = (f.name for f in dataclasses.fields(ControllerConfig))
+        return ControllerConfig(**{name: getattr(self, name) for name in names})
 
     def make_compressor(self) -> Compressor:
         """The compressor: the instance given, or a new one built by name."""

@@ -34,7 +34,7 @@ import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -48,7 +48,9 @@ __all__ = [
     "Collective",
     "Compressor",
     "Context",
+    "Multilevel",
     "Payload",
+    "Replayable",
     "Round",
     "StatsOp",
     "check_cf",
@@ -142,18 +144,16 @@ def k_for_cf(numel: int, cf: float) -> int:
 class Compressor(ABC):
     """Base class of all compressors.
 
-    Subclasses set the class attributes and implement :meth:`compress` and :meth:`decompress`;
-    sparsifiers that can compress their own output further override :meth:`recompress`.
+    Subclasses set the class attributes and implement :meth:`compress` and :meth:`decompress`.
+    What only some compressors can do is a protocol of its own, which they implement:
+    :class:`Multilevel` (compress their own payload further) and :class:`Replayable` (what they
+    keep can be replayed on a sample of the gradient).
     """
 
     #: registry name
     name: ClassVar[str]
     #: the collective that aggregates payloads (an instance may choose, e.g. THC's transport)
     collective: Collective
-    #: whether :meth:`recompress` is implemented (multi-level compression, docs/design.md section 7)
-    supports_multilevel: bool = False
-    #: what it sends at a CF can be replayed on a sample of the gradient (:meth:`shadow_kept`)
-    shadowable: ClassVar[bool] = False
     #: how :meth:`local_stats` are reduced across ranks
     stats_op: ClassVar[StatsOp] = "sum"
     #: whether :meth:`compress` stays exact under error feedback with the previous step's
@@ -217,17 +217,6 @@ class Compressor(ABC):
     @abstractmethod
     def decompress(self, payload: Payload, ctx: Context) -> Tensor:
         """Dense tensor of ``ctx.shape`` and ``ctx.dtype`` that the payload represents."""
-
-    def recompress(
-        self, payload: Payload, ctx: Context, cf: float, rnd: Round
-    ) -> tuple[Payload, Context]:
-        """Compress an already compressed result further, to the overall CF ``cf``.
-
-        Multi-level compression (docs/design.md section 7): for a sparsifier, compressing the
-        theta_1 result to theta_2 equals compressing the input at theta_2 directly, at a fraction
-        of the cost.
-        """
-        raise NotImplementedError(f"compressor {self.name!r} does not support multi-level")
 
     def sent_terms(self, x: Tensor, payload: Payload, ctx: Context) -> Tensor:
         """``[<c, x>, ||c||^2]`` in float64 for ``c = D(payload)`` sent for ``x``: the terms of
@@ -317,12 +306,6 @@ class Compressor(ABC):
             out.copy_(dense.reshape(-1))
         return out.view(ctx.shape)
 
-    def shadow_kept(self, values: Tensor, cf: float) -> Tensor:
-        """int64 positions of the entries of 1-D ``values`` (a sample of an error-fed
-        gradient) that this compressor keeps at ``cf``, for the shadow window gains
-        (:mod:`gravac.control.replay`); only where :attr:`shadowable`."""
-        raise NotImplementedError(f"compressor {self.name!r} cannot be replayed on a sample")
-
     def make_memory(self) -> Memory:
         """A fresh error-feedback memory for this compressor (plain residuals by default)."""
         return ResidualMemory()
@@ -353,3 +336,28 @@ def sum_payloads(payloads: Sequence[Payload]) -> Payload:
             total.add_(getattr(p, f.name))
         summed[f.name] = total
     return dataclasses.replace(first, **summed)
+
+
+@runtime_checkable
+class Multilevel(Protocol):
+    """A compressor that compresses its own compressed result further (multi-level
+    compression, docs/design.md section 7): for a sparsifier, compressing the theta_1 result to
+    theta_2 equals compressing the input at theta_2 directly, at a fraction of the cost. The
+    engine compresses a step's candidate CF this way where it can, else from the input."""
+
+    def recompress(
+        self, payload: Payload, ctx: Context, cf: float, rnd: Round
+    ) -> tuple[Payload, Context]:
+        """Compress an already compressed result further, to the overall CF ``cf``."""
+        ...
+
+
+@runtime_checkable
+class Replayable(Protocol):
+    """A compressor whose sends at a CF can be replayed on a sample of the gradient, for the
+    search by shadow's window gains of CFs it does not send (:mod:`gravac.control.replay`)."""
+
+    def shadow_kept(self, values: Tensor, cf: float) -> Tensor:
+        """int64 positions of the entries of 1-D ``values`` (a sample of an error-fed
+        gradient) that this compressor keeps at ``cf``."""
+        ...

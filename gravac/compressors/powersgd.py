@@ -342,7 +342,6 @@ class PowerSGDCompressor(Compressor):
 
     name: ClassVar[str] = "powersgd"
     collective: Collective = "allreduce"
-    supports_multilevel: bool = False
 
     def __init__(
         self,

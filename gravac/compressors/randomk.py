@@ -134,7 +134,6 @@ class RandomKCompressor(Compressor):
 
     name: ClassVar[str] = "randomk"
     collective: Collective = "allreduce"
-    supports_multilevel: bool = True
 
     def __init__(self, *, seed: int = 0, unbiased: bool = False) -> None:
         if isinstance(seed, bool) or not isinstance(seed, int):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, cast
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -50,8 +50,6 @@ class SparseCompressor(Compressor):
     """Base of the sparsifiers that send values and indices through an all-gather."""
 
     collective: Collective = "allgather"
-    supports_multilevel: bool = True
-    shadowable: ClassVar[bool] = True
 
     @abstractmethod
     def select(self, values: Tensor, k: int, rnd: Round) -> Tensor:

@@ -834,7 +834,6 @@ class THCCompressor(Compressor):
     """
 
     name: ClassVar[str] = "thc"
-    supports_multilevel: bool = False
     stats_op: ClassVar[StatsOp] = "max"
 
     def __init__(

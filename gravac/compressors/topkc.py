@@ -177,7 +177,6 @@ class TopKCCompressor(Compressor):
 
     name: ClassVar[str] = "topkc"
     collective: Collective = "allreduce"
-    supports_multilevel: bool = True
     stats_op: ClassVar[StatsOp] = "sum"
 
     def __init__(self, *, chunk_size: int = DEFAULT_CHUNK_SIZE) -> None:

@@ -47,7 +47,7 @@ def make_controller(
     Args:
         snap: the compressor's nearest deliverable CF to a requested one (``None``: every CF).
         replayable: the compressor's sends can be replayed on a sample under plain error
-            feedback (:attr:`gravac.compressors.base.Compressor.shadowable` and a
+            feedback (:class:`gravac.compressors.base.Replayable` and a
             :class:`gravac.memory.ResidualMemory`).
         sender: the compressor and its memory, as the messages name them.
 

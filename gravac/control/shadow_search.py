@@ -75,7 +75,7 @@ which falls late in training even where higher CFs still cost progress
 
 Every decision reads only values agreed over ranks (the shadow terms are summed over ranks with
 the step's scalars, as the window's are), so the ranks decide alike. It needs a compressor whose
-sends a sample can replay (:attr:`gravac.compressors.Compressor.shadowable`) and plain error
+sends a sample can replay (:class:`gravac.compressors.Replayable`) and plain error
 feedback; the engine says so otherwise.
 """
 

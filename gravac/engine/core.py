@@ -19,7 +19,9 @@ from torch.futures import Future
 from gravac.comm import Communicator, collect
 from gravac.compressors.base import (
     Compressor,
+    Multilevel,
     Payload,
+    Replayable,
     Round,
     payload_tensors,
     wire_bytes,
@@ -206,7 +208,7 @@ class Engine:
             config,
             world,
             lambda cf: c.deliverable_cf(cf, world),
-            replayable=c.shadowable and type(self.memory) is ResidualMemory,
+            replayable=isinstance(c, Replayable) and type(self.memory) is ResidualMemory,
             sender=f"{c.name!r} with {type(self.memory).__name__}",
         )
 
@@ -356,7 +358,8 @@ class Engine:
         cf_min = layer_cfs[0]
         world = self.comm.world_size
         base = Round(step=step.index, key=unit.key, world_size=world, layout=unit.shapes)
-        direct = plan.candidate is not None and not c.supports_multilevel
+        multilevel = c if isinstance(c, Multilevel) else None
+        direct = plan.candidate is not None and multilevel is None
         cfs = [cf_min]
         if direct and plan.candidate is not None:
             cfs.append(plan.candidate)
@@ -366,10 +369,10 @@ class Engine:
         zero = torch.zeros((), dtype=torch.float64, device=x.device)
         terms = [*c.sent_terms(x, p_min, ctx_min)] if plan.measure else [zero, zero]
         if plan.candidate is not None:
-            if direct:
+            if multilevel is None:
                 p_c, ctx_c = c.compress(x, plan.candidate, r_c[0])
             else:
-                p_c, ctx_c = c.recompress(p_min, ctx_min, plan.candidate, r_min)
+                p_c, ctx_c = multilevel.recompress(p_min, ctx_min, plan.candidate, r_min)
             terms += [*c.sent_terms(x, p_c, ctx_c)]
             if step.decision.which == "candidate":
                 chosen = (p_c, ctx_c)
@@ -770,6 +773,7 @@ class Engine:
         """Replay error feedback at each of ``plan.shadows`` on ``f``'s sampled gradient
         (:mod:`gravac.control.replay`), added to the window's shadow sums as :meth:`_sums` says."""
         assert f.shadow is not None  # planned shadows: sampled at launch
+        assert isinstance(self.compressor, Replayable)  # the factory refuses shadows otherwise
         unit, select = f.unit, self.compressor.shadow_kept
         self.shadows.step(
             plan.shadows,

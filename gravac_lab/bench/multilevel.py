@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from gravac import compressors
-from gravac.compressors import Compressor, Context, Payload, Round, check_cf
+from gravac.compressors import Compressor, Context, Multilevel, Payload, Round, check_cf
 from gravac_lab.bench.common import (
     DEFAULT_REPEATS,
     DEFAULT_SEED,
@@ -70,8 +70,8 @@ class MultilevelResult:
 
 
 def multilevel_names() -> list[str]:
-    """Registered compressors whose instances declare ``supports_multilevel``."""
-    return [n for n in compressors.names() if compressors.create(n).supports_multilevel]
+    """Registered compressors that are :class:`gravac.compressors.Multilevel`."""
+    return [n for n in compressors.names() if isinstance(compressors.create(n), Multilevel)]
 
 
 def bench_multilevel(
@@ -103,7 +103,7 @@ def bench_multilevel(
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     names = multilevel_names() if names is None else list(names)
-    unsupported = [n for n in names if not compressors.create(n).supports_multilevel]
+    unsupported = [n for n in names if not isinstance(compressors.create(n), Multilevel)]
     if unsupported:
         raise ValueError(
             f"compressors {unsupported} do not support multi-level; choose from "
@@ -138,6 +138,7 @@ def _bench_multilevel_one(
         return c.compress(x, cf, rnd)
 
     def multilevel(c: Compressor) -> tuple[Context, Context]:
+        assert isinstance(c, Multilevel)  # checked above
         payload, ctx1 = compress(c, cf1, rnd1)
         return ctx1, c.recompress(payload, ctx1, cf2, rnd2)[1]
 

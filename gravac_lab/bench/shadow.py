@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from gravac import compressors, policies
+from gravac.compressors import Replayable
 from gravac.control.controller import ControllerConfig
 from gravac.control.factory import make_controller
 from gravac.control.policies.base import DEFAULT_HORIZON
@@ -87,7 +88,9 @@ def bench_shadow(
     x, e = synthetic_gradients(size, 2, seed=seed, device=device)
     numels = [s.numel() for s in model_layout(size)]
     layers = tuple(range(len(numels)))
-    select = compressors.create(COMPRESSOR).shadow_kept
+    replayable = compressors.create(COMPRESSOR)
+    assert isinstance(replayable, Replayable)  # a sparsifier
+    select = replayable.shadow_kept
     dst = torch.empty_like(x)
     rows = []
     for policy in POLICIES:

@@ -13,6 +13,7 @@ from torch import Tensor
 
 from gravac import compressors
 from gravac.compressors import Round
+from gravac.compressors.base import Multilevel
 from gravac.compressors.powersgd import (
     LEFT,
     RIGHT,
@@ -395,7 +396,7 @@ def test_bad_options_raise(option: str, value: object) -> None:
 
 def test_defaults_and_repr() -> None:
     c = _psgd()
-    assert c.collective == "allreduce" and not c.supports_multilevel
+    assert c.collective == "allreduce" and not isinstance(c, Multilevel)
     assert repr(c) == (
         "PowerSGDCompressor(seed=0, warm_start=True, min_compression_rate=2.0, min_numel=256)"
     )

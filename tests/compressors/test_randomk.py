@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from gravac import compressors
 from gravac.compressors import Round, k_for_cf, wire_bytes
 from gravac.compressors import randomk as randomk_module
+from gravac.compressors.base import Multilevel
 from gravac.compressors.randomk import RandomKCompressor, RandomKContext, draw_distinct
 from gravac.gain import compression_gain
 from gravac.simulation import simulate
@@ -217,7 +218,7 @@ def test_bad_options_raise(opts: dict[str, object], match: str) -> None:
 def test_registry_flags() -> None:
     c = compressors.create("randomk")
     assert isinstance(c, RandomKCompressor)
-    assert c.collective == "allreduce" and c.supports_multilevel
+    assert c.collective == "allreduce" and isinstance(c, Multilevel)
     assert compressors.options("randomk") == ["seed", "unbiased"]
 
 

@@ -9,6 +9,7 @@ import torch
 
 from gravac import compressors
 from gravac.compressors import Round, k_for_cf, wire_bytes
+from gravac.compressors.base import Multilevel
 from gravac.compressors.topkc import (
     DEFAULT_CHUNK_SIZE,
     TopKCContext,
@@ -197,7 +198,7 @@ def test_bad_chunk_size_raises(bad: object) -> None:
 
 def test_defaults_and_repr() -> None:
     c = compressors.create("topkc")
-    assert c.collective == "allreduce" and c.supports_multilevel and c.stats_op == "sum"
+    assert c.collective == "allreduce" and isinstance(c, Multilevel) and c.stats_op == "sum"
     assert repr(c) == f"TopKCCompressor(chunk_size={DEFAULT_CHUNK_SIZE})"
 
 

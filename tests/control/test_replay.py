@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from gravac import compressors
-from gravac.compressors.base import Round, k_for_cf
+from gravac.compressors.base import Replayable, Round, k_for_cf
+from gravac.config import build_engine
 from gravac.control.replay import SHADOW_STRIDE, ShadowSums, shadow_round
 from gravac.control.window import WINDOW_BLOCK, sample, window_terms
 from gravac.gain import gain_from_terms
@@ -180,7 +181,7 @@ def test_sample_indices_of_a_layout_no_window_read_are_dropped() -> None:
 @pytest.mark.parametrize("name", ["topk", "redsync", "dgc"])
 def test_the_sparsifiers_replay_as_an_exact_top_k(name: str) -> None:
     c = compressors.create(name)
-    assert c.shadowable
+    assert isinstance(c, Replayable)
     x = torch.tensor([0.1, -5.0, 0.3, 2.0, -0.2, 0.0, 1.0, 0.05])
     assert sorted(c.shadow_kept(x, 4.0).tolist()) == [1, 3]
 
@@ -188,9 +189,9 @@ def test_the_sparsifiers_replay_as_an_exact_top_k(name: str) -> None:
 @pytest.mark.parametrize("name", ["none", "fp16", "thc", "powersgd", "randomk", "topkc"])
 def test_other_compressors_cannot_be_replayed(name: str) -> None:
     c = compressors.create(name)
-    assert not c.shadowable
-    with pytest.raises(NotImplementedError, match="cannot be replayed on a sample"):
-        c.shadow_kept(torch.ones(4), 2.0)
+    assert not isinstance(c, Replayable)
+    with pytest.raises(ValueError, match="search='shadow' needs a compressor whose sends can be"):
+        build_engine(compressor=name, search="shadow")
 
 
 def test_sums_kept_for_the_horizon_add_the_windows_before_to_the_terms() -> None:

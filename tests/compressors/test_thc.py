@@ -17,7 +17,6 @@ from gravac.compressors.thc import (
     THCContext,
     THCLevelsPayload,
     THCPackedPayload,
-    _top_clamp_needed,
     bits_for_cf,
     lane_bits,
     lanes_per_word,
@@ -26,7 +25,8 @@ from gravac.compressors.thc import (
     thc_payload,
     unpack_lanes,
 )
-from gravac.compressors.thc_table import (
+from gravac.compressors.thc.cpu import _top_clamp_needed
+from gravac.compressors.thc.table import (
     brute_force_table,
     clamp_error,
     clamp_threshold,
@@ -39,7 +39,7 @@ from gravac.simulation import simulate
 
 #: THC's published table for b = 4, g = 30, p = 1/32 (BytePS_THC's recv_table).
 PUBLISHED_4_30 = (0, 3, 5, 7, 9, 11, 13, 14, 16, 17, 19, 21, 23, 25, 27, 30)
-#: DESIGN.md 6 / the brief: one worker at b = 4 with the full rotation.
+#: docs/design.md section 6 / the brief: one worker at b = 4 with the full rotation.
 FULL_NMSE_BOUND = 0.025
 #: Partial rotation (blocks of 2^10, per-block max-norms), b = 4: measured 0.0140-0.0222 over
 #: these inputs and sizes (largest: Gaussian at 3000 elements, 0.0222); bound with margin.
@@ -300,7 +300,7 @@ def test_partial_rotation_nmse_one_worker(dist: str, stages: int, bound: float) 
 
 
 def test_partial_rotation_needs_per_block_scales() -> None:
-    """DESIGN.md 6: one global scale over block-rotated heavy-tailed data is far worse.
+    """docs/design.md section 6: one global scale over block-rotated heavy-tailed data is far worse.
 
     Measured on log-normal(0, 2), 2^16 elements, blocks of 2^10: per-block 0.015, global max 0.067.
     """

@@ -1,4 +1,4 @@
-"""THC's optimal lookup table T_{b,g,p} by an exact dynamic program (DESIGN.md section 6).
+"""THC's optimal lookup table T_{b,g,p} by an exact dynamic program (docs/design.md section 6).
 
 THC (Li et al., "THC: Accelerating Distributed Deep Learning Using Tensor Homomorphic
 Compression", NSDI 2024, section 5.3) quantises each rotated, normalised coordinate

@@ -31,7 +31,7 @@ Default rotation: ``"partial"`` (blocks of 2^10, per-block max-norms), decided b
 compressors`` (16M elements, 4 workers, CF 100, so b = 1): NMSE 0.314 partial against 0.337
 full, and faster to compress and to decompress (the full rotation of 2^24 takes five GEMM passes
 over memory instead of two in cache; times in docs/studies/2026-thc-cpu-speed.md). At b = 4 on
-one worker the tests bound both below 0.026 (``tests/compressors/test_thc.py``);
+one worker the tests bound both below 0.026 (``tests/compressors/thc/test_accuracy.py``);
 ``"full"`` remains available.
 
 Defaults per bit width, ``(g, p)``, chosen by the table DP's predicted NMSE of one worker on

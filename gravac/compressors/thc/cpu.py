@@ -20,7 +20,7 @@ bits. The diagonal's hashes are computed once in NumPy uint32
 Both equal the reference (:func:`~gravac.compressors.thc.encoding.thc_payload` with
 ``backend="torch"``, :func:`~gravac.compressors.thc.encoding.thc_decode`) up to the rotation's
 summation order: the payload bit for bit when the rotated values are exact, the decoded sum
-within ``2 log2(B) 2^-24`` of its norm (``tests/compressors/test_thc.py``).
+within ``2 log2(B) 2^-24`` of its norm (``tests/compressors/thc/test_cpu.py``).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ i.e. ``x.view(2^t, n / 2^t)`` transformed along its first axis: it mixes element
 apart (THC's all-reduce follow-up runs the same last ``t`` stages). A transform of contiguous
 blocks of ``B = 2^t`` elements, ``(I_{n / B} (x) H_B) x / sqrt(B)``, is the full transform of the
 rows of ``x.view(n / B, B)``: that is what THC's partial rotation in
-:mod:`gravac.compressors.thc` uses.
+:mod:`gravac.compressors.thc.encoding` uses.
 
 :func:`fwht_rows` is the fast form of the full transform of rows: ``H_B = H_{f_1} (x) ... (x)
 H_{f_m}`` with factors of at most :data:`MAX_FACTOR_LOG2` stages, each one dense GEMM along one

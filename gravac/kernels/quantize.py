@@ -14,8 +14,8 @@
   on every rank and device (THC's random diagonal).
 * :func:`hash_uniform`: per-element uniforms in ``[0, 1)`` that are a hash of each element's bits,
   its position and a 64-bit seed: deterministic for equal inputs, independent across different
-  inputs, without a generator, a host sync or a per-rank seed (see :mod:`gravac.compressors.thc`
-  for why the rounding noise is drawn this way).
+  inputs, without a generator, a host sync or a per-rank seed (see
+  :mod:`gravac.compressors.thc.encoding` for why the rounding noise is drawn this way).
 
 * :func:`round_levels` and :func:`flip_signs`: the CPU kernels of THC's chunked compression and
   decompression (NumPy uint32 arithmetic on reused buffers), bit-identical to the references

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from gravac.compressors.thc import Encoding, THCCompressor, block_norms, thc_payload
-from gravac.compressors.thc_table import clamp_threshold
+from gravac.compressors.thc.table import clamp_threshold
 from gravac.kernels import (
     available_backends,
     pack_bits,

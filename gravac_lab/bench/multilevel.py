@@ -1,6 +1,6 @@
 """``gravac bench multilevel``: multi-level compression against compressing twice.
 
-Times, for each compressor with ``supports_multilevel``, compressing at ``cf1`` then
+Times, for each :class:`gravac.compressors.Multilevel` compressor, compressing at ``cf1`` then
 recompressing the result to ``cf2`` (docs/design.md section 7) against compressing the input at
 ``cf1`` and at ``cf2`` directly; GraVAC (Tyagi and Swany, IEEE CLOUD 2023) reports 1.1x-1.83x
 saving. Times, gradient and layout are those of :mod:`gravac_lab.bench.common`.

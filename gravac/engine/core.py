@@ -265,8 +265,8 @@ class Engine:
             the step is skipped.
         """
         given = handover if isinstance(handover, Given) else None
-        out = flat if isinstance(handover, Given) else handover.out
-        place = given.place if given is not None else None
+        out = handover.out if isinstance(handover, Lent) else flat  # Given: into flat itself
+        place = None if given is None else given.place
         if place is not None and spans_numel(place[1]) != unit.numel:
             raise ValueError(
                 f"Engine.launch(Given(place=...)) needs spans of the unit's {unit.numel} "

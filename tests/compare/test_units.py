@@ -7,7 +7,7 @@ import torch
 
 from gravac.compare import config, modes, netns, report, workloads
 from gravac.compare.config import CompareConfig
-from gravac.launch import spawn_workers
+from tests.workers import Workers
 
 #: parameters of the VGG-style workload: conv 1->64, conv 64->128 (3x3, biases), 8192->640,
 #: 640->10 (with biases)
@@ -193,6 +193,7 @@ def _bucket_sizes(rank: int, world_size: int, bucket_bytes: int | None) -> list[
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("bucket_bytes", "expected"),
     [
@@ -204,9 +205,9 @@ def _bucket_sizes(rank: int, world_size: int, bucket_bytes: int | None) -> list[
     ids=["default", "given"],
 )
 def test_bucket_bytes_reaches_the_optimizer_and_the_hook_mode_s_ddp(
-    bucket_bytes: int | None, expected: list[object]
+    bucket_bytes: int | None, expected: list[object], workers: Workers
 ) -> None:
-    assert spawn_workers(_bucket_sizes, 1, bucket_bytes, timeout=120)[0] == expected
+    assert workers.run(_bucket_sizes, 1, bucket_bytes, timeout=120)[0] == expected
 
 
 def test_engine_options_reject_a_negative_bucket_size_naming_it() -> None:

@@ -1,5 +1,5 @@
 """The tests' pools of spawned gloo groups (tests.workers): a failure anywhere tears the pool
-down without hanging, and the next scenario gets a fresh pool."""
+down without hanging, and the next scenario gets a fresh pool (checked once, on 2 ranks)."""
 
 from __future__ import annotations
 
@@ -62,7 +62,6 @@ def test_a_scenario_past_its_timeout_tears_the_pool_down(workers: Workers) -> No
     with pytest.raises(TimeoutError, match=r"ranks \[0\] of 1 did not finish in 1.0 s"):
         workers.run(_sleep, 1, 60.0, timeout=1.0)
     assert not workers.pools[1].alive
-    assert workers.run(_sum_of_ranks, 1)[0][0] == 0
 
 
 def test_a_scenario_that_leaves_the_group_ends_the_pool_after_its_results(
@@ -70,4 +69,3 @@ def test_a_scenario_that_leaves_the_group_ends_the_pool_after_its_results(
 ) -> None:
     assert workers.run(_leave_the_group, 1) == [0]
     assert not workers.pools[1].alive
-    assert workers.run(_sum_of_ranks, 1)[0][0] == 0

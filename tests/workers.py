@@ -188,7 +188,7 @@ class WorkerPool:
             if p.is_alive():
                 p.kill()
                 p.join()
-        self._procs = []
+        self._procs, self._tasks = [], []  # closed: closing again does nothing
 
 
 class Workers:

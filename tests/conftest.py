@@ -5,7 +5,8 @@ runs everything. A process launch (a ``multiprocessing`` process, spawned worker
 included, or any ``subprocess``: torchrun, ``python -m gravac``, ``ip``) in a test not marked
 ``slow`` raises :class:`UnmarkedLaunch`, in both speeds, so the fast subset stays fast.
 
-The launches are counted per test; the count is printed at the end of the run.
+The launches made are counted per test; the count is printed at the end of the run (with
+``-v``, per test; "outside any test" is test_netns.py's probe for network namespaces at import).
 
 ``workers``: the session's pools of spawned gloo groups (:mod:`tests.workers`), one per world
 size, that run the multi-process scenarios without a spawn each.
@@ -36,13 +37,13 @@ _originals: dict[str, Callable[..., Any]] = {}
 
 def _launching(kind: str) -> None:
     item = _current
-    _launches[item.nodeid if item is not None else ""] += 1
     if item is not None and item.get_closest_marker("slow") is None:
         raise UnmarkedLaunch(
             f"{item.nodeid} launches a process ({kind}) but is not marked slow: mark it "
             "@pytest.mark.slow (make test runs it, make check leaves it out), or keep it "
             "in this process"
         )
+    _launches[item.nodeid if item is not None else ""] += 1
 
 
 def _process_start(self: multiprocessing.process.BaseProcess) -> None:

@@ -8,7 +8,7 @@ included, or any ``subprocess``: torchrun, ``python -m gravac``, ``ip``) in a te
 The launches made are counted per test; the count is printed at the end of the run (with
 ``-v``, per test; "outside any test" is test_netns.py's probe for network namespaces at import).
 
-``workers``: the session's pools of spawned gloo groups (:mod:`tests.workers`), one per world
+``gloo_pools``: the session's pools of spawned gloo groups (:mod:`tests.workers`), one per world
 size, that run the multi-process scenarios without a spawn each.
 """
 
@@ -89,7 +89,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 
 @pytest.fixture(scope="session")
-def workers() -> Iterator[Workers]:
+def gloo_pools() -> Iterator[Workers]:
     """Spawned gloo groups shared by the session's multi-process scenarios (tests.workers)."""
     pools = Workers()
     try:

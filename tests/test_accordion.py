@@ -330,8 +330,8 @@ def front_ends(rank: int, world_size: int, eta: float) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-def test_both_front_ends_agree_across_ranks_and_with_each_other(workers: Workers) -> None:
-    results = workers.run(front_ends, 2, ETA, timeout=SPAWN_TIMEOUT)
+def test_both_front_ends_agree_across_ranks_and_with_each_other(gloo_pools: Workers) -> None:
+    results = gloo_pools.run(front_ends, 2, ETA, timeout=SPAWN_TIMEOUT)
     for r in results:
         assert r["optimizer"]["cfs"] == r["hook"]["cfs"]
         assert r["optimizer"]["wire"] == r["hook"]["wire"]
@@ -387,5 +387,5 @@ def resume(rank: int, world_size: int, front_end: str) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("front_end", ["optimizer", "hook"])
-def test_a_checkpoint_resumes_bit_exactly(front_end: str, workers: Workers) -> None:
-    assert all(workers.run(resume, 2, front_end, timeout=SPAWN_TIMEOUT))
+def test_a_checkpoint_resumes_bit_exactly(front_end: str, gloo_pools: Workers) -> None:
+    assert all(gloo_pools.run(resume, 2, front_end, timeout=SPAWN_TIMEOUT))

@@ -212,9 +212,9 @@ def _bucket_sizes(rank: int, world_size: int, bucket_bytes: int | None) -> list[
     ids=["default", "given"],
 )
 def test_bucket_bytes_reaches_the_optimizer_and_the_hook_mode_s_ddp(
-    bucket_bytes: int | None, expected: list[object], workers: Workers
+    bucket_bytes: int | None, expected: list[object], gloo_pools: Workers
 ) -> None:
-    assert workers.run(_bucket_sizes, 1, bucket_bytes, timeout=120)[0] == expected
+    assert gloo_pools.run(_bucket_sizes, 1, bucket_bytes, timeout=120)[0] == expected
 
 
 def test_engine_options_reject_a_negative_bucket_size_naming_it() -> None:

@@ -96,8 +96,8 @@ def save_after_steps(rank: int, world_size: int) -> dict[str, Any]:
     return GravacCallback(state).state_dict()
 
 
-def test_a_checkpoint_is_restored_on_the_group_lightning_started(workers: Workers) -> None:
-    [saved] = workers.run(save_after_steps, 1, timeout=SPAWN_TIMEOUT)
+def test_a_checkpoint_is_restored_on_the_group_lightning_started(gloo_pools: Workers) -> None:
+    [saved] = gloo_pools.run(save_after_steps, 1, timeout=SPAWN_TIMEOUT)
     assert saved["steps"] == 3
-    [result] = workers.run(restore_before_joining, 1, saved, timeout=SPAWN_TIMEOUT)
+    [result] = gloo_pools.run(restore_before_joining, 1, saved, timeout=SPAWN_TIMEOUT)
     assert result["steps"] == 4

@@ -9,7 +9,7 @@ HAS_CUDA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 TORCH_SPEC ?= $(if $(HAS_CUDA),torch,torch==2.13.0)
 STAMP := $(VENV)/.gravac-installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test check lint bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -22,8 +22,12 @@ $(STAMP): setup.cfg pyproject.toml | $(PY)
 demo: $(STAMP)
 	$(VENV)/bin/gravac demo --compare-dense
 
+# every test (CI); `check`: the edit loop's fast subset, no test that launches a process
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+check: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check gravac gravac_lab tests examples benchmarks scripts

@@ -128,10 +128,7 @@ def test_usage_errors_name_the_option(
     assert needle in capsys.readouterr().err
 
 
-def test_parser_lists_the_bench_subcommand() -> None:
-    assert "bench" in build_parser().format_help()
-
-
+@pytest.mark.slow
 def test_python_dash_m_gravac() -> None:
     argv = ["bench", "compressors", "--size", "1K", "--workers", "1", "--repeats", "1"]
     argv += ["--compressors", "none", "--json"]

@@ -15,8 +15,8 @@ from torch.nn.parallel import DistributedDataParallel
 from gravac import GravacOptimizer
 from gravac.control.controller import cf_key
 from gravac.ddp import GravacHookState, gravac_hook
-from gravac.launch import spawn_workers
 from tests.helpers import batch, counter_clock, tiny_model
+from tests.workers import Workers
 
 pytestmark = pytest.mark.slow
 STEPS = 10
@@ -98,8 +98,10 @@ def hook_and_optimizer(
 @pytest.mark.parametrize(
     ("bucket_view", "search"), [(False, "trial"), (True, "trial"), (True, "shadow")]
 )
-def test_the_hook_trains_exactly_as_the_optimizer_with_topk(bucket_view: bool, search: str) -> None:
-    results = spawn_workers(
+def test_the_hook_trains_exactly_as_the_optimizer_with_topk(
+    bucket_view: bool, search: str, gloo_pools: Workers
+) -> None:
+    results = gloo_pools.run(
         hook_and_optimizer, 2, "topk", bucket_view, search, timeout=SPAWN_TIMEOUT
     )
     if search == "shadow":
@@ -116,8 +118,8 @@ def test_the_hook_trains_exactly_as_the_optimizer_with_topk(bucket_view: bool, s
 
 
 @pytest.mark.parametrize("compressor", ["thc", "powersgd", "randomk", "fp16"])
-def test_the_hook_keeps_ranks_identical(compressor: str) -> None:
-    results = spawn_workers(hook_and_optimizer, 2, compressor, timeout=SPAWN_TIMEOUT)
+def test_the_hook_keeps_ranks_identical(compressor: str, gloo_pools: Workers) -> None:
+    results = gloo_pools.run(hook_and_optimizer, 2, compressor, timeout=SPAWN_TIMEOUT)
     assert results[0]["decisions_b"] == results[1]["decisions_b"]
     assert results[0]["deliverable_b"]
     for pa, pb in zip(results[0]["params_b"], results[1]["params_b"], strict=True):
@@ -150,8 +152,10 @@ def nan_on_one_rank(rank: int, world_size: int, bucket_view: bool) -> dict[str, 
 
 
 @pytest.mark.parametrize("bucket_view", [False, True])
-def test_a_nonfinite_gradient_on_one_rank_gives_nan_on_every_rank(bucket_view: bool) -> None:
-    for r in spawn_workers(nan_on_one_rank, 2, bucket_view, timeout=SPAWN_TIMEOUT):
+def test_a_nonfinite_gradient_on_one_rank_gives_nan_on_every_rank(
+    bucket_view: bool, gloo_pools: Workers
+) -> None:
+    for r in gloo_pools.run(nan_on_one_rank, 2, bucket_view, timeout=SPAWN_TIMEOUT):
         assert r["all_nan"] and r["residuals_kept"]
         assert (r["steps"], r["skipped"]) == (3, 1)
 
@@ -194,8 +198,8 @@ def conservation(rank: int, world_size: int) -> dict[str, Any]:
     return {"error": error, "keys": sorted(keys_seen), "units": sorted(state._units)}
 
 
-def test_error_feedback_survives_ddps_bucket_rebuild() -> None:
-    (r,) = spawn_workers(conservation, 1, timeout=SPAWN_TIMEOUT)
+def test_error_feedback_survives_ddps_bucket_rebuild(gloo_pools: Workers) -> None:
+    (r,) = gloo_pools.run(conservation, 1, timeout=SPAWN_TIMEOUT)
     assert r["error"] < 1e-5
     assert len(r["keys"]) > len(r["units"])  # the first buckets were retired by the rebuild
 
@@ -228,9 +232,9 @@ def resume(rank: int, world_size: int, compressor: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("compressor", ["topk", "powersgd"])
-def test_a_pickled_state_resumes_bit_exactly(compressor: str) -> None:
+def test_a_pickled_state_resumes_bit_exactly(compressor: str, gloo_pools: Workers) -> None:
     """powersgd: its ranks depend on the model's shapes, which the state carries."""
-    for r in spawn_workers(resume, 2, compressor, timeout=SPAWN_TIMEOUT):
+    for r in gloo_pools.run(resume, 2, compressor, timeout=SPAWN_TIMEOUT):
         assert r["same"] and r["steps"] == STEPS
 
 
@@ -267,11 +271,11 @@ def mixed_bucket_buffers(rank: int, world_size: int) -> list[tuple[int, int]]:
     return seen
 
 
-def test_a_mixed_bucket_alternates_two_buffers() -> None:
+def test_a_mixed_bucket_alternates_two_buffers(gloo_pools: Workers) -> None:
     """A bucket of weights and biases is gathered into a buffer of the hook's, handed to the
     engine: from the second step on, that buffer and the residual swap storage every step (no
     new gradient-sized tensor a step)."""
-    for seen in spawn_workers(mixed_bucket_buffers, 2, timeout=SPAWN_TIMEOUT):
+    for seen in gloo_pools.run(mixed_bucket_buffers, 2, timeout=SPAWN_TIMEOUT):
         assert all(seen[t] == seen[t - 1][::-1] for t in (2, 3))
 
 
@@ -296,8 +300,8 @@ def kept_after_rebuild(rank: int, world_size: int, compressor: str) -> dict[str,
 
 
 @pytest.mark.parametrize("compressor", ["fp16", "powersgd"])
-def test_a_retired_unit_leaves_no_compressor_state(compressor: str) -> None:
+def test_a_retired_unit_leaves_no_compressor_state(compressor: str, gloo_pools: Workers) -> None:
     """DDP rebuilds its buckets after the first step: the units of the first buckets are
     retired, and the compressor drops their buffers (a 16-bit payload each) and bases."""
-    for out in spawn_workers(kept_after_rebuild, 2, compressor, timeout=SPAWN_TIMEOUT):
+    for out in gloo_pools.run(kept_after_rebuild, 2, compressor, timeout=SPAWN_TIMEOUT):
         assert out["retired"] and out["kept"] and out["kept"] <= out["alive"]

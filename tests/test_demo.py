@@ -11,14 +11,15 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from gravac.cli import main
 from gravac.demo import DemoConfig
 
-pytestmark = pytest.mark.slow
 STEPS = 120
 #: test accuracy the CI-sized run must reach (measured about 0.95 at 120 steps)
 MIN_ACCURACY = 0.85
 
 
+@pytest.mark.slow
 def test_demo_json_reaches_accuracy_and_saves_bytes(tmp_path: Path) -> None:
     log_dir = tmp_path / "run"
     out = subprocess.run(
@@ -56,15 +57,13 @@ def test_demo_json_reaches_accuracy_and_saves_bytes(tmp_path: Path) -> None:
     assert "demo/test_accuracy" in acc.Tags()["scalars"]
 
 
-def test_demo_rejects_bad_options() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "gravac", "demo", "--max-steps", "0", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode != 0
-    assert "--max-steps must be an integer >= 1, got 0" in out.stderr
+def test_demo_rejects_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
+    """Checked before any worker starts: run in this process (tests/test_cli.py runs
+    ``python -m gravac``)."""
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", "--max-steps", "0", "--json"])
+    assert exc.value.code != 0
+    assert "--max-steps must be an integer >= 1, got 0" in capsys.readouterr().err
 
 
 def test_cuda_device_needs_a_gpu_per_worker() -> None:

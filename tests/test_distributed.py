@@ -12,9 +12,9 @@ import torch
 from gravac import GravacOptimizer, broadcast_parameters, compressors, simulate
 from gravac.control.shadow_search import ShadowController
 from gravac.control.trial import MIN_WARMUP_STEPS
-from gravac.launch import spawn_workers
 from gravac.memory import ResidualMemory
 from tests.helpers import batch, counter_clock, tiny_model, train_step
+from tests.workers import Workers
 
 pytestmark = pytest.mark.slow
 STEPS = 12
@@ -103,8 +103,8 @@ def _aggregate_check(
 
 
 @pytest.fixture(scope="module")
-def two_ranks() -> list[dict[str, Any]]:
-    return spawn_workers(train_many, 2, VARIANTS, timeout=SPAWN_TIMEOUT)
+def two_ranks(gloo_pools: Workers) -> list[dict[str, Any]]:
+    return gloo_pools.run(train_many, 2, VARIANTS, timeout=SPAWN_TIMEOUT)
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
@@ -146,8 +146,8 @@ def four_rank_run(rank: int, world_size: int) -> dict[str, Any]:
     return {"cfs": cfs, "params": [p.detach().clone() for p in model.parameters()]}
 
 
-def test_four_ranks_agree() -> None:
-    results = spawn_workers(four_rank_run, 4, timeout=SPAWN_TIMEOUT)
+def test_four_ranks_agree(gloo_pools: Workers) -> None:
+    results = gloo_pools.run(four_rank_run, 4, timeout=SPAWN_TIMEOUT)
     for r in results[1:]:
         assert r["cfs"] == results[0]["cfs"]
         for a, b in zip(results[0]["params"], r["params"], strict=True):
@@ -186,8 +186,8 @@ def resume_run(rank: int, world_size: int) -> dict[str, Any]:
     return {"same": same}
 
 
-def test_resume_across_two_ranks_is_bit_exact() -> None:
-    results = spawn_workers(resume_run, 2, timeout=SPAWN_TIMEOUT)
+def test_resume_across_two_ranks_is_bit_exact(gloo_pools: Workers) -> None:
+    results = gloo_pools.run(resume_run, 2, timeout=SPAWN_TIMEOUT)
     assert all(r["same"] for r in results)
 
 
@@ -233,9 +233,9 @@ def nan_on_one_rank(
     [("topk", 2**30), ("fp16", 2**30), ("topk", 4096), ("dgc", 4096)],
 )
 def test_nonfinite_gradient_on_one_rank_skips_the_step_on_all(
-    compressor: str, bucket_bytes: int
+    compressor: str, bucket_bytes: int, gloo_pools: Workers
 ) -> None:
-    results = spawn_workers(nan_on_one_rank, 2, compressor, bucket_bytes, timeout=SPAWN_TIMEOUT)
+    results = gloo_pools.run(nan_on_one_rank, 2, compressor, bucket_bytes, timeout=SPAWN_TIMEOUT)
     assert torch.equal(results[0]["params"], results[1]["params"])
     for r in results:
         assert r["skipped"] == [0, 0, 0, 1, 1, 1]
@@ -280,9 +280,11 @@ def nonfinite_bias_on_one_rank(
 @pytest.mark.parametrize("compressor", ["topk", "none"])
 @pytest.mark.parametrize("value", [math.nan, math.inf])
 def test_a_nonfinite_dense_gradient_on_one_rank_skips_the_step_on_all(
-    compressor: str, value: float
+    compressor: str, value: float, gloo_pools: Workers
 ) -> None:
-    results = spawn_workers(nonfinite_bias_on_one_rank, 2, compressor, value, timeout=SPAWN_TIMEOUT)
+    results = gloo_pools.run(
+        nonfinite_bias_on_one_rank, 2, compressor, value, timeout=SPAWN_TIMEOUT
+    )
     for r in results:
         assert r == {"skipped": [0, 0, 1, 1], "unchanged": [False, False, True, False]}
 
@@ -337,13 +339,13 @@ _TOPK_STEP = ["all_gather", "all_gather", "all_reduce", "all_gather"]
     ],
 )
 def test_a_step_issues_its_payloads_and_one_scalar_gather(
-    compressor: str, expected: list[list[str]]
+    compressor: str, expected: list[list[str]], gloo_pools: Workers
 ) -> None:
     """The step's scalars (non-finite flag, step time, gain terms) ride in one all-gather
     beside the payloads: no other collective of the step's own (the old step made two scalar
     all-gathers and a stats all-reduce before the payloads), but for one all-reduce at a
     window's end under the search by shadow."""
-    for steps in spawn_workers(collectives_per_step, 2, compressor, timeout=SPAWN_TIMEOUT):
+    for steps in gloo_pools.run(collectives_per_step, 2, compressor, timeout=SPAWN_TIMEOUT):
         assert steps == expected
 
 
@@ -400,11 +402,13 @@ def shadow_run(rank: int, world_size: int, horizon: int, warmup: int) -> dict[st
 
 
 @pytest.mark.parametrize(("horizon", "warmup"), [(1, 2), (2, 2), (2, MIN_WARMUP_STEPS + 1)])
-def test_the_search_by_shadow_decides_alike_on_two_ranks(horizon: int, warmup: int) -> None:
+def test_the_search_by_shadow_decides_alike_on_two_ranks(
+    horizon: int, warmup: int, gloo_pools: Workers
+) -> None:
     """A warm-up long enough for the link model to end it sends the top of the ladder at its
     first and third steps (gravac.control.shadow_search.TOP_WARMUP_STEPS), a shorter one
     theta_min."""
-    r0, r1 = spawn_workers(shadow_run, 2, horizon, warmup, timeout=SPAWN_TIMEOUT)
+    r0, r1 = gloo_pools.run(shadow_run, 2, horizon, warmup, timeout=SPAWN_TIMEOUT)
     assert r0["records"] == r1["records"]  # the CFs sent, every shadow gain and signal share
     low, top = r0["ends"]
     first = [cf for cf, _, _ in r0["records"][:3]]

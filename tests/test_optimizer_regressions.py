@@ -19,8 +19,9 @@ from torch import nn
 from gravac import GravacOptimizer, broadcast_parameters
 from gravac.buckets import DEFAULT_BUCKET_BYTES
 from gravac.control.controller import cf_key
-from gravac.launch import free_port, spawn_workers
+from gravac.launch import free_port
 from tests.helpers import batch, counter_clock, tiny_model, train_step
+from tests.workers import Workers
 
 
 def make(model: nn.Module, **kw: Any) -> GravacOptimizer:
@@ -141,8 +142,8 @@ def _two_rank_monitor(rank: int, world_size: int, log_dir: str) -> int:
 
 
 @pytest.mark.slow
-def test_only_rank_zero_writes_event_files(tmp_path: Any) -> None:
-    assert spawn_workers(_two_rank_monitor, 2, str(tmp_path), timeout=240.0) == [3, 3]
+def test_only_rank_zero_writes_event_files(tmp_path: Any, gloo_pools: Workers) -> None:
+    assert gloo_pools.run(_two_rank_monitor, 2, str(tmp_path), timeout=240.0) == [3, 3]
     assert [p.name for p in sorted(tmp_path.iterdir())] == ["rank-0"]
 
 
@@ -179,8 +180,8 @@ def _group_after_construction(rank: int, world_size: int, port: int) -> dict[str
 
 
 @pytest.mark.slow
-def test_the_group_is_joined_at_the_first_step() -> None:
-    out = spawn_workers(_group_after_construction, 2, free_port(), timeout=240.0)
+def test_the_group_is_joined_at_the_first_step(gloo_pools: Workers) -> None:
+    out = gloo_pools.run(_group_after_construction, 2, free_port(), timeout=240.0)
     assert [o["world_size"] for o in out] == [2, 2]
     assert [o["resumed_world_size"] for o in out] == [2, 2]
     for a, b in zip(out[0]["params"], out[1]["params"], strict=True):
@@ -234,8 +235,8 @@ def _grad_on_rank_zero_only(rank: int, world_size: int) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-def test_a_gradient_on_one_rank_counts_as_zeros_on_the_others() -> None:
-    out = spawn_workers(_grad_on_rank_zero_only, 2, timeout=240.0)
+def test_a_gradient_on_one_rank_counts_as_zeros_on_the_others(gloo_pools: Workers) -> None:
+    out = gloo_pools.run(_grad_on_rank_zero_only, 2, timeout=240.0)
     assert torch.equal(out[0]["extra"], out[1]["extra"])
     assert not torch.equal(out[0]["extra"], torch.ones(8, 8))  # it trained, on both ranks
     assert all(torch.equal(o["never"], torch.ones(8, 8)) and o["never_grad"] is None for o in out)
@@ -273,8 +274,10 @@ def _disagreeing(rank: int, world_size: int, case: str) -> str:
         ("shapes", "the parameters"),
     ],
 )
-def test_ranks_that_disagree_raise_on_every_rank(case: str, named: str) -> None:
-    out = spawn_workers(_disagreeing, 2, case, timeout=240.0)
+def test_ranks_that_disagree_raise_on_every_rank(
+    case: str, named: str, gloo_pools: Workers
+) -> None:
+    out = gloo_pools.run(_disagreeing, 2, case, timeout=240.0)
     for message in out:
         assert message.startswith("ranks disagree on") and named in message, message
         assert "ranks [1] differ from rank 0" in message
@@ -325,9 +328,9 @@ def _overflowing_sum(rank: int, world_size: int, compressor: str) -> dict[str, A
 
 
 @pytest.mark.slow
-def test_a_non_finite_aggregate_skips_the_step_on_every_rank() -> None:
+def test_a_non_finite_aggregate_skips_the_step_on_every_rank(gloo_pools: Workers) -> None:
     """The all-reduced sum of finite contributions overflows."""
-    out = spawn_workers(_overflowing_sum, 2, "none", timeout=240.0)
+    out = gloo_pools.run(_overflowing_sum, 2, "none", timeout=240.0)
     for o in out:
         assert o == {
             "finite": True,
@@ -339,11 +342,11 @@ def test_a_non_finite_aggregate_skips_the_step_on_every_rank() -> None:
 
 
 @pytest.mark.slow
-def test_a_sparse_mean_of_values_whose_sum_overflows_is_applied() -> None:
+def test_a_sparse_mean_of_values_whose_sum_overflows_is_applied(gloo_pools: Workers) -> None:
     """A sparsifier divides the gathered values by the world size before summing them: the
     mean of finite values is finite (their payloads cannot vouch for it, so the engine checks
     it), and the step is taken on every rank."""
-    out = spawn_workers(_overflowing_sum, 2, "topk", timeout=240.0)
+    out = gloo_pools.run(_overflowing_sum, 2, "topk", timeout=240.0)
     for o in out:
         assert o["skipped"] == 0 and not o["unchanged"] and o["finite"]
 
@@ -376,8 +379,8 @@ def _grad_scaler(rank: int, world_size: int) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-def test_grad_scaler_skips_an_inf_step_on_every_rank() -> None:
-    out = spawn_workers(_grad_scaler, 2, timeout=240.0)
+def test_grad_scaler_skips_an_inf_step_on_every_rank(gloo_pools: Workers) -> None:
+    out = gloo_pools.run(_grad_scaler, 2, timeout=240.0)
     assert [(o["scale"], o["steps"], o["skipped"]) for o in out] == [(2.0**15, 4, 1)] * 2
     for a, b in zip(out[0]["params"], out[1]["params"], strict=True):
         assert torch.equal(a, b)
@@ -429,8 +432,8 @@ def _batchnorm(rank: int, world_size: int, sync: bool) -> list[torch.Tensor]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sync", [True, False])
-def test_buffers_are_synchronised_on_request(sync: bool) -> None:
-    out = spawn_workers(_batchnorm, 2, sync, timeout=240.0)
+def test_buffers_are_synchronised_on_request(sync: bool, gloo_pools: Workers) -> None:
+    out = gloo_pools.run(_batchnorm, 2, sync, timeout=240.0)
     same = all(torch.equal(a, b) for a, b in zip(out[0], out[1], strict=True))
     assert same == sync  # without it, each rank's running statistics drift apart
 
@@ -478,9 +481,9 @@ def _transformer(rank: int, world_size: int, compressor: str) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-def test_small_transformer_is_compressed_and_learns_like_dense() -> None:
-    dense = spawn_workers(_transformer, 2, "none", timeout=300.0)
-    topk = spawn_workers(_transformer, 2, "topk", timeout=300.0)
+def test_small_transformer_is_compressed_and_learns_like_dense(gloo_pools: Workers) -> None:
+    dense = gloo_pools.run(_transformer, 2, "none", timeout=300.0)
+    topk = gloo_pools.run(_transformer, 2, "topk", timeout=300.0)
     assert topk[0]["compressed"] and not dense[0]["compressed"]
     for a, b in zip(topk[0]["params"], topk[1]["params"], strict=True):
         assert torch.equal(a, b)

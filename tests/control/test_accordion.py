@@ -22,8 +22,8 @@ from gravac.control.accordion import AccordionController, is_critical
 from gravac.control.controller import ControllerConfig, Plan
 from gravac.control.factory import make_controller
 from gravac.ddp import GravacHookState, gravac_hook
-from gravac.launch import spawn_workers
 from tests.helpers import batch, counter_clock, tiny_model, train_step
+from tests.workers import Workers
 
 LOW, HIGH = 2.0, 20.0
 #: two layers (stable ids) of three elements each, in one unit
@@ -332,8 +332,9 @@ def front_ends(rank: int, world_size: int, eta: float) -> dict[str, Any]:
     return out
 
 
-def test_both_front_ends_agree_across_ranks_and_with_each_other() -> None:
-    results = spawn_workers(front_ends, 2, ETA, timeout=SPAWN_TIMEOUT)
+@pytest.mark.slow
+def test_both_front_ends_agree_across_ranks_and_with_each_other(gloo_pools: Workers) -> None:
+    results = gloo_pools.run(front_ends, 2, ETA, timeout=SPAWN_TIMEOUT)
     for r in results:
         assert r["optimizer"]["cfs"] == r["hook"]["cfs"]
         assert r["optimizer"]["wire"] == r["hook"]["wire"]
@@ -389,5 +390,5 @@ def resume(rank: int, world_size: int, front_end: str) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("front_end", ["optimizer", "hook"])
-def test_a_checkpoint_resumes_bit_exactly(front_end: str) -> None:
-    assert all(spawn_workers(resume, 2, front_end, timeout=SPAWN_TIMEOUT))
+def test_a_checkpoint_resumes_bit_exactly(front_end: str, gloo_pools: Workers) -> None:
+    assert all(gloo_pools.run(resume, 2, front_end, timeout=SPAWN_TIMEOUT))

@@ -13,9 +13,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from gravac.ddp import GravacHookState, gravac_hook
-from gravac.launch import free_port, spawn_workers
+from gravac.launch import free_port
 from tests.helpers import batch, tiny_model
 from tests.integrations._run import EXAMPLES, STEPS, assert_compressed, run_example
+from tests.workers import Workers
 
 pl = pytest.importorskip("lightning.pytorch")
 from gravac.integrations.lightning import GravacCallback  # noqa: E402
@@ -95,8 +96,8 @@ def save_after_steps(rank: int, world_size: int) -> dict[str, Any]:
     return GravacCallback(state).state_dict()
 
 
-def test_a_checkpoint_is_restored_on_the_group_lightning_started() -> None:
-    [saved] = spawn_workers(save_after_steps, 1, timeout=SPAWN_TIMEOUT)
+def test_a_checkpoint_is_restored_on_the_group_lightning_started(gloo_pools: Workers) -> None:
+    [saved] = gloo_pools.run(save_after_steps, 1, timeout=SPAWN_TIMEOUT)
     assert saved["steps"] == 3
-    [result] = spawn_workers(restore_before_joining, 1, saved, timeout=SPAWN_TIMEOUT)
+    [result] = gloo_pools.run(restore_before_joining, 1, saved, timeout=SPAWN_TIMEOUT)
     assert result["steps"] == 4

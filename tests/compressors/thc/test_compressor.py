@@ -62,8 +62,6 @@ def test_wire_bytes_of_both_transports() -> None:
     assert ctx.bits == 1 and ctx.achieved_cf == auto.deliverable_cf(CF_B4, 9) == 32 * 16 / 64
 
 
-
-
 @pytest.mark.parametrize("bits", [1, 2, 4, 8])
 def test_the_wire_cf_promised_is_the_one_the_payload_sends(bits: int) -> None:
     """For each width b and N = 2, 8, 64 ranks (the compressor's docstring table): the CF the

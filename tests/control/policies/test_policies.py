@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 
 import pytest
 
@@ -99,5 +100,13 @@ def test_noise_is_the_searchs_default_unless_told(name: str) -> None:
     assert policies.create("fixed", cf=10).noise is None
 
 
-def test_registry_names() -> None:
-    assert policies.names() == ["accordion", "exponential", "fixed", "geometric"]
+def test_the_registry_builds_each_policy_it_names_and_lists_them_when_refusing() -> None:
+    names = policies.names()
+    assert names and names == sorted(set(names))
+    for name in names:
+        policy = policies.create(name, **({"cf": 10.0} if name == "fixed" else {}))
+        assert type(policy) is policies.get(name) and policy.name == name
+    with pytest.raises(
+        ValueError, match=re.escape(f"unknown policy 'nope'; choose one of {names}")
+    ):
+        policies.create("nope")

@@ -27,6 +27,7 @@ def test_the_instrument_sees_a_temporary_allocation() -> None:
     assert 60 * MIB <= peak < 200 * MIB
 
 
+@pytest.mark.slow  # a fresh process per measurement
 def test_a_measurement_counts_the_residual() -> None:
     """topk keeps an error-feedback residual of the gradient's size: at least one gradient of
     extra memory; and far from the 4-8 gradients of float64 copies and fresh temporaries that
@@ -38,6 +39,7 @@ def test_a_measurement_counts_the_residual() -> None:
     assert "topk" in format_memory_table([row])
 
 
+@pytest.mark.slow  # a fresh process per measurement
 def test_the_command_line_prints_json() -> None:
     cmd = [sys.executable, "-m", "gravac", "bench", "memory", "--params", "4M"]
     cmd += ["--compressors", "none", "--steps", "1", "--threads", "1", "--width", "1024"]
@@ -47,6 +49,7 @@ def test_the_command_line_prints_json() -> None:
     assert row["width"] == 1024 and row["params"] == 4 * 1024 * 1024  # four 1024 x 1024 layers
 
 
+@pytest.mark.slow  # a fresh process per measurement
 def test_the_hook_front_measures_against_plain_ddp() -> None:
     """The DDP hook on a one-process gloo group: a residual and the error-fed gradient's own
     buffer beside DDP's bucket (at least one gradient), against plain DDP."""

@@ -2,13 +2,8 @@
 Using Tensor Homomorphic Compression", NSDI 2024; docs/design.md section 10).
 
 Every rank quantises its gradient onto integer levels that can be *summed* by the collective and
-decompressed once, after aggregation, so nothing is decompressed and re-compressed in between::
-
-    y = clamp(sqrt(B) / l * RHT(x), -t_p, t_p)                 rotate, normalise, clamp
-    u = (y + t_p) * g / (2 t_p)                                 onto [0, g]
-    z = SQ_T(u)                                                 index into T_{b,g,p}
-    send T[z] (allreduce, integer lanes) or z packed in b bits (allgather)
-    sum_i T[z_i]  ->  (S - N g / 2) * 2 t_p / g * l / sqrt(B)  ->  RHT^-1  ->  un-pad
+decompressed once, after aggregation (the pipeline, step by step, opens
+:mod:`~gravac.compressors.thc.encoding`).
 
 One module a job:
 

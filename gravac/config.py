@@ -23,14 +23,15 @@ from gravac import compressors
 from gravac.comm import Communicator
 from gravac.compressors.base import Compressor
 from gravac.control import policies
-from gravac.control.controller import ControllerConfig
-from gravac.control.policies.base import SEARCHES, ScalingPolicy
+from gravac.control.options import ControllerConfig
+from gravac.control.policies.base import ScalingPolicy
 from gravac.engine import Engine
 from gravac.memory import NoMemory
 
 __all__ = [
     "LOCAL_FIELDS",
     "NONFINITE_CHOICES",
+    "SEARCH_OPTIONS",
     "GravacConfig",
     "build_engine",
     "learning_rate",
@@ -41,6 +42,9 @@ __all__ = [
 NONFINITE_CHOICES = ("skip", "raise")
 #: fields that belong to one process (a log, a clock): not pickled with a hook state
 LOCAL_FIELDS = ("monitor", "clock")
+#: the search options, once policy options (``policy_options={"search": ...}``): that spelling
+#: still works, with a DeprecationWarning
+SEARCH_OPTIONS = ("search", "progress", "horizon", "noise")
 
 
 def learning_rate(optimizer: torch.optim.Optimizer | None) -> float | None:
@@ -86,14 +90,17 @@ class GravacConfig:
         policy: a ladder name (:func:`gravac.control.policies.names`: ``"exponential"``,
             ``"geometric"``, ``"fixed"``, ``"accordion"``) or a policy instance.
         policy_options: keyword options for a policy given by name (``{"cf": 100}`` for
-            ``"fixed"``; ``progress``, ``horizon``, ``noise`` for the searches that take them).
+            ``"fixed"``, ``{"ratio": 4}`` for a ladder).
         search: how an adaptive ladder's CFs are judged (``"auto"``, ``"shadow"``,
-            ``"trial"``, ``"paper"``; :data:`gravac.control.policies.base.SEARCHES`);
-            ``None``: the policy's default (``"auto"``). The spelling
-            ``policy_options={"search": ...}`` still works, with a ``DeprecationWarning``.
+            ``"trial"``, ``"paper"``; :data:`gravac.control.options.SEARCHES`); ``None``:
+            ``"auto"``.
+        progress, horizon, noise: options of the searches by trial and shadow (``None``: the
+            search's default). The spelling ``policy_options={"search": ...}`` (and the same
+            for these three) still works, with a ``DeprecationWarning``.
         theta_min, theta_max, epsilon, omega, window, warmup_steps, ewma_alpha: the
-            controller's hyperparameters (:class:`gravac.control.controller.ControllerConfig`
-            says what each means and why its default is what it is).
+            controller's hyperparameters (:class:`gravac.control.options.ControllerConfig`
+            says what each means and why its default is what it is, and checks the search
+            options).
         error_feedback: keep residuals of what was not sent (default) or drop them.
         batch_size: samples per rank per step, for throughput in samples/s; ``None`` measures
             steps/s times the world size (the same ranking of CFs).
@@ -111,6 +118,9 @@ class GravacConfig:
     policy: str | ScalingPolicy = "exponential"
     policy_options: Mapping[str, Any] | None = None
     search: str | None = None
+    progress: str | None = None
+    horizon: int | None = None
+    noise: bool | None = None
     theta_min: float = ControllerConfig.theta_min
     theta_max: float = ControllerConfig.theta_max
     epsilon: float = ControllerConfig.epsilon
@@ -135,12 +145,11 @@ class GravacConfig:
                 raise ValueError(
                     f"{label} must be a dict of keyword options or None, got {options!r}"
                 )
-        if self.search is not None and self.search not in SEARCHES:
-            raise ValueError(f"search must be one of {SEARCHES} or None, got {self.search!r}")
-        if self.search is not None and "search" in (self.policy_options or {}):
-            raise ValueError(
-                "search is given twice: as search and in policy_options; pass search alone"
-            )
+        for name in SEARCH_OPTIONS:
+            if getattr(self, name) is not None and name in (self.policy_options or {}):
+                raise ValueError(
+                    f"{name} is given twice: as {name} and in policy_options; pass {name} alone"
+                )
         if not isinstance(self.error_feedback, bool):
             raise ValueError(f"error_feedback must be True or False, got {self.error_feedback!r}")
         _check_monitor(self.monitor)
@@ -155,14 +164,16 @@ class GravacConfig:
             raise ValueError("compressor_options go with a compressor name, not an instance")
         if not isinstance(self.policy, str) and self.policy_options:
             raise ValueError("policy_options go with a policy name, not an instance")
-        if not isinstance(self.policy, str) and self.search is not None:
-            raise ValueError("search goes with a policy name, not an instance")
-        self.controller_config()  # checks the hyperparameters
+        self.controller_config()  # checks the hyperparameters and the search options
 
     def controller_config(self) -> ControllerConfig:
-        """The controller's hyperparameters (the fields of this config that it has)."""
+        """The controller's hyperparameters and search options (the fields of this config
+        that it has; a search option still given as a policy option counts as given here)."""
+        legacy = {k: v for k, v in (self.policy_options or {}).items() if k in SEARCH_OPTIONS}
         names = (f.name for f in dataclasses.fields(ControllerConfig))
-        return ControllerConfig(**{name: getattr(self, name) for name in names})
+        values = {name: legacy.get(name, getattr(self, name)) for name in names}
+        values["search"] = values["search"] or "auto"
+        return ControllerConfig(**values)
 
     def make_compressor(self) -> Compressor:
         """The compressor: the instance given, or a new one built by name."""
@@ -171,21 +182,22 @@ class GravacConfig:
         return self.compressor
 
     def make_policy(self) -> ScalingPolicy:
-        """The policy: the instance given, or a new one built by name with its options and
-        :attr:`search`."""
+        """The policy: the instance given, or a new one built by name with its options (but
+        the search options, which :meth:`controller_config` takes)."""
         if not isinstance(self.policy, str):
             return self.policy
         options = dict(self.policy_options or {})
-        if "search" in options:
+        legacy = [k for k in SEARCH_OPTIONS if k in options]
+        if legacy:
+            spelled = ", ".join(f"{k}=..." for k in legacy)
             warnings.warn(
-                "policy_options={'search': ...} is deprecated: pass search=... to gravac "
-                "(GravacOptimizer, GravacHookState, GravacConfig) instead",
+                f"policy_options={{{', '.join(repr(k) + ': ...' for k in legacy)}}} is "
+                f"deprecated: pass {spelled} to gravac (GravacOptimizer, GravacHookState, "
+                "GravacConfig) instead",
                 DeprecationWarning,
                 stacklevel=4,
             )
-        elif self.search is not None:
-            options["search"] = self.search
-        return policies.create(self.policy, **options)
+        return policies.create(self.policy, **{k: v for k, v in options.items() if k not in legacy})
 
     def options(self, *, local: bool = True) -> dict[str, Any]:
         """The fields as keyword options (without :data:`LOCAL_FIELDS` unless ``local``)."""

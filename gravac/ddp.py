@@ -318,7 +318,7 @@ class GravacHookState:
     def __repr__(self) -> str:
         e = self.engine
         return (
-            f"GravacHookState(compressor={e.compressor!r}, policy={e.controller.policy!r}, "
+            f"GravacHookState(compressor={e.compressor!r}, policy={e.policy!r}, "
             f"world_size={e.comm.world_size})"
         )
 

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from gravac import compressors
 from gravac.control import policies
-from gravac.control.controller import ControllerConfig
+from gravac.control.options import ControllerConfig
 from gravac.launch import spawn_workers
 from gravac.monitor import TensorBoardMonitor
 from gravac.optimizer import GravacOptimizer, broadcast_parameters

@@ -44,7 +44,7 @@ from gravac.buckets import (
 from gravac.comm import Communicator
 from gravac.compressors.base import Compressor
 from gravac.config import GravacConfig, build_engine, learning_rate
-from gravac.control.controller import Controller
+from gravac.control.protocol import Controller
 from gravac.engine import Engine, Given, Outcome, Step, Unit
 from gravac.memory import Memory
 from gravac.monitor import Monitor, StepRecord
@@ -555,8 +555,8 @@ class GravacOptimizer(torch.optim.Optimizer):
         )
         parts = {
             "the compressor": repr(self.compressor),
-            "the policy": repr(self.controller.policy),
-            "the controller settings": repr(self.controller.config),
+            "the policy": repr(self.engine.policy),
+            "the controller settings": repr(self.engine.controller_config),
             "the bucketing and error-feedback settings": settings,
             "the parameters (order, shapes, dtypes, requires_grad)": layout_text(params),
         }
@@ -614,7 +614,7 @@ class GravacOptimizer(torch.optim.Optimizer):
     def __repr__(self) -> str:
         return (
             f"GravacOptimizer({type(self.optimizer).__name__}, compressor={self.compressor!r}, "
-            f"policy={self.controller.policy!r}, world_size={self.comm.world_size})"
+            f"policy={self.engine.policy!r}, world_size={self.comm.world_size})"
         )
 
 

@@ -4,7 +4,8 @@ Each case trains the same small CNN on scikit-learn's digits with 2 gloo workers
 number of steps, through the optimizer or the DDP comm hook, with a counter clock (every call
 one second later) so that the searches' timing-based decisions are deterministic too. It prints
 one JSON line per case: the CFs sent at every step, the bytes sent, and a SHA-256 of the final
-parameters (and of rank 1's, which must equal rank 0's). Run it on two trees and compare::
+parameters (and of rank 1's, which must equal rank 0's); a case named ``...-decay`` drops the
+learning rate 10x halfway (a step schedule). Run it on two trees and compare::
 
     PYTHONPATH=/path/to/old python scripts/equivalence.py > old.jsonl
     PYTHONPATH=/path/to/new python scripts/equivalence.py > new.jsonl
@@ -33,6 +34,7 @@ CASES: tuple[tuple[str, str, str, str, dict[str, Any], dict[str, Any]], ...] = (
     ("topk-trial", "optimizer", "topk", "geometric", {"search": "trial"}, {}),
     ("topk-paper", "optimizer", "topk", "exponential", {"search": "paper"}, {}),
     ("topk-accordion", "optimizer", "topk", "accordion", {"interval": 5}, {}),
+    ("topk-accordion-decay", "optimizer", "topk", "accordion", {"interval": 5, "eta": 0.2}, {}),
     ("redsync-shadow-hook", "hook", "redsync", "exponential", {"search": "shadow"}, {}),
     ("dgc-fixed", "optimizer", "dgc", "fixed", {"cf": 100}, {}),
     ("thc-fixed", "optimizer", "thc", "fixed", {"cf": 16}, {}),
@@ -99,7 +101,10 @@ def _worker(rank: int, port: int, steps: int, case: tuple[Any, ...], queue: Any)
         sgd = torch.optim.SGD(model.parameters(), lr=0.05)
         engine = state.engine
     gen = torch.Generator().manual_seed(100 + rank)
-    for _ in range(steps):
+    for step in range(steps):
+        if name.endswith("-decay") and step == steps // 2:  # a step schedule's 10x drop
+            for group in sgd.param_groups:
+                group["lr"] *= 0.1
         idx = torch.randint(0, len(y), (32,), generator=gen)
         sgd.zero_grad()
         nn.functional.cross_entropy(net(x[idx]), y[idx]).backward()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import itertools
 import shutil
 import sys
@@ -76,6 +77,26 @@ def windowed_optimizer(
         sgd, window=window, warmup_steps=2, monitor=monitor, clock=counter_clock(), **options
     )
     return model, opt
+
+
+def resume_windowed(monitor: Records, window: int, split: int, end: int, **options: Any) -> None:
+    """Train steps ``[0, split)`` through :func:`windowed_optimizer`, then steps ``[split,
+    end)`` through a new one loaded from the first's state (model and optimizer), both logging
+    to ``monitor``."""
+    model_a, opt_a = windowed_optimizer(monitor, window, **options)
+    train_square(model_a, opt_a, range(split))
+    model_b, opt_b = windowed_optimizer(monitor, window, **options)
+    model_b.load_state_dict(model_a.state_dict())
+    opt_b.load_state_dict(opt_a.state_dict())
+    train_square(model_b, opt_b, range(split, end))
+
+
+def through_torch_save(payload: dict[str, Any]) -> dict[str, Any]:
+    """``payload`` saved with ``torch.save`` and loaded back, as a checkpoint is."""
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    buf.seek(0)
+    return dict(torch.load(buf, weights_only=False))
 
 
 def train_square(model: nn.Module, opt: torch.optim.Optimizer, steps: range) -> None:

@@ -3,7 +3,6 @@ optimizer front end, non-finite steps, bucket rebuilds and checkpoints."""
 
 from __future__ import annotations
 
-import io
 import pickle
 from typing import Any
 
@@ -13,9 +12,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from gravac import GravacOptimizer
-from gravac.control.controller import cf_key
+from gravac.control.tables import cf_key
 from gravac.ddp import GravacHookState, gravac_hook
-from tests.helpers import batch, counter_clock, tiny_model
+from tests.helpers import batch, counter_clock, through_torch_save, tiny_model
 from tests.workers import Workers
 
 pytestmark = pytest.mark.slow
@@ -80,6 +79,7 @@ def hook_and_optimizer(
         ]
         for recs in (records_a, records_b)
     ]
+    ctl = state.engine.controller
     return {
         "params_a": [p.detach().clone() for p in a.parameters()],
         "params_b": [p.detach().clone() for p in b.parameters()],
@@ -90,7 +90,7 @@ def hook_and_optimizer(
         # depend on the model's shapes, bound from the second step on)
         "deliverable_b": all(
             cf_key(state.engine.compressor.deliverable_cf(cf, world_size)) == cf
-            for cf in [state.engine.controller.theta_min, *state.engine.controller.gain]
+            for cf in [ctl.windows.theta_min, *ctl.windows.smoothed.gain]
         ),
     }
 
@@ -214,10 +214,9 @@ def resume(rank: int, world_size: int, compressor: str) -> dict[str, Any]:
     net, state = hooked(model, compressor)
     opt = sgd(model)
     fit(net, opt, rank, range(4))
-    buf = io.BytesIO()
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "hook": state}, buf)
-    buf.seek(0)
-    saved = torch.load(buf, weights_only=False)
+    saved = through_torch_save(
+        {"model": model.state_dict(), "opt": opt.state_dict(), "hook": state}
+    )
     model = tiny_model(seed=1)
     model.load_state_dict(saved["model"])
     net = DistributedDataParallel(model)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from gravac import GravacOptimizer, broadcast_parameters, compressors, simulate
-from gravac.control.shadow_search import ShadowController
-from gravac.control.trial import MIN_WARMUP_STEPS
+from gravac.control.searches.sent import MIN_WARMUP_STEPS
+from gravac.control.searches.shadow import ShadowController
 from gravac.memory import ResidualMemory
 from tests.helpers import batch, counter_clock, tiny_model, train_step
 from tests.workers import Workers
@@ -397,7 +397,7 @@ def shadow_run(rank: int, world_size: int, horizon: int, warmup: int) -> dict[st
         "untouched": untouched,
         "skipped": opt.skipped_steps,
         "params": [p.detach().clone() for p in model.parameters()],
-        "ends": (controller.theta_min, controller.ladder[-1]),
+        "ends": (controller.windows.theta_min, controller.ladder[-1]),
     }
 
 
@@ -406,7 +406,7 @@ def test_the_search_by_shadow_decides_alike_on_two_ranks(
     horizon: int, warmup: int, gloo_pools: Workers
 ) -> None:
     """A warm-up long enough for the link model to end it sends the top of the ladder at its
-    first and third steps (gravac.control.shadow_search.TOP_WARMUP_STEPS), a shorter one
+    first and third steps (gravac.control.searches.shadow.TOP_WARMUP_STEPS), a shorter one
     theta_min."""
     r0, r1 = gloo_pools.run(shadow_run, 2, horizon, warmup, timeout=SPAWN_TIMEOUT)
     assert r0["records"] == r1["records"]  # the CFs sent, every shadow gain and signal share

@@ -9,12 +9,20 @@ import pytest
 import torch
 from torch import nn
 
-from gravac import GravacOptimizer, TensorBoardMonitor
+from gravac import GravacOptimizer, TensorBoardMonitor, policies
 from gravac.buckets import DEFAULT_BUCKET_BYTES, join_flat
 from gravac.compressors.dense import CAST_BUCKET_BYTES
-from gravac.control.controller import cf_key
+from gravac.control.factory import make_controller
+from gravac.control.options import ControllerConfig
+from gravac.control.tables import cf_key
 from gravac.memory import NoMemory, ResidualMemory
 from tests.helpers import batch, counter_clock, tiny_model, train_step
+
+
+def send_dense(opt: GravacOptimizer) -> None:
+    """Make ``opt`` send every later step dense (CF 1)."""
+    fixed = policies.create("fixed", cf=1.0)
+    opt.engine.controller = make_controller(fixed, ControllerConfig(), opt.comm.world_size)
 
 
 def make(model: nn.Module, **kw: object) -> GravacOptimizer:
@@ -213,7 +221,7 @@ def test_freezing_mid_training_moves_the_residual_into_the_gradient() -> None:
     model[0].weight.requires_grad_(False)
     for p in model.parameters():
         p.grad = torch.zeros_like(p) if p.requires_grad else None
-    opt.controller.policy = __import__("gravac").policies.create("fixed", cf=1.0)
+    send_dense(opt)
     opt.step()
     offset = 0
     for p in bucket.params:
@@ -351,7 +359,8 @@ def test_every_compressor_under_every_policy(
         model,
         compressor=compressor,
         policy=policy,
-        policy_options={"cf": 20.0} if search is None else {"search": search},
+        policy_options={"cf": 20.0} if search is None else None,
+        search=search,
         warmup_steps=1,
         window=2,
         epsilon=0.0,  # always send the candidate, so every CF path really runs
@@ -468,7 +477,7 @@ def test_a_fixed_cf_measures_no_gains_and_none_keeps_no_residual() -> None:
         train_step(model, opt, 0, step)
     record = opt.last_record
     assert record is not None and math.isnan(record.gain_min_step)
-    assert not opt.controller.gain
+    assert not opt.controller.smoothed.gain
     assert isinstance(opt.memory, NoMemory) and opt.memory.residual(0) is None
 
 
@@ -543,6 +552,6 @@ def test_freezing_moves_a_split_tensors_residual_into_its_gradient() -> None:
     assert residual.abs().sum() > 0
     lin.bias.requires_grad_(False)  # a new layout: the old one's residuals are flushed
     lin.weight.grad, lin.bias.grad = torch.zeros(48, 64), None
-    opt.controller.policy = __import__("gravac").policies.create("fixed", cf=1.0)
+    send_dense(opt)
     opt.step()
     assert torch.equal(lin.weight.grad, residual)  # type: ignore[arg-type]

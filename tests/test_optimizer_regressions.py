@@ -18,7 +18,7 @@ from torch import nn
 
 from gravac import GravacOptimizer, broadcast_parameters
 from gravac.buckets import DEFAULT_BUCKET_BYTES
-from gravac.control.controller import cf_key
+from gravac.control.tables import cf_key
 from gravac.launch import free_port
 from tests.helpers import batch, counter_clock, tiny_model, train_step
 from tests.workers import Workers
@@ -119,8 +119,10 @@ def test_numpy_numbers_are_accepted() -> None:
         epsilon=np.float32(0.5),
         theta_min=np.int64(10),
     )
-    assert opt.controller.config.window == 4 and isinstance(opt.controller.config.window, int)
-    assert opt.controller.theta_min == 10.0
+    assert opt.engine.controller_config.window == 4 and isinstance(
+        opt.engine.controller_config.window, int
+    )
+    assert opt.controller.windows.theta_min == 10.0
 
 
 def test_lbfgs_is_refused_clearly() -> None:
@@ -497,6 +499,7 @@ def test_small_transformer_is_compressed_and_learns_like_dense(gloo_pools: Worke
 
 PAPER = {"search": "paper"}
 TRIAL = {"search": "trial"}
+FIXED = {"policy": "fixed", "policy_options": {"cf": 10}}
 
 
 def _trained(**kw: Any) -> tuple[nn.Module, GravacOptimizer]:
@@ -514,8 +517,9 @@ def _trained(**kw: Any) -> tuple[nn.Module, GravacOptimizer]:
         ({"compressor": "topk"}, {"compressor": "randomk"}, "saved with compressor TopK"),
         ({}, {"bucket_bytes": 1024}, "bucket layout"),
         ({"theta_min": 50.0}, {"theta_max": 20.0}, "theta_min 50 is outside"),
-        (PAPER, {}, "saved by Controller, this optimizer runs ShadowController"),
-        ({}, PAPER, "saved by ShadowController, this optimizer runs Controller"),
+        (PAPER, {}, "saved by PaperController, this optimizer runs ShadowController"),
+        ({}, PAPER, "saved by ShadowController, this optimizer runs PaperController"),
+        (PAPER, FIXED, "saved by PaperController, this optimizer runs StaticController"),
         (TRIAL, {"policy": "fixed", "policy_options": {"cf": 10}}, "saved by TrialController"),
     ],
 )
@@ -568,6 +572,40 @@ def test_a_checkpoint_from_before_the_kind_was_saved_is_still_checked() -> None:
     _, target = _trained()
     with pytest.raises(ValueError, match="saved by another controller"):
         target.load_state_dict(state)
+
+
+def test_an_older_checkpoint_names_its_search_by_its_phase() -> None:
+    """Checkpoints saved before the searches were split record kind "Controller" for
+    Algorithm 1 and a static CF alike: each loads into its own search only."""
+    for saved in (PAPER, FIXED):
+        _, source = _trained(**saved)
+        state = source.state_dict()
+        state["gravac"]["controller_kind"] = "Controller"
+        _, target = _trained(**saved)
+        target.load_state_dict(state)
+        assert (
+            target.state_dict()["gravac"]["controller"]
+            == source.state_dict()["gravac"]["controller"]
+        )
+        _, other = _trained(**(FIXED if saved is PAPER else PAPER))
+        kind = "PaperController" if saved is PAPER else "StaticController"
+        with pytest.raises(ValueError, match=f"saved by {kind}, this optimizer runs"):
+            other.load_state_dict(state)
+
+
+def test_an_older_accordion_checkpoint_brings_its_interval_sums() -> None:
+    """Accordion kept the interval's gradient sums itself before the engine did."""
+    accordion = {"policy": "accordion", "policy_options": {"interval": 5}}
+    _, source = _trained(**accordion)
+    state = source.state_dict()
+    norms = state["gravac"].pop("interval_norms")
+    assert norms["tracked"]  # three steps into a five-step interval
+    state["gravac"]["controller"]["accordion"].update(norms)
+    _, target = _trained(**accordion)
+    target.load_state_dict(state)
+    loaded = target.engine.norms.state_dict()
+    assert loaded["tracked"] == norms["tracked"]
+    assert all(torch.equal(loaded["acc"][k], v) for k, v in norms["acc"].items())
 
 
 def test_another_world_size_loads_with_a_warning() -> None:
@@ -652,7 +690,7 @@ def test_only_deliverable_cfs_are_planned_and_recorded(
     for r in records:
         assert r is not None and r.cf_sent in allowed and r.cf_achieved in allowed
         assert r.cf_candidate is None or r.cf_candidate in allowed
-    assert set(opt.controller.gain) <= allowed
+    assert set(opt.controller.windows.smoothed.gain) <= allowed
 
 
 def test_powersgd_plans_only_cfs_its_layout_delivers() -> None:
@@ -669,8 +707,10 @@ def test_powersgd_plans_only_cfs_its_layout_delivers() -> None:
     def deliverable(cf: float) -> bool:
         return cf_key(c.deliverable_cf(cf)) == cf
 
-    assert opt.controller.theta_min != 4.0  # this layout cannot deliver CF 4 exactly
+    assert opt.controller.windows.theta_min != 4.0  # this layout cannot deliver CF 4 exactly
     for r in records:
         assert r is not None and deliverable(r.cf_sent) and deliverable(r.theta_min)
         assert r.cf_candidate is None or deliverable(r.cf_candidate)
-    assert opt.controller.gain and all(deliverable(cf) for cf in opt.controller.gain)
+    assert opt.controller.windows.smoothed.gain and all(
+        deliverable(cf) for cf in opt.controller.windows.smoothed.gain
+    )

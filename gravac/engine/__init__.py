@@ -4,7 +4,7 @@
 gradients, one *unit* at a time (a compressed bucket, or a dense one of 1-D tensors), as soon
 as each is ready; the engine does the rest. For every step::
 
-    begin:   plan = controller.plan(); decision = controller.decide(plan)
+    begin:   plan = controller.plan(); the decision is plan.send
              (agreed through step t - 1, docs/design.md section 8: known before any gradient)
     launch:  x = g + e                                      (error feedback, per unit)
              X_min = C(x, theta_min); X_c = C(X_min, theta_c / theta_min)   (multi-level)
@@ -20,12 +20,13 @@ as each is ready; the engine does the rest. For every step::
              sized temporary); a non-finite mean: skip (a mean that the compressor bounds well
              inside the range, from the agreed bound on every rank's |x|, is not looked at:
              Compressor.mean_bound). A skip leaves residuals, compressor and controller
-             untouched on every rank (aggregates NaN); else e <- e', fold the agreed gains and
-             step time into the controller. A front end that hands its buffer over
-             (``launch(..., Given())``, the optimizer) has x formed in it; it becomes the residual
-             and the mean lands in the old residual's storage: two gradient-sized buffers a
-             unit, where a buffer of x's own would make three
-    finish:  count and log the step; the controller's window rules
+             untouched on every rank (aggregates NaN); else e <- e', and the agreed gains and
+             step time are shown to the controller (controller.observe(Observation(...))).
+             A front end that hands its buffer over (``launch(..., Given())``, the
+             optimizer) has x formed in it; it becomes the residual and the mean lands in the
+             old residual's storage: two gradient-sized buffers a unit, where a buffer of x's
+             own would make three
+    finish:  count and log the step
 
 Units must be launched in the same order on every rank (collectives pair up by order). The
 decision never waits for the step's own gains, so each unit's collective starts while backward

@@ -26,11 +26,17 @@ from gravac.compressors.base import (
     payload_tensors,
     wire_bytes,
 )
-from gravac.control.controller import Controller, ControllerConfig, Decision, Plan, cf_key
 from gravac.control.factory import make_controller
 from gravac.control.noise import signal_fraction, signal_payload
+from gravac.control.norms import IntervalNorms
+from gravac.control.options import ControllerConfig
 from gravac.control.policies.base import ScalingPolicy
+from gravac.control.protocol import Controller
+from gravac.control.records import DENSE, Decision, Observation, Plan, Report, Sample, Skipped
 from gravac.control.replay import ShadowSums
+from gravac.control.searches.paper import PaperController
+from gravac.control.searches.static import PHASE as STATIC_PHASE
+from gravac.control.searches.static import StaticController
 from gravac.control.window import WindowSums
 from gravac.engine.records import (
     PIECE_KEY_BASE,
@@ -56,8 +62,6 @@ __all__ = ["Engine", "all_finite"]
 #: it computes (:meth:`Compressor.mean_bound`) by the dtype's largest finite value over this:
 #: the bounds leave out rounding (a factor ``1 + 2^-24`` per addition in float32, far from 2)
 _BOUND_MARGIN = 2.0
-#: what a step that compresses nothing sends
-_DENSE = Decision(cf=1.0, which="dense")
 
 
 def all_finite(tensors: Sequence[Tensor]) -> bool:
@@ -97,6 +101,7 @@ class _Seen:
     plan: Plan
     decision: Decision
     compressed: list[Flight]
+    report: Report
     gain_min: float = math.nan
     gain_candidate: float | None = None
     gain_window: float = math.nan
@@ -144,7 +149,8 @@ class Engine:
         self.compressor = compressor  # compresses every compressed unit
         self.comm = comm  # the process group the units are aggregated in
         self.memory = memory  # error-feedback residuals, by unit key
-        self.controller = self._make_controller(config, policy)  # decides the CFs
+        self.policy, self.controller_config = policy, config  # what the controller runs
+        self.controller = self._make_controller()  # decides the CFs
         self.batch_size = batch_size  # samples per rank per step, for system throughput
         self.nonfinite = nonfinite  # "skip" or "raise"
         self.clock = clock  # seconds
@@ -164,6 +170,8 @@ class Engine:
         self.windows = WindowSums()
         # the shadow residuals and sums of the CFs the controller judges unsent (sampled)
         self.shadows = ShadowSums()
+        # each layer's gradients summed over the interval (plans with `norms`: Accordion)
+        self.norms = IntervalNorms()
 
         # Statistics.
         self.steps = 0  # steps taken (skipped ones not counted)
@@ -190,7 +198,7 @@ class Engine:
                     "its first step) after init_process_group"
                 )
             self.comm = Communicator(None)
-            self.controller = self._make_controller(self.controller.config, self.controller.policy)
+            self.controller = self._make_controller()
         self._open_monitor()
 
     def bind_shapes(self, shapes: Sequence[torch.Size]) -> None:
@@ -200,12 +208,12 @@ class Engine:
         self.compressor.bind_shapes(shapes)
         self.controller.resnap()
 
-    def _make_controller(self, config: ControllerConfig, policy: ScalingPolicy) -> Controller:
+    def _make_controller(self) -> Controller:
         """A controller that plans only CFs this compressor delivers at this world size."""
         world, c = self.comm.world_size, self.compressor
         return make_controller(
-            policy,
-            config,
+            self.policy,
+            self.controller_config,
             world,
             lambda cf: c.deliverable_cf(cf, world),
             replayable=isinstance(c, Replayable) and type(self.memory) is ResidualMemory,
@@ -231,11 +239,10 @@ class Engine:
         Args:
             lr: the wrapped optimizer's learning rate (Accordion reacts to its decays).
         """
-        self.controller.note_lr(lr)
         plan = self.controller.plan()
         snapshot = copy.deepcopy(self.compressor.state_dict())
         terms = torch.zeros(terms_size(len(plan.shadows)), dtype=torch.float64)
-        return Step(self.steps, plan, self.controller.decide(plan), snapshot, terms=terms)
+        return Step(self.steps, plan, plan.send, snapshot, terms=terms, lr=lr)
 
     def launch(
         self,
@@ -313,8 +320,8 @@ class Engine:
 
         ``None``: it writes the gradients alone and :meth:`launch` compensates them. That is
         the case for a dense unit, one with a missing gradient (``complete=False``) or residual
-        pieces to ``carry`` in, per-layer CFs, a controller that reads the gradient alone
-        (:attr:`Controller.tracks_gradients`), a memory that keeps more than a residual, and
+        pieces to ``carry`` in, per-layer CFs, a plan that sums the gradient alone
+        (:attr:`gravac.control.records.Plan.norms`), a memory that keeps more than a residual, and
         the first step.
         """
         if not self._packable(step, unit, complete, carry):
@@ -323,7 +330,7 @@ class Engine:
 
     def _packable(self, step: Step, unit: Unit, complete: bool, carry: bool) -> bool:
         """Whether :meth:`launch` may take ``unit`` packed (see :meth:`addend`)."""
-        if not unit.compressed or not complete or carry or self.controller.tracks_gradients:
+        if not unit.compressed or not complete or carry or step.plan.norms:
             return False
         return len(set(step.plan.cfs_for(unit.layer_ids))) == 1
 
@@ -339,7 +346,8 @@ class Engine:
         given: Given | None,
     ) -> Flight:
         c, plan = self.compressor, step.plan
-        self.controller.track(unit.layer_ids, flat, unit.numels)
+        if plan.norms:
+            self.norms.add(unit.layer_ids, flat, unit.numels)
         # every tensor has a gradient here: nothing reads x after the send (the residual update
         # is settled now, or a dense send zeroes it), so the window's sample is taken first
         early = settle and carry is None
@@ -531,7 +539,7 @@ class Engine:
         step.flags = len(has_grad)
         bounds = [b.reshape(-1) for b in step.bounds if b.numel()]
         device = bounds[0].device if bounds else None
-        values = torch.tensor(self.controller.local_values(), dtype=torch.float64)
+        values = torch.tensor(self._local_values(step), dtype=torch.float64)
         step.values = len(values)
         row = Row(
             nonfinite=not _ends_finite(step.ends),
@@ -551,6 +559,16 @@ class Engine:
             step.signal = self.comm.all_reduce_async(payload)
             waits.append(step.signal)
         return collect(waits)
+
+    def _local_values(self, step: Step) -> list[float]:
+        """What this rank adds to the step's scalars for the controller: with a plan's
+        ``norms``, its learning rate (NaN: unknown) and, at an interval's last step, each
+        layer's norm of its summed gradients."""
+        plan = step.plan
+        if not plan.norms:
+            return []
+        lr = math.nan if step.lr is None else float(step.lr)
+        return [lr, *(self.norms.local_norms() if plan.norms_due else [])]
 
     def commit(self, step: Step) -> Outcome:
         """Apply a step whose :meth:`close` future has completed, in five stages: check the
@@ -629,19 +647,19 @@ class Engine:
             if f.shadow is not None:
                 self._replay(f, step.plan)
         if step.plan.window_terms:
-            keep = self.controller.horizon - 1  # windows the next gains span too
+            keep = step.plan.horizon - 1  # windows the next gains span too
             self.windows.clear(keep)
             self.shadows.clear(keep)
 
     def _observe(self, step: Step, table: Table) -> _Seen:
-        """Stage 4: the agreed gains, throughput and values folded into the controller (when
+        """Stage 4: the agreed gains, throughput and values shown to the controller (when
         something was compressed: otherwise nothing was searched)."""
         compressed = [f for f in step.flights if f.unit.compressed]
         plan, decision = step.plan, step.decision
         if not compressed:  # nothing to compress: no gains, no search
-            plan, decision = Plan(theta_min=plan.theta_min, candidate=None, measure=False), _DENSE
+            plan, decision = Plan(plan.cf, DENSE, measure=False), DENSE
         terms: Terms = table.summed_terms
-        seen = _Seen(plan, decision, compressed)
+        seen = _Seen(plan, decision, compressed, Report(self.controller.phase))
         seen.gain_min = terms.gain_min if plan.measure else math.nan
         if plan.candidate is not None and plan.measure:
             seen.gain_candidate = terms.gain_candidate
@@ -651,45 +669,66 @@ class Engine:
             seen.gain_window = terms.gain_window
         if not compressed:
             return seen
-        ctl = self.controller
-        interval, exposed = table.interval, table.exposed
-        samples = (self.batch_size or 1) * self.comm.world_size
-        if interval > 0 and self.last_cf is not None:
-            ctl.record_throughput(self.last_cf, samples / interval)
-        if exposed >= 0 and self.last_cf is not None:
-            ctl.record_comm(self.last_cf, exposed / samples)
-        ctl.observe_values(table.controller_values)
         self._keep_stats(step, table.stats)
-        if plan.window_terms:
-            if step.signal is not None:
-                seen.share = signal_fraction(step.signal.value().cpu(), self.comm.world_size)
-                ctl.observe_signal(seen.share)
-            ctl.observe_window(plan, seen.gain_window)
-            if seen.shadow_gains:
-                ctl.observe_shadows(plan, seen.shadow_gains)
-        ctl.observe(plan, seen.gain_min, seen.gain_candidate)
+        if plan.window_terms and step.signal is not None:
+            seen.share = signal_fraction(step.signal.value().cpu(), self.comm.world_size)
+        seen.report = self.controller.observe(self._observation(seen, table))
+        if plan.norms_due:
+            self.norms.end_interval()
         return seen
+
+    def _observation(self, seen: _Seen, table: Table) -> Observation:
+        """What the controller is shown of a step that compressed something: every value
+        agreed over ranks, the step before's time counted at the CF it sent."""
+        plan, last = seen.plan, self.last_cf
+        samples = (self.batch_size or 1) * self.comm.world_size
+        interval, exposed = table.interval, table.exposed
+        throughput = comm = None
+        if interval > 0 and last is not None:
+            throughput = Sample(last, samples / interval)
+        if exposed >= 0 and last is not None:
+            comm = Sample(last, exposed / samples)
+        lrs: tuple[float, ...] = ()
+        norms = None
+        if plan.norms:
+            values = table.controller_values.to(torch.float64)
+            lrs = tuple(values[:, 0].tolist())
+            if plan.norms_due:
+                means = values[:, 1:].mean(dim=0).tolist()
+                norms = dict(zip(self.norms.layers, means, strict=True))
+        return Observation(
+            plan,
+            gain=seen.gain_min,
+            gain_candidate=seen.gain_candidate,
+            gain_window=seen.gain_window if plan.window_terms else None,
+            shadow_gains=seen.shadow_gains,
+            signal_share=seen.share,
+            throughput=throughput,
+            comm=comm,
+            lrs=lrs,
+            layer_norms=norms,
+        )
 
     def _record(self, step: Step, seen: _Seen, comm_seconds: float) -> StepRecord:
         """Stage 5: what the step did, for the log."""
-        plan, compressed, ctl, cf = seen.plan, seen.compressed, self.controller, seen.decision.cf
+        plan, compressed, report = seen.plan, seen.compressed, seen.report
         return StepRecord(
             step=step.index,
-            phase=ctl.phase.value,
-            cf_sent=_achieved_cf(compressed) if plan.per_layer else cf,
+            phase=report.phase,
+            cf_sent=_achieved_cf(compressed) if plan.per_layer else seen.decision.cf,
             cf_achieved=_achieved_cf(compressed),
             sent=seen.decision.which,
-            theta_min=plan.theta_min,
+            theta_min=plan.cf,
             cf_candidate=plan.candidate,
-            gain_min=ctl.smoothed_gain(plan.theta_min),
-            gain_candidate=None if plan.candidate is None else ctl.smoothed_gain(plan.candidate),
+            gain_min=report.gain,
+            gain_candidate=report.gain_candidate,
             gain_min_step=seen.gain_min,
             gain_candidate_step=seen.gain_candidate,
             gain_window=seen.gain_window if plan.window_terms else None,
             gain_shadow=tuple(seen.shadow_gains.items()),
             signal=seen.share,
-            system_throughput=ctl.tsys.get(cf_key(cf)),
-            compression_throughput=ctl.tput().get(cf_key(cf)),
+            system_throughput=report.system_throughput,
+            compression_throughput=report.compression_throughput,
             wire_bytes=sum(f.wire_bytes for f in step.flights),
             dense_wire_bytes=4 * sum(f.unit.numel for f in step.flights),
             compress_seconds=step.compress_seconds,
@@ -825,7 +864,7 @@ class Engine:
 
     def finish(self, outcome: Outcome) -> None:
         """Count and log a committed step (after the wrapped optimizer stepped, for the
-        optimizer front end), and run the controller's window rules."""
+        optimizer front end)."""
         record = outcome.record
         if outcome.skipped or record is None:
             return
@@ -838,8 +877,6 @@ class Engine:
         if self.monitor is not None:
             self.monitor.log(record)
         self.last_cf = record.cf_sent if outcome.search else None
-        if outcome.search:
-            self.controller.end_step()
         self.steps += 1
 
     def _skip(self, step: Step) -> Outcome:
@@ -851,7 +888,9 @@ class Engine:
                 f"{step.index}"
             )
         self.compressor.load_state_dict(step.snapshot)
-        self.controller.discard_step()
+        report = self.controller.observe(Skipped(step.plan))
+        if step.plan.norms:
+            self.norms.restart()
         for f in step.flights:  # what a skipped step aggregates: NaN (as the DDP hook gives)
             nan = f.out if f.out is not None else torch.empty_like(f.x.reshape(-1))
             f.result.set_result(nan.fill_(math.nan))
@@ -867,8 +906,7 @@ class Engine:
                 stacklevel=4,
             )
         if self.monitor is not None:
-            phase = self.controller.phase.value
-            self.monitor.log(StepRecord.skip(step.index, phase, self.skipped_steps))
+            self.monitor.log(StepRecord.skip(step.index, report.phase, self.skipped_steps))
         return _SKIP
 
     def forget(self, key: int) -> None:
@@ -891,6 +929,7 @@ class Engine:
             "lagged_stats": [(list(k), v.tolist()) for k, v in self._lagged.items()],
             "window_sums": self.windows.state_dict(),
             "shadow_sums": self.shadows.state_dict(),
+            "interval_norms": self.norms.state_dict(),
             **memory,
             "compressor": self.compressor.state_dict(),
             "controller": self.controller.state_dict(),
@@ -916,9 +955,9 @@ class Engine:
                 f"{self.compressor!r}: its compressor state and residuals do not apply"
             )
         kind = type(self.controller).__name__
-        saved_kind = state.get("controller_kind")
-        old = saved_kind is None and kind in _WINDOW_SEARCHES
-        if old and "current" not in state.get("controller", {}):
+        saved_kind = _saved_kind(state)
+        unwindowed = "current" not in state.get("controller", {})
+        if saved_kind is None and kind in _WINDOW_SEARCHES and unwindowed:
             saved_kind = "another controller"  # saved before the kind was: no window search
         if (
             saved_kind is not None
@@ -927,8 +966,8 @@ class Engine:
         ):
             raise ValueError(
                 f"the checkpoint was saved by {saved_kind}, this optimizer runs {kind} "
-                f"({self.controller.policy!r}): its search state does not apply; build the "
-                "optimizer with the policy and policy options it was saved with"
+                f"({self.policy!r}): its search state does not apply; build the "
+                "optimizer with the policy and search options it was saved with"
             )
         world = state.get("world_size")
         if world is not None and world != self.comm.world_size:
@@ -955,10 +994,32 @@ class Engine:
         self._lagged = {tuple(k): torch.tensor(v, dtype=torch.float64) for k, v in lagged}
         self.windows.load_state_dict(state.get("window_sums", {"sent": []}))
         self.shadows.load_state_dict(state.get("shadow_sums", {}))
+        self.norms.load_state_dict(_interval_norms(state))
 
 
 #: the controllers whose checkpoints load into each other (:meth:`Engine.check_state`)
 _WINDOW_SEARCHES = {"TrialController", "ShadowController"}
+#: the kind checkpoints saved before the searches were split record for a static CF and for
+#: Algorithm 1 alike; the saved phase tells them apart
+_OLD_KIND = "Controller"
+
+
+def _saved_kind(state: dict[str, Any]) -> str | None:
+    """The controller kind a checkpoint was saved by (``None``: not recorded)."""
+    kind = state.get("controller_kind")
+    if kind == _OLD_KIND:
+        fixed = state.get("controller", {}).get("phase") == STATIC_PHASE
+        return StaticController.__name__ if fixed else PaperController.__name__
+    return None if kind is None else str(kind)
+
+
+def _interval_norms(state: dict[str, Any]) -> dict[str, Any]:
+    """The interval's gradient sums a checkpoint holds: the engine's, or, saved before the
+    engine kept them, Accordion's (none for other controllers)."""
+    if "interval_norms" in state:
+        return dict(state["interval_norms"])
+    accordion = state.get("controller", {}).get("accordion", {})
+    return {"acc": accordion.get("acc", {}), "tracked": accordion.get("tracked", [])}
 
 
 def _aliases(payload: Payload, x: Tensor) -> bool:

@@ -12,7 +12,7 @@ from torch import Tensor
 from torch.futures import Future
 
 from gravac.compressors.base import Context, Payload
-from gravac.control.controller import Decision, Plan
+from gravac.control.records import Decision, Plan
 from gravac.engine.scalars import terms_size
 from gravac.monitor import StepRecord
 from gravac.spans import Place
@@ -201,6 +201,7 @@ class Step:
         totals: each compressed tensor's sampled window sum ``X`` (a plan with ``signal``, at
             the step that closes a window), summed over ranks at :meth:`Engine.close`.
         signal: that sum (set by :meth:`Engine.close`).
+        lr: the wrapped optimizer's learning rate at the step (``None``: unknown).
     """
 
     index: int
@@ -219,6 +220,7 @@ class Step:
     stats: list[tuple[tuple[int, ...], Tensor]] = field(default_factory=list)
     totals: list[Tensor] = field(default_factory=list)
     signal: Future[Tensor] | None = None
+    lr: float | None = None
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ asynchronous collective (:meth:`gravac.engine.Engine.close`)::
 * ``bound``: a bound on ``max |x|`` over this rank's compressed units (``inf``: none known);
 * ``has_grad``: per tensor, whether this rank has its gradient (:attr:`Unit.slots`);
 * ``terms``: the local gain terms (:class:`Terms`), summed over the compressed units;
-* ``values``: the controller's own values (:meth:`Controller.local_values`);
+* ``values``: what the plan asks this rank to send for the controller (under Accordion's plans,
+  the learning rate and the interval norms, :meth:`gravac.engine.Engine._local_values`);
 * ``stats``: compressor statistics whose reduction may lag a step (THC's norms).
 
 Every rank reads the same table, so every decision taken from it is the same on every rank.

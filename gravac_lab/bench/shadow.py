@@ -1,12 +1,12 @@
 """``gravac bench shadow``: what the search by shadow adds to a step.
 
-The search by shadow (:mod:`gravac.control.shadow_search`) replays error feedback on a sample of the
-gradient for every CF of its ladder at every step (:mod:`gravac.control.replay`): a sample of ``x -
-e`` at launch, then one selection per CF at commit. This times both for the exponential and the
-geometric policies' default ladders (CFs 10 to 1000) on a gradient of the benchmark's layout
+The search by shadow (:mod:`gravac.control.searches.shadow`) replays error feedback on a sample of
+the gradient for every CF of its ladder at every step (:mod:`gravac.control.replay`): a sample of
+``x - e`` at launch, then one selection per CF at commit. This times both for the exponential and
+the geometric policies' default ladders (CFs 10 to 1000) on a gradient of the benchmark's layout
 (:func:`gravac_lab.bench.common.model_layout`, one bucket), against ``dst.copy_(src)`` of the whole
-gradient in the same loop, and reports the memory the shadows keep against the gradient's (with
-the sums of the earlier windows that the default horizon keeps).
+gradient in the same loop, and reports the memory the shadows keep against the gradient's (with the
+sums of the earlier windows that the default horizon keeps).
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ import torch
 
 from gravac import compressors, policies
 from gravac.compressors import Replayable
-from gravac.control.controller import ControllerConfig
 from gravac.control.factory import make_controller
-from gravac.control.policies.base import DEFAULT_HORIZON
+from gravac.control.options import DEFAULT_HORIZON, ControllerConfig
 from gravac.control.replay import ShadowSums
-from gravac.control.shadow_search import ShadowController
+from gravac.control.searches.shadow import ShadowController
 from gravac_lab.bench.common import (
     DEFAULT_REPEATS,
     DEFAULT_SEED,
@@ -70,8 +69,8 @@ class ShadowResult:
 
 def ladder(policy: str) -> tuple[float, ...]:
     """The default ladder of ``policy`` under the search by shadow (CFs 10 to 1000)."""
-    shadow = policies.create(policy, search="shadow")
-    c = make_controller(shadow, ControllerConfig(), 2, snap=lambda cf: cf, replayable=True)
+    config = ControllerConfig(search="shadow")
+    c = make_controller(policies.create(policy), config, 2, snap=lambda cf: cf, replayable=True)
     assert isinstance(c, ShadowController)
     return c.ladder
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from gravac import compressors, policies
 from gravac.argtypes import argtype
-from gravac.control.controller import ControllerConfig
+from gravac.control.options import ControllerConfig
 from gravac_lab.compare import modes, plots, workloads
 from gravac_lab.compare.config import (
     DEFAULT_EVAL_EVERY,

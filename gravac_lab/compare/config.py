@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from gravac.control.controller import ControllerConfig
+from gravac.control.options import ControllerConfig
 from gravac_lab.compare import modes, workloads
 from gravac_lab.compare.netns import parse_delay, parse_rate
 

@@ -20,7 +20,7 @@ A gain that predicts time to accuracy lies on the diagonal ``gain = progress``;
 :func:`write_evidence_plot` draws the three against it, and :func:`distances` gives each one's
 mean distance from it.
 
-The search by shadow (:mod:`gravac.control.shadow_search`) judges CFs it does not send by error
+The search by shadow (:mod:`gravac.control.searches.shadow`) judges CFs it does not send by error
 feedback replayed on a sample; the CF it sends is replayed too, so every window of such a run
 measures its real window gain beside its shadow one, over the same steps: :func:`shadow_checks` and
 :func:`shadow_markdown` set them side by side.

@@ -58,8 +58,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gravac import compressors, policies
 from gravac.buckets import check_bytes
-from gravac.config import GravacConfig, build_engine
-from gravac.control.controller import ControllerConfig
+from gravac.config import SEARCH_OPTIONS, GravacConfig, build_engine
+from gravac.control.options import ControllerConfig
 from gravac.ddp import GravacHookState, gravac_hook
 from gravac.optimizer import GravacOptimizer, broadcast_parameters
 from gravac_lab.compare.workloads import parameter_count
@@ -208,11 +208,20 @@ def check_engine_options(options: dict[str, Any], gravac: dict[str, Any], *, opt
         raise ValueError(f"{option} {options} do not fit: {exc}") from None
 
 
+def _split_search(policy_options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A variant's policy options without the search options, and the search options
+    (:data:`gravac.config.SEARCH_OPTIONS`): the variants spell both as policy options
+    (``topk:exponential{"search": "trial"}``)."""
+    search = {k: v for k, v in policy_options.items() if k in SEARCH_OPTIONS}
+    return {k: v for k, v in policy_options.items() if k not in search}, search
+
+
 def _check_gravac_options(cfg: CompareConfig) -> None:
     """Reject compressor, policy, engine and CF-range options before any worker starts."""
+    ladder_options, search = _split_search(cfg.policy_options)
     for option, registry, name, kwargs in (
         ("--compressor-options", compressors, cfg.compressor, cfg.compressor_options),
-        ("--policy-options", policies, cfg.policy, cfg.policy_options),
+        ("--policy-options", policies, cfg.policy, ladder_options),
     ):
         check_registered(
             registry,
@@ -222,7 +231,7 @@ def _check_gravac_options(cfg: CompareConfig) -> None:
             options_option=option,
         )
     try:
-        ControllerConfig(theta_min=cfg.theta_min, theta_max=cfg.theta_max)
+        ControllerConfig(theta_min=cfg.theta_min, theta_max=cfg.theta_max, **search)
     except ValueError as exc:
         raise ValueError(f"--{str(exc).replace('_', '-')}") from None
     check_engine_options(cfg.engine_options, _gravac_options(cfg), option="--engine-options")
@@ -357,14 +366,13 @@ def _gravac_options(cfg: CompareConfig) -> dict[str, Any]:
     """The fields of the :class:`gravac.GravacConfig` that GravacOptimizer and GravacHookState
     share (batch size per rank: gravac's throughput is in samples/s), without the engine
     options."""
-    policy_options = dict(cfg.policy_options)
-    search = policy_options.pop("search", None)  # the variants' spelling: a policy option
+    policy_options, search = _split_search(cfg.policy_options)
     return {
         "compressor": cfg.compressor,
         "compressor_options": cfg.compressor_options or None,
         "policy": cfg.policy,
         "policy_options": policy_options or None,
-        "search": search,
+        **search,
         "theta_min": cfg.theta_min,
         "theta_max": cfg.theta_max,
         "batch_size": cfg.batch_size,

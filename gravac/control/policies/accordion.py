@@ -10,8 +10,8 @@ regime (CF 1/0.99), 10% otherwise (CF 10), eta 0.5. For PowerSGD, a CF ``c`` sen
 ``m x n`` matrix at rank ``floor(mn / (c (m + n)))`` (at least 1): the paper's ranks 4 and 1
 are CFs near ``mn / (4 (m + n))`` and anything at or above ``mn / (m + n)``.
 
-The policy is configuration; :class:`gravac.control.accordion.AccordionController` runs it, through
-the same engine as every other policy.
+The policy is configuration; :class:`gravac.control.searches.accordion.AccordionController` runs it,
+through the same engine as every other policy.
 """
 
 from __future__ import annotations

@@ -9,14 +9,7 @@ from __future__ import annotations
 import math
 from typing import ClassVar
 
-from gravac.control.policies.base import (
-    ScalingPolicy,
-    check_horizon,
-    check_noise,
-    check_progress,
-    check_search,
-    register,
-)
+from gravac.control.policies.base import ScalingPolicy, register
 
 __all__ = ["GeometricPolicy", "RatioPolicy"]
 
@@ -34,26 +27,10 @@ def check_ratio(ratio: float, policy: str) -> float:
 
 
 class RatioPolicy(ScalingPolicy):
-    """A policy whose step size grows by a ratio ``r`` (``s_1 = r``; :meth:`next`: how), run
-    by a search: ``search``: :data:`gravac.control.policies.base.SEARCHES`; ``progress``:
-    :func:`gravac.control.policies.base.check_progress`; ``horizon``:
-    :func:`gravac.control.policies.base.check_horizon`; ``noise``:
-    :func:`gravac.control.policies.base.check_noise`."""
+    """A ladder whose step size grows by a ratio ``r`` (``s_1 = r``; :meth:`next`: how)."""
 
-    def __init__(
-        self,
-        *,
-        ratio: float = DEFAULT_RATIO,
-        search: str = "auto",
-        progress: str | None = None,
-        horizon: int | None = None,
-        noise: bool | None = None,
-    ) -> None:
+    def __init__(self, *, ratio: float = DEFAULT_RATIO) -> None:
         self.ratio = check_ratio(ratio, self.name)
-        self.search = check_search(search, self.name)
-        self.progress = check_progress(progress, self.search, self.name)
-        self.horizon = check_horizon(horizon, self.search, self.name)
-        self.noise = check_noise(noise, self.search, self.name)
 
     def first(self) -> float:
         return self.ratio

@@ -1,13 +1,13 @@
 """The search by shadow: every candidate CF judged on the same steps, none of them sent to try it.
 
-The search by trial (:mod:`gravac.control.trial`) sends each candidate CF for a window to measure
-its window gain, so it spends its first windows, while the model learns fastest, at the CFs it
-passes through (``docs/studies/2026-12-01-search-by-shadow.md``). Here the window gain of every CF
-of the ladder (``theta_min`` and the policy's candidates ``theta_min * s`` up to ``theta_max``) is
-measured at every window by replaying error feedback on a sample of the gradient
+The search by trial (:mod:`gravac.control.searches.trial`) sends each candidate CF for a window to
+measure its window gain, so it spends its first windows, while the model learns fastest, at the CFs
+it passes through (``docs/studies/2026-12-01-search-by-shadow.md``). Here the window gain of every
+CF of the ladder (``theta_min`` and the policy's candidates ``theta_min * s`` up to ``theta_max``)
+is measured at every window by replaying error feedback on a sample of the gradient
 (:mod:`gravac.control.replay`), and the system throughput of a CF not sent comes from the CFs timed
-around it or the link model (:func:`gravac.control.trial.between_seconds`,
-:func:`gravac.control.trial.link_seconds`)::
+around it or the link model (:func:`gravac.control.link.between_seconds`,
+:func:`gravac.control.link.link_seconds`)::
 
     warm-up:  send theta_min for warmup_steps (ended after MIN_WARMUP_STEPS on a slow link, as
               the search by trial's), except at its first and third steps and, when the link
@@ -16,7 +16,7 @@ around it or the link model (:func:`gravac.control.trial.between_seconds`,
         judged[cf] = 1 - (1 - (shadow[cf] - excess[cf])) * share, where excess[cf] is how
                      far cf's shadow gain exceeded its real window gain the last time cf was
                      sent (0 before), and share the largest signal share of a window's
-                     gradient measured so far (1 before; the policy option ``noise``)
+                     gradient measured so far (1 before; the option ``noise``)
         tsys[cf] = the median samples/s measured the last time cf was sent; else, between
                    the largest CF below it that was sent and the smallest above it that was
                    sent or is the top of the ladder timed in the warm-up, linear in the bytes;
@@ -56,10 +56,10 @@ while a lower CF trains the model, it does not see the slower training the CF it
 the real window gain of the CF sent corrects its shadow from then on (``excess``;
 ``docs/studies/2026-12-01-search-by-shadow.md``).
 
-The gains' horizon (the policy option ``horizon``, windows; 2 by default) may be longer than
+The gains' horizon (the option ``horizon``, windows; 2 by default) may be longer than
 the interval between decisions: with ``horizon = h`` each window's end judges the gains over it
 and the ``h - 1`` windows before it (the sums ``S`` of those windows kept,
-:meth:`gravac.control.replay. ShadowSums.clear`), shadows and the CF sent alike. A window gain grows
+:meth:`gravac.control.replay.ShadowSums.clear`), shadows and the CF sent alike. A window gain grows
 with its horizon at a high CF, whose residual is delivered steps later
 (``docs/studies/2026-12-01-window-horizon.md``), so a longer horizon judges high CFs over more of
 what error feedback delivers without deciding less often. The real gain of a CF sent then spans the
@@ -68,7 +68,7 @@ from then on (``excess``).
 
 What error feedback holds back is noise as well as signal, and held-back noise costs no
 progress. So the held-back part of a gain counts by the signal share of a window's gradient
-(:mod:`gravac.control.noise`, from how the ranks' window sums agree; the policy option ``noise``, on
+(:mod:`gravac.control.noise`, from how the ranks' window sums agree; the option ``noise``, on
 by default): the largest share measured so far, the workload's at its start, not the current one,
 which falls late in training even where higher CFs still cost progress
 (``docs/studies/2026-12-02-signal-share.md``).
@@ -83,18 +83,19 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping
 from typing import Any
 
-from gravac.control.controller import Phase, Plan, cf_key
+from gravac.control.link import between_seconds, link_seconds
 from gravac.control.noise import signal_gain
-from gravac.control.policies.base import DEFAULT_HORIZON
-from gravac.control.trial import MIN_WARMUP_STEPS, TrialController, between_seconds, link_seconds
+from gravac.control.options import DEFAULT_HORIZON
+from gravac.control.records import DENSE, Decision, Observation, Phase, Plan, Report, Skipped
+from gravac.control.searches.common import DENSE_CF, Setting, ladder
+from gravac.control.searches.sent import MIN_WARMUP_STEPS, SentWindows
+from gravac.control.tables import cf_key
+from gravac.control.window import predicted_progress
 
 __all__ = ["TOP_WARMUP_STEPS", "ShadowController"]
 
-#: the dense fallback: sent for a window when no CF of the ladder keeps epsilon of the gradient
-_DENSE_CF = 1.0
 #: the warm-up steps (counted from 0) that send the top of the ladder where the warm-up is long
 #: enough for the link model to end it (MIN_WARMUP_STEPS): the first, whose time carries the
 #: run's one-off costs (a window keeps only the times of the CF it sends), and the third, sent
@@ -107,14 +108,15 @@ TOP_WARMUP_STEPS = (0, 2)
 _AFTER_TOP = TOP_WARMUP_STEPS[-1] + 1
 
 
-class ShadowController(TrialController):
-    """The search by shadow; see the module docstring. Same arguments as
-    :class:`gravac.control.controller.Controller` (a policy's ``search="shadow"``)."""
+class ShadowController:
+    """The search by shadow, the module docstring's: what ``search="shadow"`` runs, and
+    ``"auto"`` where the compressor's sends can be replayed. Its ``setting`` must hold an
+    adaptive ladder."""
 
-    plans_shadows = True
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, setting: Setting) -> None:
+        setting.adaptive("the search by shadow")
+        self.config, self.policy, self.snap = setting.config, setting.policy, setting.snap
+        self.windows = SentWindows(setting)  # the window sent, what windows measured
         self.ladder = self._ladder()  # the CFs whose window gains are measured, ascending
         self.shadow_gain: dict[float, float] = {}  # the last window's, by CF
         self.excess: dict[float, float] = {}  # shadow less real window gain, when last sent
@@ -127,34 +129,34 @@ class ShadowController(TrialController):
         self.top_seconds: float | None = None  # seconds/sample at the top, the warm-up's
 
     @property
+    def phase(self) -> str:
+        """Warm-up, search or settled (:class:`gravac.control.records.Phase`)."""
+        return self.windows.phase.value
+
+    @property
     def horizon(self) -> int:
-        """Windows its gains span: the policy's ``horizon``, or :data:`DEFAULT_HORIZON`."""
-        return DEFAULT_HORIZON if self.policy.horizon is None else self.policy.horizon
+        """Windows its gains span: the config's ``horizon``, or :data:`DEFAULT_HORIZON`."""
+        return DEFAULT_HORIZON if self.config.horizon is None else self.config.horizon
 
     @property
     def discounts_noise(self) -> bool:
-        """Whether held-back energy counts by its signal share: the policy's ``noise``, on
+        """Whether held-back energy counts by its signal share: the config's ``noise``, on
         unless it says ``False``."""
-        return self.policy.noise is not False
+        return self.config.noise is not False
 
     def _ladder(self) -> tuple[float, ...]:
         """``theta_min`` and the policy's candidates above it, up to ``theta_max``."""
-        out, s, j, top = [self.theta_min], self.policy.first(), 0, self.config.theta_max
-        while True:
-            want = self.theta_min * s
-            cf = self.snap(min(want, top))
-            if cf > out[-1]:
-                out.append(cf)
-            if want >= top:
-                return tuple(out)
-            j += 1
-            s = self.policy.next(s, j)
+        top, m = self.config.theta_max, self.windows.theta_min
+        return (m, *(cf for cf, _, _ in ladder(self.policy, m, top, self.snap, above=m)))
 
     @property
     def probes_warmup(self) -> bool:
         """Whether the warm-up sends the top of the ladder at some of its steps: it is long
         enough for the link model to end it (:data:`TOP_WARMUP_STEPS`)."""
-        return self.config.warmup_steps >= MIN_WARMUP_STEPS and self.ladder[-1] > self.theta_min
+        return (
+            self.config.warmup_steps >= MIN_WARMUP_STEPS
+            and self.ladder[-1] > self.windows.theta_min
+        )
 
     @property
     def in_probing_warmup(self) -> bool:
@@ -167,39 +169,50 @@ class ShadowController(TrialController):
         first or third, or the bridge of a warm-up the link model ended early."""
         if not self.in_probing_warmup:
             return False
-        if self.phase is Phase.WARMUP:
-            return self.window_step in TOP_WARMUP_STEPS
-        return self.awaiting and self.window_step < self.config.warmup_steps
+        if self.windows.phase is Phase.WARMUP:
+            return self.windows.step in TOP_WARMUP_STEPS
+        return self.windows.awaiting and self.windows.step < self.config.warmup_steps
 
+    # ----------------------------------------------------------------- per step
     def plan(self) -> Plan:
+        """Send the window's CF (the top at some warm-up steps), measure every CF of the
+        ladder's shadow window gains."""
+        current = self.windows.current
         if self.sends_top():
-            sent = self.ladder[-1]
+            sent, send = self.ladder[-1], Decision(cf=self.ladder[-1], which="min")
+        elif current == DENSE_CF:
+            sent, send = self.windows.theta_min, DENSE
         else:
-            sent = self.theta_min if self.current == _DENSE_CF else self.current
+            sent, send = current, Decision(cf=current, which="min")
         return Plan(
-            theta_min=sent,
-            candidate=None,
-            window_terms=self.awaiting,
+            sent,
+            send,
+            window_terms=self.windows.awaiting,
             shadows=self.ladder,
             signal=self.discounts_noise,
+            horizon=self.horizon,
         )
 
-    def observe_signal(self, share: float | None) -> None:
-        if share is not None:
+    def observe(self, seen: Observation | Skipped) -> Report:
+        """Fold a step's agreed values; a window that closes with it is judged."""
+        if isinstance(seen, Skipped):
+            self.windows.discard()
+            self._shadow = {}
+            return Report(self.phase)
+        t = seen.throughput
+        if t is not None and self.in_probing_warmup and self.windows.step >= _AFTER_TOP - 1:
+            self._warmup_seconds[self.windows.step] = 1.0 / t.value
+        if seen.signal_share is not None:
             old = self.signal_share
-            self.signal_share = share if old is None else max(old, share)
-
-    def observe_shadows(self, plan: Plan, gains: Mapping[float, float]) -> None:
-        self._shadow = {cf_key(cf): g for cf, g in gains.items() if math.isfinite(g)}
-
-    def discard_step(self) -> None:
-        super().discard_step()
-        self._shadow = {}
-
-    def record_throughput(self, cf: float, samples_per_second: float) -> None:
-        super().record_throughput(cf, samples_per_second)
-        if self.in_probing_warmup and self.window_step >= _AFTER_TOP - 1:
-            self._warmup_seconds[self.window_step] = 1.0 / samples_per_second
+            self.signal_share = seen.signal_share if old is None else max(old, seen.signal_share)
+        if seen.plan.window_terms and seen.shadow_gains:
+            self._shadow = {
+                cf_key(cf): g for cf, g in seen.shadow_gains.items() if math.isfinite(g)
+            }
+        report, closes = self.windows.observe(seen, lambda: self.ladder[1:])
+        if closes:
+            self._end_window()
+        return report
 
     def _top_seconds(self) -> float | None:
         """Seconds per sample of a step at the top of the ladder, from the warm-up's intervals
@@ -211,7 +224,7 @@ class ShadowController(TrialController):
         ``t_min`` the median interval of the steps after, which sent theta_min alone: those two
         intervals hold one whole step at the top and one at theta_min. ``None`` where they were
         not timed (a resume, a skipped step)."""
-        w, bridge = self._warmup_seconds, self.window_step
+        w, bridge = self._warmup_seconds, self.windows.step
         top_bridge = bridge < self.config.warmup_steps  # the link model ended the warm-up
         if top_bridge and bridge == _AFTER_TOP:
             return w.get(bridge)
@@ -229,15 +242,15 @@ class ShadowController(TrialController):
         a higher CF compresses no more slowly, so a longer time comes from an interval slowed
         by something else, and would put every CF between at theta_min's time or above for the
         rest of the run (none of them sent, none timed again)."""
-        top, m = self.ladder[-1], self.theta_min
+        top, m = self.ladder[-1], self.windows.theta_min
         seconds = self._top_seconds()
-        if seconds is None or m not in self.tsys or m not in self.comm:
+        if seconds is None or m not in self.windows.smoothed.tsys or m not in self.windows.comm:
             return None
-        bound = link_seconds(top, m, 1.0 / self.tsys[m], self.comm[m])
+        bound = link_seconds(top, m, 1.0 / self.windows.smoothed.tsys[m], self.windows.comm[m])
         return min(seconds, bound)
 
     def _end_window(self) -> None:
-        cf, g = self._close_window()
+        cf, g = self.windows.close()
         mixed = self.in_probing_warmup  # the warm-up sent two CFs
         if mixed:
             self.top_seconds = self._bounded_top_seconds()
@@ -248,26 +261,28 @@ class ShadowController(TrialController):
         # the real gain spans the horizon's windows, as the shadows' do: it is the CF's own
         # only if that CF was sent in all of them
         own = not mixed and self.same_windows >= min(self.horizon, self.windows_closed)
-        if own and g is not None and cf != _DENSE_CF:
-            self.wgain[cf] = g  # the real window gain of the CF sent
-        real = self._window_gain
+        if own and g is not None and cf != DENSE_CF:
+            self.windows.wgain[cf] = g  # the real window gain of the CF sent
+        real = self.windows.gain_now
         if own and real is not None and math.isfinite(real) and cf in self._shadow:
             self.excess[cf] = self._shadow[cf] - real
         if self._shadow:
             self.shadow_gain, self._shadow = self._shadow, {}
-        self._settle(self._choose())
+        self.windows.settle(self._choose())
 
     def estimated_tsys(self, cf: float) -> float | None:
         """System throughput at ``cf``: measured, or between the nearest CFs timed below and
-        above it (:func:`gravac.control.trial.between_seconds`; the top of the ladder is timed in
+        above it (:func:`gravac.control.link.between_seconds`; the top of the ladder is timed in
         the warm-up), or the link model from the nearest CF sent (see the module docstring);
         ``None`` before any CF was measured."""
-        sent = sorted(c for c in self.comm if c in self.tsys and c != _DENSE_CF)
+        sent = sorted(
+            c for c in self.windows.comm if c in self.windows.smoothed.tsys and c != DENSE_CF
+        )
         if cf in sent:
-            return self.tsys[cf]
+            return self.windows.smoothed.tsys[cf]
         if not sent:
             return None
-        timed = {c: 1.0 / self.tsys[c] for c in sent}
+        timed = {c: 1.0 / self.windows.smoothed.tsys[c] for c in sent}
         if self.top_seconds is not None:
             timed.setdefault(self.ladder[-1], self.top_seconds)
         if cf in timed:
@@ -279,7 +294,7 @@ class ShadowController(TrialController):
             seconds = between_seconds(cf, lo, timed[lo], hi, timed[hi])
         else:
             anchor = below[-1] if below else sent[0]
-            seconds = link_seconds(cf, anchor, timed[anchor], self.comm[anchor])
+            seconds = link_seconds(cf, anchor, timed[anchor], self.windows.comm[anchor])
         return math.inf if seconds <= 0 else 1.0 / seconds
 
     def judged_gain(self, cf: float) -> float | None:
@@ -307,26 +322,35 @@ class ShadowController(TrialController):
         largest CF that is; dense if no CF keeps epsilon."""
         tput = self.shadow_tput()
         if not tput:
-            return _DENSE_CF
+            return DENSE_CF
         top = max(tput.values())
         if math.isinf(top):
             return max(cf for cf, t in tput.items() if math.isinf(t))
         floor = (1.0 - self.config.omega) * top
-        if tput.get(self.current, -math.inf) >= floor:
-            return self.current
+        if tput.get(self.windows.current, -math.inf) >= floor:
+            return self.windows.current
         return max(cf for cf, t in tput.items() if t >= floor)
 
+    def worth(self, gain: float) -> float:
+        """The fraction of a dense step's progress that a window ``gain`` predicts, as the
+        config's ``progress`` says (:func:`gravac.control.window.predicted_progress`)."""
+        return predicted_progress(gain, self.config.progress_measure)
+
     def resnap(self) -> None:
-        super().resnap()
+        """Snap every CF held again, after the deliverable CFs changed (the compressor was
+        bound to a new layout)."""
+        self.windows.resnap()
         self.ladder = self._ladder()
-        if self.last_sent not in (None, _DENSE_CF):
+        if self.last_sent not in (None, DENSE_CF):
             self.last_sent = self.snap(self.last_sent)
         self.shadow_gain = {self.snap(cf): v for cf, v in sorted(self.shadow_gain.items())}
         self.excess = {self.snap(cf): v for cf, v in sorted(self.excess.items())}
 
+    # ----------------------------------------------------------------- checkpoint
     def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume exactly (plain Python values)."""
         return {
-            **super().state_dict(),
+            **self.windows.state_dict(),
             "shadow_gain": sorted(self.shadow_gain.items()),
             "excess": sorted(self.excess.items()),
             "windows_closed": self.windows_closed,
@@ -340,8 +364,12 @@ class ShadowController(TrialController):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a search by shadow's state, or adopt a search by trial's (a checkpoint from
         before ``search="auto"`` made this search the default): its measured throughputs and
-        window gains carry over, and the shadows' gains come from the next window's end."""
-        super().load_state_dict(state)
+        window gains carry over, and the shadows' gains come from the next window's end.
+
+        Raises:
+            ValueError: the saved ``theta_min`` lies outside this controller's CF range.
+        """
+        self.windows.load_state_dict(state)
         self.shadow_gain = {float(k): float(v) for k, v in state.get("shadow_gain", [])}
         self.excess = {float(k): float(v) for k, v in state.get("excess", [])}
         self._shadow = {}

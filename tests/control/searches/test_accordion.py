@@ -1,12 +1,11 @@
-"""Accordion (gravac.control.accordion, gravac.control.policies.accordion): the regime rule on
-scripted norm sequences, learning-rate decays, agreement across ranks, skipped steps and
-checkpoints; per-layer CFs through the engine (error feedback, wire), both front ends on real gloo
-process groups."""
+"""Accordion (gravac.control.searches.accordion, gravac.control.policies.accordion, the interval
+sums of gravac.control.norms): the regime rule on scripted norm sequences, learning-rate decays,
+agreement across ranks, skipped steps and checkpoints; per-layer CFs through the engine (error
+feedback, wire), both front ends on real gloo process groups."""
 
 from __future__ import annotations
 
 import copy
-import io
 import math
 import pickle
 from typing import Any
@@ -18,11 +17,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gravac import GravacOptimizer, compressors, policies
 from gravac.config import learning_rate
-from gravac.control.accordion import AccordionController, is_critical
-from gravac.control.controller import ControllerConfig, Plan
 from gravac.control.factory import make_controller
+from gravac.control.norms import IntervalNorms
+from gravac.control.options import ControllerConfig
+from gravac.control.records import Observation, Plan, Skipped
+from gravac.control.searches.accordion import AccordionController, is_critical
 from gravac.ddp import GravacHookState, gravac_hook
-from tests.helpers import batch, counter_clock, tiny_model, train_step
+from tests.helpers import batch, counter_clock, through_torch_save, tiny_model, train_step
 from tests.workers import Workers
 
 LOW, HIGH = 2.0, 20.0
@@ -32,11 +33,22 @@ NUMELS = (3, 3)
 SPAWN_TIMEOUT = 240.0
 
 
-def controller(interval: int = 2, eta: float = 0.5) -> AccordionController:
-    policy = policies.create("accordion", interval=interval, eta=eta, low_cf=LOW, high_cf=HIGH)
-    made = make_controller(policy, ControllerConfig(), 2, lambda cf: cf)
-    assert isinstance(made, AccordionController)
-    return made
+class Rank:
+    """One rank's Accordion and the interval sums its engine keeps."""
+
+    def __init__(self, interval: int = 2, eta: float = 0.5) -> None:
+        policy = policies.create("accordion", interval=interval, eta=eta, low_cf=LOW, high_cf=HIGH)
+        made = make_controller(policy, ControllerConfig(), 2, lambda cf: cf)
+        assert isinstance(made, AccordionController)
+        self.c = made
+        self.norms = IntervalNorms()
+
+    def regimes(self) -> dict[int, bool]:
+        return self.c.regimes()
+
+
+def controller(interval: int = 2, eta: float = 0.5) -> Rank:
+    return Rank(interval, eta)
 
 
 def gradient(norms: tuple[float, ...]) -> torch.Tensor:
@@ -44,26 +56,38 @@ def gradient(norms: tuple[float, ...]) -> torch.Tensor:
     return torch.cat([torch.tensor([n, 0.0, 0.0]) for n in norms])
 
 
+def local_values(r: Rank, plan: Plan, lr: float | None) -> list[float]:
+    """What a rank sends with the step's scalars: its learning rate and, at an interval's last
+    step, its layers' norms (as the engine sends them)."""
+    assert plan.norms
+    norms = r.norms.local_norms() if plan.norms_due else []
+    return [math.nan if lr is None else lr, *norms]
+
+
 def step(
-    ranks: list[AccordionController],
+    ranks: list[Rank],
     norms: list[tuple[float, ...]],
     lrs: list[float | None] | None = None,
 ) -> list[tuple[float, ...]]:
     """One step on every rank's controller, the values agreed as the engine agrees them; the
     CFs each rank planned for the two layers."""
     plans: list[Plan] = []
-    for i, c in enumerate(ranks):
-        c.note_lr(None if lrs is None else lrs[i])
-        plans.append(c.plan())
-        c.track(LAYERS, gradient(norms[i]), NUMELS)
-    table = torch.tensor([c.local_values() for c in ranks], dtype=torch.float64)
-    for c in ranks:
-        c.observe_values(table)
-        c.end_step()
+    rows = []
+    for i, r in enumerate(ranks):
+        plans.append(r.c.plan())
+        r.norms.add(LAYERS, gradient(norms[i]), NUMELS)
+        rows.append(local_values(r, plans[-1], None if lrs is None else lrs[i]))
+    table = torch.tensor(rows, dtype=torch.float64)
+    for r, plan in zip(ranks, plans, strict=True):
+        means = table[:, 1:].mean(dim=0).tolist()
+        layer_norms = dict(zip(r.norms.layers, means, strict=True)) if plan.norms_due else None
+        r.c.observe(Observation(plan, lrs=tuple(table[:, 0].tolist()), layer_norms=layer_norms))
+        if plan.norms_due:
+            r.norms.end_interval()
     return [p.cfs_for(LAYERS) for p in plans]
 
 
-def run(c: AccordionController, norms: list[tuple[float, ...]]) -> list[tuple[float, ...]]:
+def run(c: Rank, norms: list[tuple[float, ...]]) -> list[tuple[float, ...]]:
     return [step([c], [n])[0] for n in norms]
 
 
@@ -129,14 +153,16 @@ def test_ranks_decide_on_the_mean_norm_and_agree() -> None:
 def test_a_skipped_step_restarts_the_interval() -> None:
     c = controller()
     run(c, [(1.0, 1.0)] * 4)
-    c.note_lr(None)
-    c.track(LAYERS, torch.full((6,), math.nan), NUMELS)  # a non-finite step ...
-    c.discard_step()  # ... skipped on every rank
-    assert c.window_step == 0
+    plan = c.c.plan()
+    c.norms.add(LAYERS, torch.full((6,), math.nan), NUMELS)  # a non-finite step ...
+    assert c.c.observe(Skipped(plan)).phase == "accordion"  # ... skipped on every rank
+    c.norms.restart()
+    assert c.c.window_step == 0
     run(c, [(1.0, 1.0)])
-    c.note_lr(None)
-    c.track(LAYERS, gradient((1.0, 1.0)), NUMELS)
-    assert c.local_values() == [0.0, 2.0, 2.0]  # the interval's two steps, the NaN forgotten
+    plan = c.c.plan()
+    c.norms.add(LAYERS, gradient((1.0, 1.0)), NUMELS)
+    assert plan.norms_due  # the interval's two steps, the NaN forgotten
+    assert local_values(c, plan, 0.1) == [0.1, 2.0, 2.0]
 
 
 def test_state_dict_resumes_the_same_decisions() -> None:
@@ -146,7 +172,10 @@ def test_state_dict_resumes_the_same_decisions() -> None:
     c = controller()
     run(c, norms[:5])
     resumed = controller()
-    resumed.load_state_dict(pickle.loads(pickle.dumps(copy.deepcopy(c.state_dict()))))
+    saved = {"c": c.c.state_dict(), "norms": c.norms.state_dict()}
+    saved = pickle.loads(pickle.dumps(copy.deepcopy(saved)))
+    resumed.c.load_state_dict(saved["c"])
+    resumed.norms.load_state_dict(saved["norms"])
     assert expected[:5] + run(resumed, norms[5:]) == expected
 
 
@@ -190,10 +219,10 @@ def accordion(model: nn.Module, **options: Any) -> GravacOptimizer:
 
 
 def mixed(opt: GravacOptimizer) -> list[int]:
-    """Make every other layer tracked so far critical (through the controller's checkpoint);
+    """Make every other layer summed so far critical (through the controller's checkpoint);
     the layers in launch order."""
     state = opt.engine.controller.state_dict()
-    tracked = list(state["accordion"]["tracked"])
+    tracked = list(opt.engine.norms.layers)
     state["accordion"]["critical"] = {k: i % 2 == 0 for i, k in enumerate(tracked)}
     opt.engine.controller.load_state_dict(state)
     return tracked
@@ -272,6 +301,7 @@ def test_a_nonfinite_step_is_skipped_and_the_interval_restarts() -> None:
         opt.step()
     assert opt.skipped_steps == 1
     assert torch.equal(opt.memory.residual(0), e)  # type: ignore[arg-type]
+    assert isinstance(opt.engine.controller, AccordionController)
     assert opt.engine.controller.window_step == 0
 
 
@@ -376,10 +406,9 @@ def resume(rank: int, world_size: int, front_end: str) -> bool:
     model = tiny_model(seed=0)
     module, opt, state = wrap(front_end, model)
     fit(module, opt, rank, range(5))
-    buf = io.BytesIO()
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "hook": state}, buf)
-    buf.seek(0)
-    saved = torch.load(buf, weights_only=False)
+    saved = through_torch_save(
+        {"model": model.state_dict(), "opt": opt.state_dict(), "hook": state}
+    )
     model = tiny_model(seed=1)
     model.load_state_dict(saved["model"])
     module, opt, _ = wrap(front_end, model, saved["hook"])

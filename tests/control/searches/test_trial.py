@@ -1,11 +1,12 @@
-"""The search by trial (gravac.control.trial) on scripted window gains and throughputs, and the
-window gain (gravac.control.window) against its definition."""
+"""The search by trial (gravac.control.searches.trial) on scripted window gains and throughputs,
+and the window gain (gravac.control.window) against its definition."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import torch
@@ -13,10 +14,18 @@ import torch
 from gravac import compressors, policies
 from gravac.compressors.base import Round
 from gravac.config import build_engine
-from gravac.control.controller import Controller, ControllerConfig, Phase
 from gravac.control.factory import make_controller
-from gravac.control.shadow_search import ShadowController
-from gravac.control.trial import MIN_WARMUP_STEPS, PROBE_EVERY, TrialController, link_seconds
+from gravac.control.link import link_seconds
+from gravac.control.options import ControllerConfig
+from gravac.control.policies.base import ScalingPolicy
+from gravac.control.records import Observation, Phase, Sample, Skipped
+from gravac.control.searches.common import Setting
+from gravac.control.searches.paper import PaperController
+from gravac.control.searches.sent import MIN_WARMUP_STEPS
+from gravac.control.searches.shadow import ShadowController
+from gravac.control.searches.static import StaticController
+from gravac.control.searches.trial import PROBE_EVERY, TrialController
+from gravac.control.tables import cf_key
 from gravac.control.window import (
     WINDOW_BLOCK,
     WINDOW_STRIDE,
@@ -36,19 +45,22 @@ OMEGA = 0.05
 TRIAL = {"search": "trial"}
 
 
-def make(
-    policy: str = "exponential", warmup: int = 2, progress: str | None = None, **config: float
-) -> TrialController:
-    """A search by trial (``progress``: the policy option)."""
+def scripted(policy: str, search: str, warmup: int, **options: Any) -> Any:
+    """The controller ``search`` runs for ``policy`` on the scripted sequences' config: CFs from
+    10, windows of :data:`WINDOW` steps after ``warmup``, no smoothing, :data:`OMEGA`, and the
+    config's ``options``; every CF deliverable and replayable."""
+    config = {"omega": OMEGA, **options}
     cfg = ControllerConfig(
-        theta_min=10.0,
-        window=WINDOW,
-        warmup_steps=warmup,
-        ewma_alpha=1.0,
-        **{"omega": OMEGA, **config},
+        theta_min=10.0, window=WINDOW, warmup_steps=warmup, ewma_alpha=1.0, search=search, **config
     )
-    policy_ = policies.create(policy, progress=progress)
-    c = make_controller(policy_, cfg, 2, snap=lambda cf: cf)
+    return make_controller(policies.create(policy), cfg, 2, snap=lambda cf: cf, replayable=True)
+
+
+def make(
+    policy: str = "exponential", warmup: int = 2, progress: str | None = None
+) -> TrialController:
+    """A search by trial (``progress``: the config's option)."""
+    c = scripted(policy, "trial", warmup, progress=progress)
     assert isinstance(c, TrialController)
     return c
 
@@ -82,18 +94,23 @@ def run(
     tsys: Callable[[float], float],
     comm: Callable[[float], float] = lambda cf: 0.0,
 ) -> list[float]:
-    """``steps`` steps in the documented call order; the CF sent at each."""
+    """``steps`` steps, each planned and then observed: ``gain(cf)`` is the per-step gain of the
+    CF sent and, at a step that carries a window's gain, the window gain of the window's CF;
+    ``tsys`` and ``comm`` time the step at the CF it sent. The CF sent at each step."""
     sent = []
     for _ in range(steps):
         plan = c.plan()
-        d = c.decide(plan)
-        if plan.window_terms:
-            c.observe_window(plan, gain(c.current))
-        c.record_throughput(d.cf, tsys(d.cf))
-        c.record_comm(d.cf, comm(d.cf))
-        c.observe(plan, gain(d.cf), None)
-        c.end_step()
-        sent.append(d.cf)
+        cf = plan.send.cf
+        c.observe(
+            Observation(
+                plan,
+                gain=gain(cf),
+                gain_window=gain(c.windows.current) if plan.window_terms else None,
+                throughput=Sample(cf, tsys(cf)),
+                comm=Sample(cf, comm(cf)),
+            )
+        )
+        sent.append(cf)
     return sent
 
 
@@ -122,7 +139,7 @@ def test_on_a_slow_link_the_search_goes_straight_to_the_cf_that_can_pay() -> Non
     c = make()
     sent = run_link(c, 20, lambda cf: 0.9, SLOW)
     assert windows(sent) == [10.0, 1000.0]
-    assert c.phase is Phase.SETTLED and c.theta_ideal == 1000.0
+    assert c.phase == Phase.SETTLED and c.windows.theta_ideal == 1000.0
 
 
 def test_explores_while_the_link_model_says_a_higher_cf_can_pay() -> None:
@@ -132,7 +149,7 @@ def test_explores_while_the_link_model_says_a_higher_cf_can_pay() -> None:
     sent = run_link(c, 40, lambda cf: 0.9, MODERATE)
     assert windows(sent) == [10.0, 20.0, 40.0, 160.0]
     assert sent[:3] == [10.0] * 3 and sent[3:7] == [20.0] * 4
-    assert c.phase is Phase.SETTLED and c.theta_ideal == 160.0
+    assert c.phase == Phase.SETTLED and c.windows.theta_ideal == 160.0
 
 
 def test_a_window_gain_below_epsilon_rejects_the_cf_and_settles_on_the_best_kept() -> None:
@@ -140,7 +157,7 @@ def test_a_window_gain_below_epsilon_rejects_the_cf_and_settles_on_the_best_kept
     c = make()
     sent = run_link(c, 40, lambda cf: gains.get(cf, 0.1), MODERATE)
     assert windows(sent) == [10.0, 20.0, 40.0, 160.0, 40.0]
-    assert c.theta_ideal == 40.0 and 160.0 not in c.kept_tput()
+    assert c.windows.theta_ideal == 40.0 and 160.0 not in c.kept_tput()
 
 
 def test_of_cfs_within_omega_of_the_best_throughput_the_largest_is_chosen() -> None:
@@ -152,7 +169,7 @@ def test_of_cfs_within_omega_of_the_best_throughput_the_largest_is_chosen() -> N
     c = make()
     sent = run(c, 40, gains.__getitem__, tsys.__getitem__, comm.__getitem__)
     assert windows(sent) == [10.0, 20.0, 40.0, 160.0, 40.0]
-    assert c.theta_ideal == 40.0
+    assert c.windows.theta_ideal == 40.0
     assert c.kept_tput()[40.0] == pytest.approx(0.97 * c.kept_tput()[20.0], rel=0.01)
 
 
@@ -168,7 +185,7 @@ def test_with_progress_cosine_a_window_gain_predicts_its_square_roots_progress()
         c = make(progress=progress)
         sent = run(c, 40, gains.__getitem__, tsys.__getitem__, comm.__getitem__)
         assert windows(sent)[:3] == [10.0, 20.0, 40.0]
-        chosen[progress] = c.theta_ideal
+        chosen[progress] = c.windows.theta_ideal
         worth = c.worth(gains[40.0]) / gains[40.0]
         assert c.kept_tput()[40.0] == pytest.approx(tsys[40.0] * gains[40.0] * worth)
     assert chosen == {"cosine": 40.0, None: 20.0}
@@ -188,12 +205,12 @@ def test_a_rejected_cf_backs_off_to_the_skipped_ones_and_a_settled_search_probes
     c = make()
     sent = run_link(c, 12, gain, link)
     assert windows(sent) == [10.0, 160.0, 40.0]
-    assert c.theta_ideal == 40.0 and c.skipped == [20.0]
+    assert c.windows.theta_ideal == 40.0 and c.skipped == [20.0]
     sent = run_link(c, PROBE_EVERY * (WINDOW + 1) - 1, gain, link)
     assert set(sent) == {40.0}  # no probe before PROBE_EVERY windows at theta_ideal
     state["late"] = True
     sent = run_link(c, 3 * (WINDOW + 1), gain, link)
-    assert 80.0 in sent and c.theta_ideal == 80.0
+    assert 80.0 in sent and c.windows.theta_ideal == 80.0
 
 
 def test_on_a_slow_link_the_warm_up_ends_early() -> None:
@@ -212,7 +229,7 @@ def test_when_compute_bound_the_search_stays_at_theta_min() -> None:
     c = make()
     sent = run_link(c, 20, lambda cf: 0.95, COMPUTE_BOUND)
     assert windows(sent) == [10.0]
-    assert c.theta_ideal == 10.0
+    assert c.windows.theta_ideal == 10.0
     predicted = c.predicted_tsys(1000.0)
     assert predicted is not None and predicted == pytest.approx(1 / 0.01, rel=0.02)
 
@@ -227,10 +244,10 @@ def test_a_settled_cf_whose_gain_drops_backs_off_to_the_skipped_ones() -> None:
         return 0.2 if state["drop"] and cf == 1000.0 else 0.9
 
     run_link(c, 20, gain, SLOW)
-    assert c.theta_ideal == 1000.0 and c.skipped == [20.0, 40.0, 160.0]
+    assert c.windows.theta_ideal == 1000.0 and c.skipped == [20.0, 40.0, 160.0]
     state["drop"] = True
     sent = run_link(c, 2 * (WINDOW + 1), gain, SLOW)
-    assert windows(sent) == [1000.0, 160.0] and c.theta_ideal == 160.0
+    assert windows(sent) == [1000.0, 160.0] and c.windows.theta_ideal == 160.0
 
 
 def test_a_rejected_settled_cf_with_nothing_skipped_gives_way_to_the_best_kept() -> None:
@@ -243,10 +260,14 @@ def test_a_rejected_settled_cf_with_nothing_skipped_gives_way_to_the_best_kept()
         return 0.2 if state["drop"] and cf == 160.0 else {10.0: 0.95, 20.0: 0.9}.get(cf, 0.85)
 
     sent = run_link(c, 20, gain, MODERATE)
-    assert windows(sent) == [10.0, 20.0, 40.0, 160.0] and c.theta_ideal == 160.0
+    assert windows(sent) == [10.0, 20.0, 40.0, 160.0] and c.windows.theta_ideal == 160.0
     state["drop"] = True
     sent = run_link(c, 2 * (WINDOW + 1), gain, MODERATE)
-    assert windows(sent) == [160.0, 40.0] and c.phase is Phase.SETTLED and c.theta_ideal == 40.0
+    assert (
+        windows(sent) == [160.0, 40.0]
+        and c.phase == Phase.SETTLED
+        and c.windows.theta_ideal == 40.0
+    )
 
 
 def test_with_no_cf_kept_a_settled_search_starts_again_from_theta_min() -> None:
@@ -257,11 +278,11 @@ def test_with_no_cf_kept_a_settled_search_starts_again_from_theta_min() -> None:
         return 0.1 if state["drop"] else 0.95
 
     run_link(c, 20, gain, COMPUTE_BOUND)
-    assert c.theta_ideal == 10.0 and c.phase is Phase.SETTLED
+    assert c.windows.theta_ideal == 10.0 and c.phase == Phase.SETTLED
     state["drop"] = True
     sent = run_link(c, WINDOW + 2, gain, COMPUTE_BOUND)
-    assert c.phase is Phase.SEARCH and c.theta_ideal is None
-    assert c.current == 10.0 and sent[-1] == 10.0
+    assert c.phase == Phase.SEARCH and c.windows.theta_ideal is None
+    assert c.windows.current == 10.0 and sent[-1] == 10.0
 
 
 def test_a_settled_cf_whose_gain_falls_behind_a_kept_one_gives_way_to_it() -> None:
@@ -279,14 +300,14 @@ def test_a_settled_cf_whose_gain_falls_behind_a_kept_one_gives_way_to_it() -> No
     falling, holding = make(), make()
     for c in (falling, holding):
         sent = run(c, 16, gain, tsys.__getitem__, comm.__getitem__)
-        assert windows(sent) == [10.0, 20.0, 40.0, 160.0, 40.0] and c.theta_ideal == 40.0
+        assert windows(sent) == [10.0, 20.0, 40.0, 160.0, 40.0] and c.windows.theta_ideal == 40.0
     sent = run(holding, 3 * (WINDOW + 1), gain, tsys.__getitem__, comm.__getitem__)
-    assert set(sent) == {40.0} and holding.theta_ideal == 40.0
+    assert set(sent) == {40.0} and holding.windows.theta_ideal == 40.0
     state["late"] = 0.8  # 0.8 * 115 < 0.95 * (0.95 * 110): behind by more than omega
     sent = run(falling, 2 * (WINDOW + 1), gain, tsys.__getitem__, comm.__getitem__)
-    assert falling.theta_ideal == 20.0 and falling.phase is Phase.SETTLED
+    assert falling.windows.theta_ideal == 20.0 and falling.phase == Phase.SETTLED
     assert sent[0] == 40.0 and sent[-1] == 20.0
-    assert falling.wgain[40.0] == 0.8
+    assert falling.windows.wgain[40.0] == 0.8
 
 
 def test_a_settled_cf_moves_up_only_by_a_probe() -> None:
@@ -302,10 +323,10 @@ def test_a_settled_cf_moves_up_only_by_a_probe() -> None:
 
     c = make()
     sent = run(c, 16, gain, tsys.__getitem__, comm.__getitem__)
-    assert windows(sent) == [10.0, 20.0, 40.0, 20.0] and c.theta_ideal == 20.0
+    assert windows(sent) == [10.0, 20.0, 40.0, 20.0] and c.windows.theta_ideal == 20.0
     state["twenty"] = 0.86  # 0.86 * 110 = 94.6: 40's 0.8 * 115 = 92 is within omega of 95
     sent = run(c, (PROBE_EVERY - 2) * (WINDOW + 1), gain, tsys.__getitem__, comm.__getitem__)
-    assert set(sent) == {20.0} and c.theta_ideal == 20.0 and c.wgain[20.0] == 0.86
+    assert set(sent) == {20.0} and c.windows.theta_ideal == 20.0 and c.windows.wgain[20.0] == 0.86
 
 
 def test_theta_min_rejected_sends_dense_for_a_window_then_tries_again() -> None:
@@ -315,7 +336,7 @@ def test_theta_min_rejected_sends_dense_for_a_window_then_tries_again() -> None:
     assert sent[WINDOW + 1 : 2 * (WINDOW + 1)] == [1.0] * (WINDOW + 1)
     assert sent[-1] == 10.0  # the dense window ended: theta_min is tried again
     plan = c.plan()
-    assert plan.theta_min == 10.0
+    assert plan.cf == 10.0
 
 
 def test_without_a_window_gain_the_per_step_gain_judges() -> None:
@@ -324,24 +345,28 @@ def test_without_a_window_gain_the_per_step_gain_judges() -> None:
     per_step = {10.0: 0.9, 20.0: 0.9, 40.0: 0.2}
     for _ in range(30):
         plan = c.plan()
-        d = c.decide(plan)
-        if plan.window_terms:
-            c.observe_window(plan, math.nan)
-        c.record_throughput(d.cf, MODERATE.tsys(d.cf))
-        c.record_comm(d.cf, MODERATE.comm(d.cf))
-        c.observe(plan, per_step.get(plan.theta_min, 0.1), None)
-        c.end_step()
-    assert c.theta_ideal == 20.0
+        cf = plan.send.cf
+        c.observe(
+            Observation(
+                plan,
+                gain=per_step.get(plan.cf, 0.1),
+                gain_window=math.nan if plan.window_terms else None,
+                throughput=Sample(cf, MODERATE.tsys(cf)),
+                comm=Sample(cf, MODERATE.comm(cf)),
+            )
+        )
+    assert c.windows.theta_ideal == 20.0
 
 
 def test_a_skipped_bridge_step_is_repeated() -> None:
     c = make(warmup=1)
     run_link(c, 1, lambda cf: 0.9, MODERATE)
-    assert c.plan().window_terms
-    c.discard_step()  # the bridge step was skipped on every rank
-    assert c.plan().window_terms and c.current == 10.0
+    plan = c.plan()
+    assert plan.window_terms
+    c.observe(Skipped(plan))  # the bridge step was skipped on every rank
+    assert c.plan().window_terms and c.windows.current == 10.0
     run_link(c, 1, lambda cf: 0.9, MODERATE)
-    assert not c.plan().window_terms and c.current == 20.0
+    assert not c.plan().window_terms and c.windows.current == 20.0
 
 
 def test_resume_gives_the_same_decisions() -> None:
@@ -359,19 +384,29 @@ def test_resume_gives_the_same_decisions() -> None:
 
 @pytest.mark.parametrize("policy", ["exponential", "geometric"])
 def test_search_option_picks_the_controller_and_is_checked(policy: str) -> None:
-    paper = policies.create(policy, search="paper")
-    c = make_controller(paper, ControllerConfig(), 2, snap=lambda cf: cf)
-    assert type(c) is Controller
-    trial = make_controller(policies.create(policy), ControllerConfig(), 2, snap=lambda cf: cf)
-    assert type(trial) is TrialController
-    shadow = make_controller(policies.create(policy), ControllerConfig(), 2, replayable=True)
-    assert type(shadow) is ShadowController
-    static = policies.create("fixed", cf=100)
-    assert type(make_controller(static, ControllerConfig(), 2, snap=lambda cf: cf)) is Controller
+    """The config's ``search`` picks the search of an adaptive ladder (``"auto"``: by shadow
+    where the sends can be replayed, else by trial); a static CF runs the static controller
+    whatever it says."""
+
+    adaptive, static = policies.create(policy), policies.create("fixed", cf=100)
+
+    def kind(
+        config: ControllerConfig, ladder: ScalingPolicy = adaptive, replayable: bool = False
+    ) -> type:
+        return type(make_controller(ladder, config, 2, snap=lambda cf: cf, replayable=replayable))
+
+    assert kind(ControllerConfig(search="paper")) is PaperController
+    assert kind(ControllerConfig(search="paper"), replayable=True) is PaperController
+    assert kind(ControllerConfig()) is TrialController
+    assert kind(ControllerConfig(), replayable=True) is ShadowController
+    assert kind(ControllerConfig(search="trial"), replayable=True) is TrialController
+    assert kind(ControllerConfig(search="shadow"), replayable=True) is ShadowController
+    for search in ("auto", "paper", "trial"):
+        assert kind(ControllerConfig(search=search), static) is StaticController
     with pytest.raises(ValueError, match="needs an adaptive policy"):
-        TrialController(ControllerConfig(), static, 2)
-    with pytest.raises(ValueError, match=f"{policy} policy option search must be one of"):
-        build_engine(policy=policy, policy_options={"search": "guess"})
+        TrialController(Setting(ControllerConfig(), static, 2, cf_key))
+    with pytest.raises(ValueError, match=r"search must be one of \('trial', 'paper'"):
+        build_engine(policy=policy, search="guess")
 
 
 # --------------------------------------------------------------------------- window gain
@@ -450,7 +485,7 @@ def test_window_sums_of_another_sampling_are_dropped_on_load() -> None:
 def test_engine_logs_a_window_gain_once_a_window_and_resumes_it() -> None:
     """One process, the optimizer front end: every window + 1 steps a record carries the
     window gain; a resumed optimizer gives the same gains and CFs."""
-    from tests.helpers import Records, train_square, windowed_optimizer
+    from tests.helpers import Records, resume_windowed, train_square, windowed_optimizer
 
     full = Records()
     model, opt = windowed_optimizer(full, WINDOW, **TRIAL)
@@ -461,13 +496,7 @@ def test_engine_logs_a_window_gain_once_a_window_and_resumes_it() -> None:
     assert all(0.0 <= g <= 1.0 for _, g in gains)
 
     part = Records()
-    model_a, opt_a = windowed_optimizer(part, WINDOW, **TRIAL)
-    train_square(model_a, opt_a, range(9))
-    state = opt_a.state_dict()
-    model_b, opt_b = windowed_optimizer(part, WINDOW, **TRIAL)
-    model_b.load_state_dict(model_a.state_dict())
-    opt_b.load_state_dict(state)
-    train_square(model_b, opt_b, range(9, 20))
+    resume_windowed(part, WINDOW, 9, 20, **TRIAL)
     assert [(r.cf_sent, r.gain_window) for r in part.items] == [
         (r.cf_sent, r.gain_window) for r in full.items
     ]

@@ -1,24 +1,31 @@
-"""The search by shadow (gravac.control.shadow_search) on scripted shadow gains and links, and
+"""The search by shadow (gravac.control.searches.shadow) on scripted shadow gains and links, and
 through the engine: logged gains, resume, and the compressors it refuses."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from gravac import policies
 from gravac.config import build_engine
-from gravac.control.controller import ControllerConfig, Phase
-from gravac.control.factory import make_controller
-from gravac.control.policies.base import DEFAULT_HORIZON
-from gravac.control.shadow_search import TOP_WARMUP_STEPS, ShadowController
-from gravac.control.trial import MIN_WARMUP_STEPS, TrialController, between_seconds, link_seconds
-from tests.control.test_trial import COMPUTE_BOUND, MODERATE, OMEGA, SLOW, WINDOW, Link, windows
-from tests.helpers import Records, train_square, windowed_optimizer
+from gravac.control.link import between_seconds, link_seconds
+from gravac.control.records import Observation, Phase, Sample, Skipped
+from gravac.control.searches.sent import MIN_WARMUP_STEPS
+from gravac.control.searches.shadow import TOP_WARMUP_STEPS, ShadowController
+from gravac.control.searches.trial import TrialController
+from tests.control.searches.test_trial import (
+    COMPUTE_BOUND,
+    MODERATE,
+    SLOW,
+    WINDOW,
+    Link,
+    scripted,
+    windows,
+)
+from tests.helpers import Records, resume_windowed, train_square, windowed_optimizer
 
 EXPONENTIAL_LADDER = (10.0, 20.0, 40.0, 160.0, 1000.0)
 
@@ -68,18 +75,9 @@ def make(
     noise: bool | None = None,
     **config: float,
 ) -> ShadowController:
-    """A search by shadow (``progress``, ``horizon`` and ``noise``: the policy options)."""
-    cfg = ControllerConfig(
-        theta_min=10.0,
-        window=WINDOW,
-        warmup_steps=warmup,
-        ewma_alpha=1.0,
-        **{"omega": OMEGA, **config},
-    )
-    policy_ = policies.create(
-        policy, search="shadow", progress=progress, horizon=horizon, noise=noise
-    )
-    c = make_controller(policy_, cfg, 2, snap=lambda cf: cf, replayable=True)
+    """A search by shadow (``progress``, ``horizon`` and ``noise``: the config's options)."""
+    options = {"progress": progress, "horizon": horizon, "noise": noise, **config}
+    c = scripted(policy, "shadow", warmup, **options)
     assert isinstance(c, ShadowController)
     return c
 
@@ -91,28 +89,38 @@ def run(
     link: Link | EngineTimed,
     real: Callable[[int, float], float] | None = None,
     share: Callable[[int], float | None] | None = None,
+    slowed: Mapping[int, float] | None = None,
 ) -> list[float]:
-    """``steps`` steps in the engine's call order; ``gain(step, cf)`` is the shadow window gain
-    of ``cf`` at a step that closes a window, ``real`` the real window gain of the CF sent
-    (``gain``'s if not given), ``share(step)`` the window's signal share (none if not given,
-    as with one rank); ``link`` times the steps (:func:`timed`). The CF sent at each step."""
+    """``steps`` steps, each planned and then observed as the engine observes it: ``gain(step,
+    cf)`` is the shadow window gain of ``cf`` at a step that closes a window, ``real`` the real
+    window gain of the CF sent (``gain``'s if not given), ``share(step)`` the window's signal
+    share (none if not given, as with one rank); ``link`` times the steps (:func:`timed`), the
+    interval timed at a step of ``slowed`` that many times longer (a step slowed by something
+    else; ``math.inf``: not timed, as at a resume's first step). The CF sent at each step."""
     real = real or gain
+    slowed = slowed or {}
     sent: list[float] = []
     for step in range(steps):
         plan = c.plan()
         assert plan.shadows == c.ladder
-        d = c.decide(plan)
-        if plan.window_terms:
-            if plan.signal and share is not None:
-                c.observe_signal(share(step))
-            c.observe_window(plan, real(step, c.current))
-            c.observe_shadows(plan, {cf: gain(step, cf) for cf in plan.shadows})
-        for cf, tsys, comm in timed(link, sent[-1] if sent else None, d.cf):
-            c.record_throughput(cf, tsys)
-            c.record_comm(cf, comm)
-        c.observe(plan, math.nan, None)
-        c.end_step()
-        sent.append(d.cf)
+        cf = plan.send.cf
+        throughput = comm = None
+        for at, tsys, seconds in timed(link, sent[-1] if sent else None, cf):
+            factor = slowed.get(step, 1.0)
+            throughput = Sample(at, tsys / factor) if math.isfinite(factor) else None
+            comm = Sample(at, seconds)
+        window = plan.window_terms
+        c.observe(
+            Observation(
+                plan,
+                gain_window=real(step, c.windows.current) if window else None,
+                shadow_gains={s: gain(step, s) for s in plan.shadows} if window else {},
+                signal_share=share(step) if window and plan.signal and share is not None else None,
+                throughput=throughput,
+                comm=comm,
+            )
+        )
+        sent.append(cf)
     return sent
 
 
@@ -141,7 +149,7 @@ def test_on_a_fast_link_the_warm_up_sends_theta_min_after_its_third_step() -> No
     c = make(warmup=10)
     sent = run(c, 30, falling, COMPUTE_BOUND)
     assert [i for i, cf in enumerate(sent) if cf != 10.0] == list(TOP_WARMUP_STEPS)
-    assert c.theta_ideal == 10.0
+    assert c.windows.theta_ideal == 10.0
 
 
 class FirstStepSlow(Link):
@@ -163,7 +171,7 @@ def test_the_link_model_reads_theta_mins_steps_only(link: Link) -> None:
     c = make(warmup=10)
     run(c, 11, falling, FirstStepSlow(link))
     assert c.windows_closed >= 1
-    assert c.tsys[10.0] == pytest.approx(link.tsys(10.0))
+    assert c.windows.smoothed.tsys[10.0] == pytest.approx(link.tsys(10.0))
     for cf in c.ladder:
         assert c.estimated_tsys(cf) == pytest.approx(link.tsys(cf))
 
@@ -183,7 +191,7 @@ def test_the_warm_ups_real_gain_corrects_no_shadow() -> None:
 def test_when_compute_bound_it_stays_at_theta_min() -> None:
     c = make()
     assert set(run(c, 20, falling, COMPUTE_BOUND)) == {10.0}
-    assert c.phase is Phase.SETTLED and c.theta_ideal == 10.0
+    assert c.phase == Phase.SETTLED and c.windows.theta_ideal == 10.0
 
 
 def test_of_cfs_within_omega_of_the_best_throughput_the_largest_is_chosen() -> None:
@@ -191,8 +199,8 @@ def test_of_cfs_within_omega_of_the_best_throughput_the_largest_is_chosen() -> N
     run(c, 3, lambda step, cf: 0.9, MODERATE)  # warm-up (2 steps) and its bridge
     tput = c.shadow_tput()
     top = max(tput.values())
-    assert c.theta_ideal == max(cf for cf, t in tput.items() if t >= 0.95 * top)
-    assert c.theta_ideal == 1000.0  # equal gains: the cheapest CF
+    assert c.windows.theta_ideal == max(cf for cf, t in tput.items() if t >= 0.95 * top)
+    assert c.windows.theta_ideal == 1000.0  # equal gains: the cheapest CF
 
 
 def test_with_progress_cosine_it_ranks_cfs_by_the_square_root_of_their_gains() -> None:
@@ -204,7 +212,7 @@ def test_with_progress_cosine_it_ranks_cfs_by_the_square_root_of_their_gains() -
     for progress in ("cosine", None):
         c = make(progress=progress)
         run(c, 3, lambda step, cf: gains[cf], MODERATE)  # warm-up (2 steps) and its bridge
-        chosen[progress] = c.theta_ideal
+        chosen[progress] = c.windows.theta_ideal
         assert c.shadow_tput()[160.0] == pytest.approx(
             MODERATE.tsys(160.0) * (math.sqrt(gains[160.0]) if progress else gains[160.0])
         )
@@ -270,7 +278,7 @@ def test_held_back_energy_counts_by_the_largest_signal_share_so_far() -> None:
     run(c, 3 + 2 * (WINDOW + 1), falling, SLOW, share=lambda step: next(shares))
     assert c.signal_share == 0.4
     assert c.judged_gain(1000.0) == pytest.approx(0.72)
-    c.observe_signal(next(shares))
+    run(c, WINDOW + 1, falling, SLOW, share=lambda step: next(shares))  # the next window's
     assert c.signal_share == 0.8 and c.judged_gain(1000.0) == pytest.approx(0.44)
 
 
@@ -286,7 +294,7 @@ def test_a_noisy_start_sends_the_cf_whose_held_back_energy_is_mostly_noise(
     c = make(noise=noise)
     assert c.plan().signal is (noise is None)
     sent = run(c, 3, falling, SLOW, share=lambda step: share)
-    assert c.theta_ideal == chosen and sent == [10.0] * 3
+    assert c.windows.theta_ideal == chosen and sent == [10.0] * 3
 
 
 def test_the_signal_share_survives_a_checkpoint() -> None:
@@ -338,7 +346,7 @@ def test_a_cf_not_sent_is_timed_between_the_nearest_cfs_timed_or_by_the_link_mod
     below the smallest, from the smallest; the warm-up's time of the top of the ladder counts as
     one timed above, until the top is sent."""
     c = make()
-    c.tsys, c.comm = {10.0: 2.0, 160.0: 10.0}, {10.0: 0.4, 160.0: 0.02}
+    c.windows.smoothed.tsys, c.windows.comm = {10.0: 2.0, 160.0: 10.0}, {10.0: 0.4, 160.0: 0.02}
     assert c.estimated_tsys(10.0) == 2.0 and c.estimated_tsys(160.0) == 10.0
     want = 1.0 / between_seconds(40.0, 10.0, 0.5, 160.0, 0.1)
     assert c.estimated_tsys(40.0) == pytest.approx(want) != 1.0 / link_seconds(40.0, 10.0, 0.5, 0.4)
@@ -347,12 +355,12 @@ def test_a_cf_not_sent_is_timed_between_the_nearest_cfs_timed_or_by_the_link_mod
     assert c.estimated_tsys(320.0) == pytest.approx(
         1.0 / between_seconds(320.0, 160.0, 0.1, 1000.0, 0.05)
     )
-    c.tsys[1000.0], c.comm[1000.0] = 25.0, 0.0  # sent: its own time
+    c.windows.smoothed.tsys[1000.0], c.windows.comm[1000.0] = 25.0, 0.0  # sent: its own time
     assert c.estimated_tsys(1000.0) == 25.0
     assert c.estimated_tsys(320.0) == pytest.approx(
         1.0 / between_seconds(320.0, 160.0, 0.1, 1000.0, 0.04)
     )
-    c.tsys, c.comm = {40.0: 4.0}, {40.0: 0.1}
+    c.windows.smoothed.tsys, c.windows.comm = {40.0: 4.0}, {40.0: 0.1}
     assert c.estimated_tsys(10.0) == pytest.approx(1.0 / link_seconds(10.0, 40.0, 0.25, 0.1))
 
 
@@ -382,25 +390,10 @@ def test_where_compression_grows_with_the_elements_kept_the_search_leaves_theta_
     throughput times gain is the largest (0.6 / 0.0119 s against 0.98 / 0.04 s)."""
     timed_top = make(warmup=10)
     run(timed_top, 11, falling, LOOPBACK)
-    assert timed_top.theta_ideal == 160.0
+    assert timed_top.windows.theta_ideal == 160.0
     untimed = make(warmup=2)
     run(untimed, 3, falling, LOOPBACK)
-    assert untimed.top_seconds is None and untimed.theta_ideal == 10.0
-
-
-def slow_interval(c: ShadowController, step: int | None, factor: float) -> None:
-    """Make the interval the engine times at ``step`` ``factor`` times longer (a step slowed by
-    something else); ``math.inf`` drops it (not timed, as at a resume's first step)."""
-    real_record = c.record_throughput
-    steps = iter(range(1, 1000))  # the engine times no interval at the first step
-
-    def record(cf: float, samples_per_second: float) -> None:
-        if next(steps) != step:
-            real_record(cf, samples_per_second)
-        elif math.isfinite(factor):
-            real_record(cf, samples_per_second / factor)
-
-    c.record_throughput = record  # type: ignore[method-assign]
+    assert untimed.top_seconds is None and untimed.windows.theta_ideal == 10.0
 
 
 @pytest.mark.parametrize(
@@ -412,8 +405,7 @@ def test_without_both_intervals_around_the_tops_step_the_top_is_not_timed(
     """A warm-up of 3 steps has no step at theta_min alone after the top's; a step whose
     interval was not timed (as at a resume) leaves the top untimed: the link model as before."""
     c = make(warmup=warmup)
-    slow_interval(c, skipped, math.inf)
-    run(c, warmup + 1, falling, LOOPBACK)
+    run(c, warmup + 1, falling, LOOPBACK, slowed={} if skipped is None else {skipped: math.inf})
     assert c.windows_closed == 1 and c.top_seconds is None
 
 
@@ -423,22 +415,20 @@ def test_a_top_timed_slower_than_the_link_model_gives_it_is_held_to_that(step: i
     between with it, for good: the top's time is held to the link model's from theta_min, as
     without the top's steps, so the search stays at theta_min as the link model had it."""
     c = make(warmup=10)
-    slow_interval(c, step, 10.0)
-    run(c, 11, falling, LOOPBACK)
-    want = link_seconds(1000.0, 10.0, 1.0 / c.tsys[10.0], c.comm[10.0])
-    assert c.top_seconds == pytest.approx(want) and c.theta_ideal == 10.0
+    run(c, 11, falling, LOOPBACK, slowed={step: 10.0})
+    want = link_seconds(1000.0, 10.0, 1.0 / c.windows.smoothed.tsys[10.0], c.windows.comm[10.0])
+    assert c.top_seconds == pytest.approx(want) and c.windows.theta_ideal == 10.0
 
 
 def test_a_skipped_bridge_step_is_repeated_with_its_gains() -> None:
     c = make(warmup=1)
     run(c, 1, falling, SLOW)
     plan = c.plan()
-    assert plan.window_terms
-    c.observe_shadows(plan, {cf: 0.9 for cf in plan.shadows})
-    c.discard_step()  # the bridge step was skipped on every rank
-    assert c.plan().window_terms and c.current == 10.0 and c.shadow_gain == {}
-    run(c, 1, falling, SLOW)
-    assert c.current == 160.0 and c.shadow_gain[1000.0] == 0.3
+    assert plan.window_terms and plan.shadows == c.ladder
+    c.observe(Skipped(plan))  # the bridge step was skipped on every rank: nothing measured
+    assert c.plan().window_terms and c.windows.current == 10.0 and c.shadow_gain == {}
+    run(c, 1, falling, SLOW)  # the bridge again, its gains measured
+    assert c.windows.current == 160.0 and c.shadow_gain == {cf: falling(0, cf) for cf in c.ladder}
 
 
 @pytest.mark.parametrize("split", [1, 2, 3, 4, 5])
@@ -486,29 +476,26 @@ def test_a_horizon_without_the_search_by_shadow_is_refused(
     compressor: str, options: dict[str, bool]
 ) -> None:
     with pytest.raises(ValueError, match="horizon=2 needs the search by shadow") as info:
-        build_engine(compressor=compressor, policy_options={"horizon": 2}, **options)
+        build_engine(compressor=compressor, horizon=2, **options)
     assert repr(compressor) in str(info.value)
 
 
 def test_noise_without_the_search_by_shadow_is_refused() -> None:
     with pytest.raises(ValueError, match="noise=True needs the search by shadow") as info:
-        build_engine(compressor="dgc", policy_options={"noise": True})
+        build_engine(compressor="dgc", noise=True)
     assert "'dgc'" in str(info.value)
 
 
 @pytest.mark.parametrize(
     ("compressor", "options", "horizon"),
-    [
-        ("topk", {}, DEFAULT_HORIZON),
-        ("topk", {"policy_options": {"horizon": 1}}, 1),
-        ("dgc", {}, 1),
-    ],
+    [("topk", {}, 2), ("topk", {"horizon": 1}, 1), ("dgc", {}, 1)],
 )
 def test_the_search_by_shadow_judges_over_two_windows_by_default_and_the_others_over_one(
     compressor: str, options: dict[str, Any], horizon: int
 ) -> None:
-    assert DEFAULT_HORIZON == 2
-    assert build_engine(compressor=compressor, **options).controller.horizon == horizon
+    """The windows the engine's window gains span, as the controller plans them."""
+    controller = build_engine(compressor=compressor, **options).controller
+    assert controller.plan().horizon == horizon
 
 
 @pytest.mark.parametrize(
@@ -534,7 +521,7 @@ def test_the_engine_logs_every_shadow_gain_once_a_window_and_resumes_them(horizo
     checkpoint for a horizon of two windows."""
     search = {"search": "shadow", "horizon": horizon}
     full = Records()
-    model, opt = windowed_optimizer(full, WINDOW, policy_options=search)
+    model, opt = windowed_optimizer(full, WINDOW, **search)
     train_square(model, opt, range(20))
     logged = [(r.step, r.gain_shadow) for r in full.items if r.gain_shadow]
     assert [s for s, _ in logged] == [2, 6, 10, 14, 18]
@@ -545,13 +532,7 @@ def test_the_engine_logs_every_shadow_gain_once_a_window_and_resumes_them(horizo
     assert "gain_shadow/cf160" in full.items[2].scalars()
 
     part = Records()
-    model_a, opt_a = windowed_optimizer(part, WINDOW, policy_options=search)
-    train_square(model_a, opt_a, range(9))
-    state = opt_a.state_dict()
-    model_b, opt_b = windowed_optimizer(part, WINDOW, policy_options=search)
-    model_b.load_state_dict(model_a.state_dict())
-    opt_b.load_state_dict(state)
-    train_square(model_b, opt_b, range(9, 20))
+    resume_windowed(part, WINDOW, 9, 20, **search)
     resumed = [(r.step, r.gain_shadow, r.cf_sent) for r in part.items[9:]]
     assert resumed == [(r.step, r.gain_shadow, r.cf_sent) for r in full.items[9:]]
 
@@ -562,8 +543,7 @@ def test_a_horizon_of_two_windows_changes_the_gains_from_the_second_window_on() 
     logged = []
     for horizon in (1, 2):
         records = Records()
-        policy_options = {"search": "shadow", "horizon": horizon}
-        model, opt = windowed_optimizer(records, WINDOW, policy_options=policy_options)
+        model, opt = windowed_optimizer(records, WINDOW, search="shadow", horizon=horizon)
         train_square(model, opt, range(7))
         logged.append([dict(r.gain_shadow) for r in records.items if r.gain_shadow])
     one, two = logged
@@ -585,7 +565,12 @@ def test_a_checkpoint_of_the_search_by_trial_resumes_under_the_default_search() 
     opt_b.load_state_dict(state)
     controller = opt_b.engine.controller
     assert isinstance(controller, ShadowController)
-    assert controller.tsys == opt.engine.controller.tsys and controller.shadow_gain == {}
+    trial = opt.engine.controller
+    assert isinstance(trial, TrialController)
+    assert (
+        controller.windows.smoothed.tsys == trial.windows.smoothed.tsys
+        and controller.shadow_gain == {}
+    )
     train_square(model_b, opt_b, range(8, 20))
     assert controller.shadow_gain  # judged again from the shadows' windows
     assert [r.step for r in resumed.items if r.gain_shadow] == [10, 14, 18]

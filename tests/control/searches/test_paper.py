@@ -1,11 +1,20 @@
-"""The GraVAC controller (Algorithm 1) on scripted gain and throughput sequences."""
+"""GraVAC's Algorithm 1 (gravac.control.searches.paper) on scripted gain and throughput
+sequences; a static CF (gravac.control.searches.static); the controller's config and tables."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 
 from gravac import policies
-from gravac.control.controller import Controller, ControllerConfig, Phase, ewma
+from gravac.control.factory import make_controller
+from gravac.control.options import ControllerConfig
+from gravac.control.protocol import Controller
+from gravac.control.records import Observation, Phase, Sample, Skipped
+from gravac.control.searches.paper import PaperController
+from gravac.control.searches.static import StaticController
+from gravac.control.tables import Smoothed, ewma
 
 
 def make(
@@ -17,7 +26,7 @@ def make(
     omega: float = 0.05,
     theta_max: float = 1000.0,
     **policy_options: float,
-) -> Controller:
+) -> PaperController:
     cfg = ControllerConfig(
         theta_min=10.0,
         theta_max=theta_max,
@@ -26,31 +35,33 @@ def make(
         window=window,
         warmup_steps=warmup,
         ewma_alpha=1.0,  # no smoothing: each step's gain is the gain
+        search="paper",
     )
-    return Controller(cfg, policies.create(policy, **policy_options), world_size=2)
+    c = make_controller(policies.create(policy, **policy_options), cfg, world_size=2)
+    assert isinstance(c, PaperController)
+    return c
 
 
 def run_step(
     c: Controller, gain_min: float, gain_c: float, tsys: dict[float, float] | None = None
 ) -> tuple[float, str, float | None]:
-    """One step in the documented order: plan and decide (from earlier steps), observe the
-    step's scripted gains, record scripted throughput, end the step."""
+    """One step: the plan (from earlier steps), then the step's scripted gains and a scripted
+    throughput at the CF it sent, observed."""
     plan = c.plan()
-    d = c.decide(plan)
-    c.observe(plan, gain_min, gain_c if plan.candidate is not None else None)
-    if tsys is not None:
-        c.record_throughput(d.cf, tsys.get(d.cf, 100.0))
-    c.end_step()
+    d = plan.send
+    throughput = None if tsys is None else Sample(d.cf, tsys.get(d.cf, 100.0))
+    candidate = gain_c if plan.candidate is not None else None
+    c.observe(Observation(plan, gain=gain_min, gain_candidate=candidate, throughput=throughput))
     return d.cf, d.which, plan.candidate
 
 
 def test_warmup_sends_theta_min_whatever_the_gain_then_searches() -> None:
     c = make(warmup=2)
-    assert c.phase is Phase.WARMUP
+    assert c.phase == Phase.WARMUP
     for _ in range(2):
         cf, which, cand = run_step(c, gain_min=0.0, gain_c=0.0)
         assert (cf, which, cand) == (10.0, "min", None)
-    assert c.phase is Phase.SEARCH
+    assert c.phase == Phase.SEARCH
     assert c.plan().candidate == 20.0  # theta_min * r for the geometric policy, r = 2
 
 
@@ -83,17 +94,17 @@ def test_theta_min_stays_when_gains_differ() -> None:
 def test_saturated_throughput_settles_on_the_lower_cf_and_reopens() -> None:
     c = make(warmup=0, window=2, omega=0.05)
     # 20 is sent; 10 gets a throughput too via one min step: tput equal within omega
-    c.record_throughput(10.0, 100.0)
+    c.smoothed.fold_tsys(10.0, 100.0)
     for _ in range(2):
         run_step(c, 0.9, 0.6, tsys={20.0: 100.0 * 0.9 / 0.6})
-    assert c.phase is Phase.SETTLED
+    assert c.phase == Phase.SETTLED
     assert c.theta_ideal == 10.0  # min(cf1, cf2)
     # settled: the candidate is theta_ideal (here = theta_min, so none is evaluated)
     assert c.plan().candidate is None
     # the gain of theta_ideal drops below epsilon for a window: search reopens
     for _ in range(2):
         run_step(c, 0.2, 0.0)
-    assert c.phase is Phase.SEARCH
+    assert c.phase == Phase.SEARCH
 
 
 def test_unsaturated_throughput_scales_up_by_policy() -> None:
@@ -103,7 +114,7 @@ def test_unsaturated_throughput_scales_up_by_policy() -> None:
         # a one-step window measures its new candidate (no gain before it) and sends theta_min
         cf, which, cand = run_step(c, 0.95, 0.6, tsys={})
         assert which == "min"
-        c.record_throughput(cf, 100.0 * 10 ** (step + 1))
+        c.smoothed.fold_tsys(cf, 100.0 * 10 ** (step + 1))
         seen.append(cand)
     # exponential with r = 2: s = 2, 2*2, 4*4, 16*8
     assert seen == [20.0, 40.0, 160.0, 1280.0]
@@ -114,19 +125,33 @@ def test_exhausted_search_at_theta_max_settles_on_best_tput() -> None:
     c = make(warmup=0, window=2, theta_max=40.0, omega=0.0)
     tputs = {10.0: 100.0, 20.0: 300.0, 40.0: 200.0}
     for _ in range(6):
-        if c.phase is Phase.SETTLED:
+        if c.phase == Phase.SETTLED:
             break
         run_step(c, 1.0, 0.9, tsys=tputs)
-        c.record_throughput(10.0, tputs[10.0])
-    assert c.phase is Phase.SETTLED
+        c.smoothed.fold_tsys(10.0, tputs[10.0])
+    assert c.phase == Phase.SETTLED
     assert c.theta_ideal == 20.0
 
 
 def test_fixed_policy_sends_its_cf_always() -> None:
-    c = make(policy="fixed", cf=100.0)
-    assert c.phase is Phase.FIXED
+    c = make_controller(policies.create("fixed", cf=100.0), ControllerConfig(window=3), 2)
+    assert isinstance(c, StaticController) and c.phase == "fixed"
+    plans = []
     for _ in range(10):
+        plans.append(c.plan())
         assert run_step(c, 0.0, 0.0) == (100.0, "min", None)
+    # it measures no gain unless told, and carries the window gain once a window (a step
+    # that carries it starts the next window)
+    assert not any(p.measure for p in plans)
+    assert [i for i, p in enumerate(plans) if p.window_terms] == [3, 6, 9]
+
+
+def test_a_static_cf_that_measures_smooths_its_gains() -> None:
+    c = make_controller(policies.create("fixed", cf=100.0, measure=True), ControllerConfig(), 2)
+    plan = c.plan()
+    report = c.observe(Observation(plan, gain=0.8, throughput=Sample(100.0, 50.0)))
+    assert plan.measure and report.gain == 0.8 and report.system_throughput == 50.0
+    assert c.observe(Skipped(c.plan())).phase == "fixed"
 
 
 def test_state_dict_round_trip_continues_identically() -> None:
@@ -171,12 +196,29 @@ def test_invalid_config_names_the_field(field: str, value: float) -> None:
 def test_candidate_gain_is_required_when_a_candidate_is_planned() -> None:
     c = make(warmup=0)
     with pytest.raises(ValueError, match="candidate"):
-        c.observe(c.plan(), 0.9, None)
+        c.observe(Observation(c.plan(), gain=0.9))
 
 
-def test_record_throughput_rejects_nonpositive() -> None:
+@pytest.mark.parametrize("value", [0.0, -1.0, math.inf, math.nan])
+def test_a_throughput_sample_must_be_finite_and_positive(value: float) -> None:
     with pytest.raises(ValueError, match="samples_per_second"):
-        make().record_throughput(10.0, 0.0)
+        Smoothed(0.5).fold_tsys(10.0, value)
+
+
+def test_the_report_is_what_the_step_saw_before_the_window_rules() -> None:
+    """The step that ends the warm-up is logged in the warm-up, with the gains it folded."""
+    c = make(warmup=1)
+    report = c.observe(Observation(c.plan(), gain=0.7, throughput=Sample(10.0, 40.0)))
+    assert report.phase == "warmup" and c.phase == "search"
+    assert report.gain == 0.7 and report.system_throughput == 40.0
+    assert report.compression_throughput == pytest.approx(28.0)
+
+
+def test_a_skipped_step_changes_nothing() -> None:
+    c = make(warmup=2)
+    before = c.state_dict()
+    assert c.observe(Skipped(c.plan())).phase == "warmup"
+    assert c.state_dict() == before
 
 
 def test_resnap_moves_every_cf_held_onto_the_new_deliverable_ones() -> None:
@@ -188,12 +230,13 @@ def test_resnap_moves_every_cf_held_onto_the_new_deliverable_ones() -> None:
         return cf if not step else max(step[0], step[0] * round(cf / step[0]))
 
     c = make()
-    c = Controller(c.config, c.policy, world_size=2, snap=snap)
+    c = make_controller(c.policy, c.config, world_size=2, snap=snap)
+    assert isinstance(c, PaperController)
     for _ in range(4):
         run_step(c, 0.9, 0.9, {10.0: 50.0})
-    assert set(c.gain) == set(c.tsys) == {10.0, 20.0}
+    assert set(c.smoothed.gain) == set(c.smoothed.tsys) == {10.0, 20.0}
     step.append(3.0)
     c.resnap()
-    assert c.theta_min == 9.0 and set(c.gain) == set(c.tsys) == {9.0, 21.0}
+    assert c.theta_min == 9.0 and set(c.smoothed.gain) == set(c.smoothed.tsys) == {9.0, 21.0}
     plan = c.plan()
-    assert plan.theta_min == 9.0 and plan.candidate is not None and plan.candidate % 3 == 0
+    assert plan.cf == 9.0 and plan.candidate is not None and plan.candidate % 3 == 0

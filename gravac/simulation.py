@@ -2,9 +2,9 @@
 
 Runs one round exactly as the compressor's collective would across real ranks, without
 ``torch.distributed``: every worker computes its local stats, the stats are reduced
-(:attr:`Compressor.stats_op`), every worker compresses with the agreed values, the payloads are
-aggregated (:meth:`Compressor.combine`: summed then decompressed for all-reduce compressors,
-decompressed then summed for all-gather ones) and the sum is divided by N::
+(:attr:`gravac.compressors.base.Agreeing.stats_rule`), every worker compresses with the agreed
+values, the payloads are aggregated (:meth:`Compressor.combine`: summed then decompressed for
+all-reduce compressors, decompressed then summed for all-gather ones) and the sum is divided by N::
 
     mean_hat = (1/N) * combine([C(x_1), ..., C(x_N)])   with x_i = g_i + e_i under EF
 
@@ -19,7 +19,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from gravac.compressors.base import Compressor, Context, Payload, Round, check_cf, wire_bytes
+from gravac.compressors.base import (
+    Compressor,
+    Context,
+    Payload,
+    Round,
+    check_cf,
+    local_stats,
+    stats_rule,
+    wire_bytes,
+)
 from gravac.memory import Memory
 
 __all__ = ["SimulationResult", "reduce_stats", "simulate"]
@@ -51,7 +60,8 @@ def reduce_stats(compressor: Compressor, stats: Sequence[Tensor | None]) -> Tens
     if any(s is None for s in stats):
         raise ValueError("local_stats must be given by every worker or by none")
     stacked = torch.stack([s for s in stats if s is not None])
-    return stacked.amax(dim=0) if compressor.stats_op == "max" else stacked.sum(dim=0)
+    rule = stats_rule(compressor)
+    return stacked.amax(dim=0) if rule is not None and rule.op == "max" else stacked.sum(dim=0)
 
 
 def simulate(
@@ -93,7 +103,7 @@ def simulate(
         else [g.detach() for g in grads]
     )
     probe = Round(step=step, key=key, world_size=n, layout=layout)
-    agreed = reduce_stats(compressor, [compressor.local_stats(x, cf, probe) for x in xs])
+    agreed = reduce_stats(compressor, [local_stats(compressor, x, cf, probe) for x in xs])
     rnd = Round(step=step, key=key, world_size=n, agreed=agreed, layout=layout)
     compressed: list[tuple[Payload, Context]] = [compressor.compress(x, cf, rnd) for x in xs]
     payloads = [p for p, _ in compressed]

@@ -5,6 +5,7 @@
 
 from gravac.compressors import dense, dgc, powersgd, randomk, redsync, thc, topk, topkc
 from gravac.compressors.base import (
+    Agreeing,
     Collective,
     Compressor,
     Context,
@@ -12,6 +13,7 @@ from gravac.compressors.base import (
     Payload,
     Replayable,
     Round,
+    StatsRule,
     check_cf,
     k_for_cf,
     payload_tensors,
@@ -21,6 +23,7 @@ from gravac.compressors.base import (
 from gravac.compressors.registry import create, get, names, options, register
 
 __all__ = [
+    "Agreeing",
     "Collective",
     "Compressor",
     "Context",
@@ -28,6 +31,7 @@ __all__ = [
     "Payload",
     "Replayable",
     "Round",
+    "StatsRule",
     "check_cf",
     "create",
     "dense",

@@ -13,8 +13,9 @@ Aggregation follows the compressor's collective:
   (Top-k, DGC, RedSync), with payloads of exact, CF-determined size so no size exchange is needed.
 
 Compressors that need values agreed by all ranks before compressing (THC's max-norm, TopKC's
-chunk norms) return them from :meth:`Compressor.local_stats`; the caller reduces them across ranks
-with :attr:`Compressor.stats_op` and passes the result as :attr:`Round.agreed`.
+chunk norms) are :class:`Agreeing`: they return them from :meth:`Agreeing.local_stats`; the caller
+reduces them across ranks by :attr:`Agreeing.stats_rule` and passes the result as
+:attr:`Round.agreed`.
 
 Edge cases, the same for every compressor (tested over the registry):
 
@@ -45,6 +46,7 @@ from gravac.memory import Memory, ResidualMemory
 from gravac.spans import Place
 
 __all__ = [
+    "Agreeing",
     "Collective",
     "Compressor",
     "Context",
@@ -53,9 +55,13 @@ __all__ = [
     "Replayable",
     "Round",
     "StatsOp",
+    "StatsRule",
+    "agreed_stats",
     "check_cf",
     "k_for_cf",
+    "local_stats",
     "payload_tensors",
+    "stats_rule",
     "sum_payloads",
     "wire_bytes",
 ]
@@ -75,13 +81,13 @@ class Round:
         step: global optimizer step; seeds shared randomness (Random-k indices, THC diagonals).
         key: which bucket or tensor this is; keys per-tensor state and seeds.
         world_size: number of ranks whose payloads will be aggregated.
-        agreed: the result of reducing every rank's :meth:`Compressor.local_stats` with
-            :attr:`Compressor.stats_op`; ``None`` for compressors that need none.
+        agreed: the result of reducing every rank's :meth:`Agreeing.local_stats` by
+            :attr:`Agreeing.stats_rule`; ``None`` for compressors that need none.
         layout: shapes of the tensors packed, in order, into a flat bucket ``x`` (their numels
             add up to ``x.numel()``); ``None`` when ``x`` is a single tensor of its own shape.
             Compressors that work per matrix (PowerSGD) read it.
         stale: ``agreed`` holds the previous step's statistics, not this step's (only for a
-            compressor whose :attr:`Compressor.stats_may_lag`).
+            compressor whose :attr:`StatsRule.may_lag`).
     """
 
     step: int = 0
@@ -146,49 +152,22 @@ class Compressor(ABC):
 
     Subclasses set the class attributes and implement :meth:`compress` and :meth:`decompress`.
     What only some compressors can do is a protocol of its own, which they implement:
-    :class:`Multilevel` (compress their own payload further) and :class:`Replayable` (what they
-    keep can be replayed on a sample of the gradient).
+    :class:`Agreeing` (values agreed over ranks before compressing), :class:`Multilevel`
+    (compress their own payload further) and :class:`Replayable` (what they keep can be
+    replayed on a sample of the gradient).
     """
 
     #: registry name
     name: ClassVar[str]
     #: the collective that aggregates payloads (an instance may choose, e.g. THC's transport)
     collective: Collective
-    #: how :meth:`local_stats` are reduced across ranks
-    stats_op: ClassVar[StatsOp] = "sum"
-    #: whether :meth:`compress` stays exact under error feedback with the previous step's
-    #: statistics (:attr:`Round.stale`): the engine then agrees them beside the step's other
-    #: scalars instead of in a blocking collective before compressing
-    stats_may_lag: ClassVar[bool] = False
     #: whether the payload is the input itself, summed as it is: the aggregate is then
     #: non-finite on every rank wherever an input is on one, and the engine checks only it
     sends_input: ClassVar[bool] = False
-    #: whether :meth:`local_stats` is non-finite exactly when ``x`` holds a non-finite value:
-    #: the engine then takes them as the non-finite check, without a pass of its own
-    stats_show_nonfinite: ClassVar[bool] = False
     #: a smaller bucket than DDP's 25 MiB that :class:`gravac.GravacOptimizer` packs for this
     #: compressor when its caller does not choose (``bucket_bytes=None``), raised for a large
     #: model (:func:`gravac.buckets.default_bucket_bytes`); ``None``: DDP's 25 MiB
     bucket_bytes: ClassVar[int | None] = None
-
-    def local_stats(self, x: Tensor, cf: float, rnd: Round) -> Tensor | None:
-        """Values all ranks must agree on before compressing ``x`` (``None``: nothing)."""
-        return None
-
-    def agreed_stats(self, x: Tensor, cf: float, rnd: Round) -> Tensor | None:
-        """``rnd.agreed``; with one rank and nothing agreed, this rank's :meth:`local_stats`.
-
-        Raises:
-            ValueError: ``rnd.agreed`` is missing with more than one rank.
-        """
-        if rnd.agreed is not None:
-            return rnd.agreed
-        if rnd.world_size != 1:
-            raise ValueError(
-                f"{self.name} needs rnd.agreed: the {self.stats_op} over ranks of local_stats() "
-                f"(world_size={rnd.world_size})"
-            )
-        return self.local_stats(x, cf, rnd)
 
     def deliverable_cf(self, cf: float, world_size: int = 1) -> float:
         """The CF this compressor actually delivers, in wire bits, when asked for ``cf``.
@@ -336,6 +315,68 @@ def sum_payloads(payloads: Sequence[Payload]) -> Payload:
             total.add_(getattr(p, f.name))
         summed[f.name] = total
     return dataclasses.replace(first, **summed)
+
+
+@dataclass(frozen=True)
+class StatsRule:
+    """How an :class:`Agreeing` compressor's statistics are agreed over ranks.
+
+    Attributes:
+        op: how every rank's :meth:`Agreeing.local_stats` are reduced: ``"sum"`` or ``"max"``.
+        may_lag: :meth:`Compressor.compress` stays exact under error feedback with the previous
+            step's statistics (:attr:`Round.stale`): the engine then agrees them beside the
+            step's other scalars instead of in a blocking collective before compressing.
+        shows_nonfinite: the statistics are non-finite exactly when ``x`` holds a non-finite
+            value: the engine then takes them as the non-finite check, without a pass of its own.
+    """
+
+    op: StatsOp = "sum"
+    may_lag: bool = False
+    shows_nonfinite: bool = False
+
+
+@runtime_checkable
+class Agreeing(Protocol):
+    """A compressor that needs values agreed over ranks before it compresses (THC's and the
+    casts' scales, chunked Top-k's chunk norms): each rank computes :meth:`local_stats`, the
+    engine reduces them by :attr:`stats_rule` and passes the result as :attr:`Round.agreed`."""
+
+    #: how the statistics are reduced, and what the engine may do with them
+    stats_rule: ClassVar[StatsRule]
+
+    def local_stats(self, x: Tensor, cf: float, rnd: Round) -> Tensor | None:
+        """Values all ranks must agree on before compressing ``x`` (``None``: nothing, an
+        empty ``x``)."""
+        ...
+
+
+def stats_rule(c: Compressor) -> StatsRule | None:
+    """``c``'s :class:`StatsRule`; ``None`` for a compressor that agrees nothing."""
+    return c.stats_rule if isinstance(c, Agreeing) else None
+
+
+def local_stats(c: Compressor, x: Tensor, cf: float, rnd: Round) -> Tensor | None:
+    """``c``'s statistics of ``x`` to agree over ranks; ``None`` for a compressor that agrees
+    nothing (not :class:`Agreeing`)."""
+    return c.local_stats(x, cf, rnd) if isinstance(c, Agreeing) else None
+
+
+def agreed_stats(c: Agreeing, x: Tensor, cf: float, rnd: Round) -> Tensor | None:
+    """``rnd.agreed``; with one rank and nothing agreed, this rank's
+    :meth:`Agreeing.local_stats`.
+
+    Raises:
+        ValueError: ``rnd.agreed`` is missing with more than one rank.
+    """
+    if rnd.agreed is not None:
+        return rnd.agreed
+    if rnd.world_size != 1:
+        name = getattr(c, "name", type(c).__name__)
+        raise ValueError(
+            f"{name} needs rnd.agreed: the {c.stats_rule.op} over ranks of local_stats() "
+            f"(world_size={rnd.world_size})"
+        )
+    return c.local_stats(x, cf, rnd)
 
 
 @runtime_checkable

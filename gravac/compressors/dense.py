@@ -2,21 +2,20 @@
 
 ``none`` sends the tensor as it is (CF 1): the null compressor. ``fp16`` and ``bf16`` cast to 16
 bits (CF 2): the strong baseline that the "Beyond Throughput" note asks every compression scheme to
-beat, as PyTorch's ``fp16_compress_hook`` does. Like that hook they divide by the world size
-``N`` *before* the cast, so that the all-reduced sum of ``N`` contributions stays in the 16-bit
-range. Unlike that hook they also scale by a power of two ``2^k`` chosen from the largest
-magnitude ``m`` over all ranks (agreed through :meth:`local_stats`, ``stats_op = "max"``):
-``k = floor(log2(M / (2 m)))``, so the largest value lands in ``(M/4, M/2]`` of the format's
-largest finite value ``M``. Gradients above fp16's 65504 are then sent, not clamped (a clamp kept
-a high gain while the residual grew without bound), and small ones keep their precision instead
-of underflowing; the scaling is exact, undone after aggregation. Each contribution is still
-clamped to ``M / (2 N)`` (a no-op unless the agreed maximum is wrong), so that the all-reduced
-sum of ``N`` of them, rounded at every addition, stays finite (:data:`_SUM_HEADROOM`): the mean
-is then finite without a pass over it (:meth:`_HalfCompressor.mean_bound`).
-Under error feedback ``m`` is the previous step's, agreed beside that step's scalars
-(:attr:`Compressor.stats_may_lag`), so that no blocking collective waits behind the payloads
-in flight; the scale then leaves room for ``m`` to grow 16 times, and what a larger jump clamps
-stays in the residual, sent at the next step.
+beat, as PyTorch's ``fp16_compress_hook`` does. Like that hook they divide by the world size ``N``
+*before* the cast, so that the all-reduced sum of ``N`` contributions stays in the 16-bit range.
+Unlike that hook they also scale by a power of two ``2^k`` chosen from the largest magnitude ``m``
+over all ranks (agreed through :meth:`local_stats`, reduced by ``"max"``): ``k = floor(log2(M / (2
+m)))``, so the largest value lands in ``(M/4, M/2]`` of the format's largest finite value ``M``.
+Gradients above fp16's 65504 are then sent, not clamped (a clamp kept a high gain while the residual
+grew without bound), and small ones keep their precision instead of underflowing; the scaling is
+exact, undone after aggregation. Each contribution is still clamped to ``M / (2 N)`` (a no-op unless
+the agreed maximum is wrong), so that the all-reduced sum of ``N`` of them, rounded at every
+addition, stays finite (:data:`_SUM_HEADROOM`): the mean is then finite without a pass over it
+(:meth:`_HalfCompressor.mean_bound`). Under error feedback ``m`` is the previous step's, agreed
+beside that step's scalars (:attr:`gravac.compressors.base.StatsRule.may_lag`), so that no blocking
+collective waits behind the payloads in flight; the scale then leaves room for ``m`` to grow 16
+times, and what a larger jump clamps stays in the residual, sent at the next step.
 
 The optimizer packs them into buckets of :data:`CAST_BUCKET_BYTES` (more for a model of over
 32 MiB of compressed gradient: :func:`gravac.buckets.default_bucket_bytes`) unless told
@@ -48,7 +47,8 @@ from gravac.compressors.base import (
     Context,
     Payload,
     Round,
-    StatsOp,
+    StatsRule,
+    agreed_stats,
 )
 from gravac.compressors.registry import register
 from gravac.gain import inner, squared_norm
@@ -144,9 +144,9 @@ class _HalfCompressor(Compressor):
     """
 
     collective: Collective = "allreduce"
-    stats_op: ClassVar[StatsOp] = "max"
-    stats_may_lag: ClassVar[bool] = True
-    stats_show_nonfinite: ClassVar[bool] = True  # the largest magnitude: NaN or Inf with x
+    #: the largest magnitude over ranks, which may be the previous step's under error feedback
+    #: and is NaN or Inf with x
+    stats_rule: ClassVar[StatsRule] = StatsRule(op="max", may_lag=True, shows_nonfinite=True)
     bucket_bytes: ClassVar[int | None] = CAST_BUCKET_BYTES
     wire_dtype: ClassVar[torch.dtype]
 
@@ -177,7 +177,7 @@ class _HalfCompressor(Compressor):
         Raises:
             ValueError: ``rnd.agreed`` is missing with more than one rank.
         """
-        stats = self.agreed_stats(x, 1.0, rnd)
+        stats = agreed_stats(self, x, 1.0, rnd)
         m = 0.0 if stats is None else float(stats.reshape(-1)[0])
         if rnd.stale:
             m *= _LAG_HEADROOM

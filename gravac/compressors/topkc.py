@@ -46,7 +46,8 @@ from gravac.compressors.base import (
     Context,
     Payload,
     Round,
-    StatsOp,
+    StatsRule,
+    agreed_stats,
     check_cf,
     k_for_cf,
 )
@@ -177,7 +178,8 @@ class TopKCCompressor(Compressor):
 
     name: ClassVar[str] = "topkc"
     collective: Collective = "allreduce"
-    stats_op: ClassVar[StatsOp] = "sum"
+    #: the chunks' squared norms, summed over ranks
+    stats_rule: ClassVar[StatsRule] = StatsRule(op="sum")
 
     def __init__(self, *, chunk_size: int = DEFAULT_CHUNK_SIZE) -> None:
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
@@ -189,8 +191,15 @@ class TopKCCompressor(Compressor):
         return chunk_sq_norms(x.detach().reshape(-1), self.chunk_size)
 
     def _norms(self, flat: Tensor, rnd: Round) -> Tensor:
+        """The agreed squared chunk norms (this rank's alone, with one rank).
+
+        Raises:
+            ValueError: they are missing with more than one rank (each rank would rank its own
+                chunks and the all-reduce would add values at different positions), or of the
+                wrong shape.
+        """
         if rnd.agreed is None:
-            return chunk_sq_norms(flat, self.chunk_size)
+            return cast(Tensor, agreed_stats(self, flat, 1.0, rnd))
         n_chunks = math.ceil(flat.numel() / self.chunk_size)
         if rnd.agreed.shape != (n_chunks,):
             raise ValueError(

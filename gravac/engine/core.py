@@ -18,12 +18,15 @@ from torch.futures import Future
 
 from gravac.comm import Communicator, collect
 from gravac.compressors.base import (
+    Agreeing,
     Compressor,
     Multilevel,
     Payload,
     Replayable,
     Round,
+    StatsRule,
     payload_tensors,
+    stats_rule,
     wire_bytes,
 )
 from gravac.control.factory import make_controller
@@ -393,7 +396,7 @@ class Engine:
             step.ends.append(xx.reshape(1))
             step.bounds.append(xx.sqrt().reshape(1))  # ||x||_inf <= ||x||_2
             terms.append(xx)
-        elif not (c.sends_input or c.stats_show_nonfinite):
+        elif not (c.sends_input or self._stats_show_nonfinite):
             ends = _ends(x)
             step.ends.append(ends)
             step.bounds.append(ends.abs().amax(dim=0, keepdim=True) if ends.numel() else ends)
@@ -484,10 +487,22 @@ class Engine:
         return not isinstance(self.memory, NoMemory)
 
     @property
+    def _stats_rule(self) -> StatsRule | None:
+        """How the compressor's statistics are agreed (``None``: it agrees none)."""
+        return stats_rule(self.compressor)
+
+    @property
+    def _stats_show_nonfinite(self) -> bool:
+        """Whether the compressor's statistics are its non-finite check of ``x``."""
+        rule = self._stats_rule
+        return rule is not None and rule.shows_nonfinite
+
+    @property
     def _stats_lag(self) -> bool:
         """Whether the compressor's statistics may be the previous step's: it allows it, and
         error feedback keeps what a stale scale clamps."""
-        return self.compressor.stats_may_lag and not isinstance(self.memory, NoMemory)
+        rule = self._stats_rule
+        return rule is not None and rule.may_lag and not isinstance(self.memory, NoMemory)
 
     def _agree_stats(
         self, step: Step, x: Tensor, cfs: list[float], base: Round, layers: tuple[int, ...]
@@ -495,13 +510,15 @@ class Engine:
         """One round per CF, with the compressor's statistics reduced over ranks: one blocking
         collective for all of them; none for compressors without statistics, nor for those
         whose statistics may lag once a step has agreed them (:attr:`_lagged`)."""
-        c = self.compressor
+        c, rule = self.compressor, self._stats_rule
+        if not isinstance(c, Agreeing) or rule is None:
+            return [base] * len(cfs)
         stats = [c.local_stats(x, cf, base) for cf in cfs]
         present = [s for s in stats if s is not None]
         if not present:
             return [base] * len(cfs)
         flat = torch.cat([s.reshape(-1).to(torch.float64) for s in present])
-        if c.stats_show_nonfinite:  # the non-finite check of x, without a pass of its own
+        if rule.shows_nonfinite:  # the non-finite check of x, without a pass of its own
             step.ends.append(flat.clone())
         stale = False
         if self._stats_lag:
@@ -511,7 +528,7 @@ class Engine:
             if stale and lagged is not None:
                 flat = lagged
         if not stale:
-            self.comm.all_reduce_([flat], op=c.stats_op)
+            self.comm.all_reduce_([flat], op=rule.op)
         out, offset = [], 0
         for s in stats:
             if s is None:
@@ -743,7 +760,8 @@ class Engine:
         for layers, local in step.stats:
             cols = table[:, offset : offset + local.numel()]
             offset += local.numel()
-            op = self.compressor.stats_op
+            rule = self._stats_rule
+            op = "sum" if rule is None else rule.op
             self._lagged[layers] = cols.amax(dim=0) if op == "max" else cols.sum(dim=0)
 
     def _aggregate(self, f: Flight, out: Tensor | None) -> Tensor:

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from gravac import compressors
 from gravac.compressors import Compressor, Round
+from gravac.compressors.base import local_stats
 from gravac.simulation import reduce_stats
 
 if TYPE_CHECKING:
@@ -270,7 +271,7 @@ def agreed_round(
 ) -> Round:
     """The round of ``len(xs)`` workers with their local stats reduced, as every rank sees it."""
     probe = Round(step=BENCH_STEP, key=BENCH_KEY, world_size=len(xs), layout=layout)
-    agreed = reduce_stats(c, [c.local_stats(x, cf, probe) for x in xs])
+    agreed = reduce_stats(c, [local_stats(c, x, cf, probe) for x in xs])
     return dataclasses.replace(probe, agreed=agreed)
 
 

@@ -35,6 +35,7 @@ from torch import Tensor
 
 from gravac import compressors
 from gravac.compressors import Compressor, check_cf, wire_bytes
+from gravac.compressors.base import local_stats
 from gravac.simulation import SimulationResult, simulate
 from gravac_lab.bench.common import (
     BENCH_STEP,
@@ -145,7 +146,7 @@ def bench_compressor(
         c = instances.get()
 
         def call() -> object:
-            c.local_stats(x, cf, rnd)
+            local_stats(c, x, cf, rnd)
             return c.compress(x, cf, rnd)
 
         return call

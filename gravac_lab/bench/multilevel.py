@@ -18,6 +18,7 @@ from torch import Tensor
 
 from gravac import compressors
 from gravac.compressors import Compressor, Context, Multilevel, Payload, Round, check_cf
+from gravac.compressors.base import local_stats
 from gravac_lab.bench.common import (
     DEFAULT_REPEATS,
     DEFAULT_SEED,
@@ -134,7 +135,7 @@ def _bench_multilevel_one(
     rnd1, rnd2 = instances.prime(both_rounds)
 
     def compress(c: Compressor, cf: float, rnd: Round) -> tuple[Payload, Context]:
-        c.local_stats(x, cf, rnd)
+        local_stats(c, x, cf, rnd)
         return c.compress(x, cf, rnd)
 
     def multilevel(c: Compressor) -> tuple[Context, Context]:

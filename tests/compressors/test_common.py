@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from gravac import compressors
 from gravac.compressors import Round, payload_tensors, wire_bytes
-from gravac.compressors.base import Multilevel, sum_payloads
+from gravac.compressors.base import Agreeing, Multilevel, local_stats, sum_payloads
 from gravac.compressors.sparse import SparseCompressor
 from gravac.gain import compression_gain, gain_terms, squared_norm
 from gravac.memory import ResidualMemory
@@ -33,7 +33,7 @@ def _round(world_size: int = 1) -> Round:
 
 def _compress(c: compressors.Compressor, x: torch.Tensor, cf: float, rnd: Round):
     """Compress one worker's ``x`` with stats agreed among that single worker."""
-    stats = c.local_stats(x, cf, rnd)
+    stats = local_stats(c, x, cf, rnd)
     rnd = Round(rnd.step, rnd.key, rnd.world_size, stats, rnd.layout)
     return c.compress(x, cf, rnd)
 
@@ -248,7 +248,7 @@ def test_mean_bound_holds(name: str, workers: int, magnitude: float) -> None:
     base = torch.randn(20, 30)
     grads = [(base + 0.01 * torch.randn(20, 30)) * magnitude for _ in range(workers)]
     probe = Round(step=3, key=0, world_size=workers)
-    agreed = reduce_stats(c, [c.local_stats(g, 5.0, probe) for g in grads])
+    agreed = reduce_stats(c, [local_stats(c, g, 5.0, probe) for g in grads])
     rnd = Round(step=3, key=0, world_size=workers, agreed=agreed)
     compressed = [c.compress(g, 5.0, rnd) for g in grads]
     payloads, ctx = [p for p, _ in compressed], compressed[0][1]
@@ -345,3 +345,17 @@ def test_combine_into_a_given_buffer_equals_combine(name: str, workers: int) -> 
             out = c.combine(payloads, ctx)
         results.append(out.clone())
     assert torch.equal(results[0], results[1])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_compressor_agrees_statistics_exactly_when_it_is_agreeing(name: str) -> None:
+    """Only an :class:`Agreeing` compressor has statistics to agree; one that has needs them
+    with more than one rank, and one rank's own stand in for them alone."""
+    c = compressors.create(name)
+    x = torch.randn(64, 32)
+    stats = local_stats(c, x, 8.0, _round())
+    assert (stats is not None) == isinstance(c, Agreeing)
+    if isinstance(c, Agreeing):
+        assert c.stats_rule.op in ("sum", "max")
+        with pytest.raises(ValueError, match=r"needs rnd\.agreed"):
+            c.compress(x, 8.0, _round(world_size=2))

@@ -94,8 +94,11 @@ def test_ranks_select_identical_chunks_when_local_norms_disagree() -> None:
         grads.append(g.reshape(-1))
     c = compressors.create("topkc", chunk_size=chunk)
     cf = float(n_chunks)  # k = one chunk
-    local = [_ctx(c.compress(g, cf, Round(world_size=workers))[1]).chunk_ids for g in grads]
+    alone = Round(world_size=1)  # each worker by itself ranks by its own norms
+    local = [_ctx(c.compress(g, cf, alone)[1]).chunk_ids for g in grads]
     assert [ids.tolist() for ids in local] == [[0], [1], [2]]
+    with pytest.raises(ValueError, match=r"needs rnd\.agreed"):  # they would disagree
+        c.compress(grads[0], cf, Round(world_size=workers))
     rnd = _agreed_round(c, grads)
     agreed = [_ctx(c.compress(g, cf, rnd)[1]).chunk_ids.tolist() for g in grads]
     assert agreed == [[5]] * workers
@@ -198,7 +201,7 @@ def test_bad_chunk_size_raises(bad: object) -> None:
 
 def test_defaults_and_repr() -> None:
     c = compressors.create("topkc")
-    assert c.collective == "allreduce" and isinstance(c, Multilevel) and c.stats_op == "sum"
+    assert c.collective == "allreduce" and isinstance(c, Multilevel) and c.stats_rule.op == "sum"
     assert repr(c) == f"TopKCCompressor(chunk_size={DEFAULT_CHUNK_SIZE})"
 
 

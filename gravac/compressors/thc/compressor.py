@@ -2,7 +2,7 @@
 section 6).
 
 The class checks its options, picks ``(b, g, p)`` for a requested CF, agrees the block norms
-(:meth:`THCCompressor.local_stats`, ``stats_op = "max"``) and hands the math to the reference
+(:meth:`THCCompressor.local_stats`, reduced by ``"max"``) and hands the math to the reference
 (:mod:`gravac.compressors.thc.encoding`) or to the CPU path (:mod:`gravac.compressors.thc.cpu`).
 Transports (``transport``): ``"allreduce"`` sends the levels ``T[z]`` in 0..g packed into
 integer lanes (:mod:`gravac.compressors.thc.lanes`) plus a one-word ``count`` that sums to the
@@ -63,7 +63,8 @@ from gravac.compressors.base import (
     Context,
     Payload,
     Round,
-    StatsOp,
+    StatsRule,
+    agreed_stats,
     check_cf,
 )
 from gravac.compressors.registry import register
@@ -155,7 +156,8 @@ class THCCompressor(Compressor):
     """
 
     name: ClassVar[str] = "thc"
-    stats_op: ClassVar[StatsOp] = "max"
+    #: the blocks' norms, the largest over ranks
+    stats_rule: ClassVar[StatsRule] = StatsRule(op="max")
 
     def __init__(
         self,
@@ -397,7 +399,7 @@ class THCCompressor(Compressor):
     def _agreed_norms(self, x: Tensor, block: int, padded: int, rnd: Round) -> Tensor:
         n_blocks = padded // block
         # Never None here: local_stats() is None only for an empty x, handled by compress().
-        agreed = cast(Tensor, self.agreed_stats(x, 1.0, rnd)).reshape(-1)
+        agreed = cast(Tensor, agreed_stats(self, x, 1.0, rnd)).reshape(-1)
         if agreed.numel() != n_blocks:
             raise ValueError(
                 f"rnd.agreed must hold {n_blocks} block norms (local_stats' shape), "

@@ -26,7 +26,7 @@ decompressed once, after aggregation, so nothing is decompressed and re-compress
 * Scale: ``l`` is the largest L2 norm over ranks (THC section 5.2: the rotation preserves norms,
   so the exchange needs no transformed data), agreed through
   :meth:`~gravac.compressors.thc.compressor.THCCompressor.local_stats` (:func:`block_norms`)
-  with ``stats_op = "max"``. A rotated coordinate is then about ``N(0, ||x||^2 / B)``. With
+  reduced by ``"max"``. A rotated coordinate is then about ``N(0, ||x||^2 / B)``. With
   partial rotation every block has its own norm, reduced across ranks block by block: one global
   scale over block-rotated heavy-tailed data leaves most blocks far below the clamp and the table
   (measured on log-normal(0, 2), 2^16 elements, blocks of 2^10: NMSE 0.067 with one global

@@ -210,7 +210,9 @@ def test_options_are_registered() -> None:
         "backend",
     ]
     c = compressors.create("thc", transport="allgather")
-    assert c.collective == "allgather" and not isinstance(c, Multilevel) and c.stats_op == "max"
+    assert (
+        c.collective == "allgather" and not isinstance(c, Multilevel) and c.stats_rule.op == "max"
+    )
     assert "transport='allgather'" in repr(c)
 
 

@@ -1,8 +1,9 @@
 """The configuration of a ``gravac compare`` run: every option, checked before any worker starts.
 
 :class:`CompareConfig` is a frozen record validated in ``__post_init__`` (messages name the
-command-line option); it travels to the workers as JSON (:meth:`CompareConfig.to_json`), so
-every worker runs exactly what the command line asked for.
+command-line option), and against what each of its modes needs by
+:func:`gravac_lab.compare.modes.check_config` (the study checks it); it travels to the workers as
+JSON (:meth:`CompareConfig.to_json`), so every worker runs exactly what the command line asked for.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gravac.control.options import ControllerConfig
-from gravac_lab.compare import modes, workloads
+from gravac_lab.compare import workloads
 from gravac_lab.compare.netns import parse_delay, parse_rate
 
 __all__ = [
@@ -173,8 +174,6 @@ class CompareConfig:
             if self.bandwidth is None:
                 raise ValueError("--delay needs --bandwidth (links are only made with a rate)")
             parse_delay(self.delay)
-        for name in self.modes:
-            modes.get(name).check(self)
 
     @property
     def rate_bits(self) -> int | None:

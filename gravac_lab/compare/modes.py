@@ -62,11 +62,11 @@ from gravac.config import SEARCH_OPTIONS, GravacConfig, build_engine
 from gravac.control.options import ControllerConfig
 from gravac.ddp import GravacHookState, gravac_hook
 from gravac.optimizer import GravacOptimizer, broadcast_parameters
+from gravac_lab.compare.config import CompareConfig
 from gravac_lab.compare.workloads import parameter_count
 
 if TYPE_CHECKING:
     from gravac.engine import Engine
-    from gravac_lab.compare.config import CompareConfig
 
 __all__ = [
     "ENGINE_OPTIONS",
@@ -76,6 +76,7 @@ __all__ = [
     "Mode",
     "Session",
     "StepFigures",
+    "check_config",
     "check_engine_options",
     "check_registered",
     "get",
@@ -492,3 +493,16 @@ def get(name: str) -> Mode:
         return MODES[name]
     except KeyError:
         raise ValueError(f"--modes: unknown mode {name!r}; choose from {names()}") from None
+
+
+def check_config(cfg: CompareConfig) -> CompareConfig:
+    """``cfg``, checked against each of its modes (:meth:`Mode.check`: the options a mode
+    needs, gravac's compressor, policy and engine options) before any worker starts.
+
+    Raises:
+        ValueError: an unknown mode, or one that cannot run ``cfg``; the message names the
+            option.
+    """
+    for name in cfg.modes:
+        get(name).check(cfg)
+    return cfg

@@ -300,6 +300,7 @@ class Study:
     seeds: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        modes.check_config(self.config)
         variants, seeds = tuple(self.variants), tuple(self.seeds) or (self.config.seed,)
         takers = [m for m in self.config.modes if modes.get(m).takes_variants]
         if variants and not takers:
@@ -319,7 +320,7 @@ class Study:
             )
         for variant in variants:
             try:
-                variant.apply(self.config)
+                modes.check_config(variant.apply(self.config))
             except ValueError as exc:
                 raise ValueError(f"--variant {variant.label}: {exc}") from None
         _check_seeds(seeds, ",".join(map(str, seeds)))

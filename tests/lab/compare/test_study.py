@@ -237,5 +237,5 @@ def test_engine_options_of_the_configuration_are_checked_before_any_worker(
     options: dict[str, object], says: str
 ) -> None:
     with pytest.raises(ValueError) as exc:
-        CompareConfig(modes=("gravac",), engine_options=options)
+        Study(CompareConfig(modes=("gravac",), engine_options=options))
     assert says in str(exc.value)

@@ -10,6 +10,7 @@ import torch
 from gravac.cli import build_parser
 from gravac_lab.compare import config, modes, netns, report, workloads
 from gravac_lab.compare.config import CompareConfig
+from gravac_lab.compare.modes import check_config
 from tests.workers import Workers
 
 #: parameters of the VGG-style workload: conv 1->64, conv 64->128 (3x3, biases), 8192->640,
@@ -87,7 +88,7 @@ def test_config_round_trips_through_json() -> None:
 )
 def test_config_rejects_naming_the_option(options: dict[str, object], option: str) -> None:
     with pytest.raises(ValueError, match=option):
-        CompareConfig(**options)  # type: ignore[arg-type]
+        check_config(CompareConfig(**options))  # type: ignore[arg-type]
 
 
 def _raw(comm: float | None, cf: list[float | None] | None = None) -> dict[str, object]:

@@ -204,10 +204,12 @@ def build_layout(params: Sequence[Tensor], *, bucket_bytes: int, dense_bytes: in
     """
     compressed: list[Bucket] = []
     open_: dict[torch.dtype, list[Tensor]] = {}
+    used: dict[torch.dtype, int] = {}  # bytes in each dtype's open bucket
     dense: dict[torch.dtype, list[Tensor]] = {}
 
     def close(dtype: torch.dtype) -> None:
         members = open_.pop(dtype, [])
+        used.pop(dtype, None)
         if members:
             compressed.append(Bucket(key=len(compressed), params=tuple(members), dtype=dtype))
 
@@ -228,13 +230,14 @@ def build_layout(params: Sequence[Tensor], *, bucket_bytes: int, dense_bytes: in
             ]
             continue
         members = open_.setdefault(p.dtype, [])
-        used = sum(q.numel() * q.element_size() for q in members)
         cap = min(bucket_bytes, FIRST_BUCKET_BYTES) if not compressed else bucket_bytes
-        if members and used + nbytes > cap:
+        if members and used.get(p.dtype, 0) + nbytes > cap:
             close(p.dtype)
             open_[p.dtype] = [p]
+            used[p.dtype] = nbytes
         else:
             members.append(p)
+            used[p.dtype] = used.get(p.dtype, 0) + nbytes
     for dtype in list(open_):
         close(dtype)
     dense_buckets = tuple(

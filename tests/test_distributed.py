@@ -381,7 +381,7 @@ def shadow_run(rank: int, world_size: int, horizon: int, warmup: int) -> dict[st
             tables = [(before[k], after[k]) for k in ("residual", "sent")]
             tables += list(zip(before["earlier"], after["earlier"], strict=True))
             untouched = all(
-                (a[0], a[1]) == (b[0], b[1]) and torch.equal(a[2], b[2])
+                a[:3] == b[:3] and torch.equal(a[3], b[3])
                 for rows_before, rows_after in tables
                 for a, b in zip(rows_before, rows_after, strict=True)
             ) and len(before["residual"]) == len(after["residual"])

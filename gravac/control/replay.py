@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gravac.control.window import WINDOW_BLOCK, sample_size, window_terms
+from gravac.control.window import sample_index, sample_size, window_terms
 
 __all__ = ["SHADOW_STRIDE", "ShadowSums", "shadow_round"]
 
@@ -39,11 +39,17 @@ __all__ = ["SHADOW_STRIDE", "ShadowSums", "shadow_round"]
 #: 1/64 of the gradient a step, and keeps 2 x 8 / 64 = 1/4 of the gradient's size; a CF of
 #: 1000 still keeps 82 elements of the VGG-style CNN's 5.2M-element layer
 SHADOW_STRIDE = 64
-#: version of the state saved by :meth:`ShadowSums.state_dict` (another is dropped: the shadows
-#: start again from zero residuals)
-_VERSION = 1
+#: version of the state saved by :meth:`ShadowSums.state_dict`: 2 keeps one flat tensor per CF
+#: and dtype (its layers and their sizes beside it), 1 kept one tensor per CF and layer, a cost
+#: that grew with the layers (110,000 tensors for a ladder of 5 CFs over 10,000 parameters); any
+#: other is dropped: the shadows start again from zero residuals
+_VERSION = 2
+#: the versions :meth:`ShadowSums.load_state_dict` reads
+_READS = (1, 2)
 
 Select = Callable[[Tensor, float], Tensor]
+#: a row of the saved state: a CF, its layers, their sizes and their pieces end to end
+_Row = tuple[float, list[int], list[int], Tensor]
 #: a unit: the layer ids of its tensors, in order
 Layers = tuple[int, ...]
 
@@ -102,17 +108,7 @@ class ShadowSums:
         key = (numels, device)
         self._used.add(key)
         if key not in self._index:
-            span = WINDOW_BLOCK * SHADOW_STRIDE
-            parts, offset = [], 0
-            for n in numels:
-                full, rest = divmod(n, span)
-                starts = torch.arange(full, dtype=torch.int64) * span + offset
-                parts.append((starts[:, None] + torch.arange(WINDOW_BLOCK)).reshape(-1))
-                tail = offset + full * span
-                parts.append(torch.arange(tail, tail + min(rest, WINDOW_BLOCK)))
-                offset += n
-            wide = sum(numels) > torch.iinfo(torch.int32).max
-            self._index[key] = torch.cat(parts).to(device, torch.int64 if wide else torch.int32)
+            self._index[key] = sample_index(numels, SHADOW_STRIDE, device)
         return self._index[key]
 
     def terms(self, cfs: Sequence[float], layers: Sequence[int], numels: Sequence[int]) -> Tensor:
@@ -252,29 +248,52 @@ class ShadowSums:
         self._used = set()
 
     def state_dict(self) -> dict[str, Any]:
-        """The shadows per CF and tensor (by layer id), as in :meth:`piece`."""
-
-        def rows(out: dict[tuple[float, int], Tensor]) -> list[tuple[float, int, Tensor]]:
-            return [(cf, layer, t.clone()) for (cf, layer), t in sorted(out.items())]
-
+        """The shadows as rows ``(cf, layers, sizes, flat)``: the pieces (as in :meth:`piece`)
+        of ``layers``, of ``sizes`` elements each, laid end to end in ``flat``; a row per unit
+        and CF, and per CF and dtype for the pieces held by layer."""
         return {
             "version": _VERSION,
-            "residual": rows(self._by_tensor("residual")),
-            "sent": rows(self._by_tensor("sent")),
-            "earlier": [rows(sums) for sums in self.earlier],
+            "residual": self._rows("residual"),
+            "sent": self._rows("sent"),
+            "earlier": [_grouped(sums) for sums in self.earlier],
         }
+
+    def _rows(self, name: str) -> list[_Row]:
+        """The ``name`` store's rows (:meth:`state_dict`): its units', then its loose pieces'."""
+        units = sorted(getattr(self, name).items())
+        rows = [(cf, list(unit), list(self._sizes[unit]), t.clone()) for (cf, unit), t in units]
+        return rows + _grouped(self._loose[name])
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the shadows (joined into units at their first use); a state of another
         version (or none) starts them afresh."""
-        same = state.get("version") == _VERSION
+        version = state.get("version")
 
         def table(rows: list[Any]) -> dict[tuple[float, int], Tensor]:
-            return {(float(cf), int(layer)): torch.as_tensor(t).clone() for cf, layer, t in rows}
+            if version == 1:  # a tensor per CF and layer
+                return {(float(cf), int(k)): torch.as_tensor(t).clone() for cf, k, t in rows}
+            out = {}
+            for cf, layers, sizes, flat in rows:
+                pieces = torch.as_tensor(flat).clone().split([int(n) for n in sizes])
+                out.update({(float(cf), int(k)): t for k, t in zip(layers, pieces, strict=True)})
+            return out
 
         def stored(key: str) -> Any:
-            return state.get(key, []) if same else []
+            return state.get(key, []) if version in _READS else []
 
         self.residual, self.sent = {}, {}
         self._loose = {"residual": table(stored("residual")), "sent": table(stored("sent"))}
         self.earlier = [table(rows) for rows in stored("earlier")]
+
+
+def _grouped(pieces: dict[tuple[float, int], Tensor]) -> list[_Row]:
+    """Rows of flat pieces held by ``(cf, layer)``: one per CF and dtype, layers ascending."""
+    groups: dict[tuple[float, str], list[tuple[int, Tensor]]] = {}
+    for (cf, layer), t in pieces.items():
+        groups.setdefault((cf, str(t.dtype)), []).append((layer, t))
+    rows = []
+    for (cf, _), items in sorted(groups.items()):
+        items.sort(key=lambda item: item[0])
+        flat = torch.cat([t.reshape(-1) for _, t in items])
+        rows.append((cf, [k for k, _ in items], [t.numel() for _, t in items], flat))
+    return rows

@@ -48,6 +48,7 @@ __all__ = [
     "WindowSums",
     "predicted_progress",
     "sample",
+    "sample_index",
     "sample_size",
     "window_terms",
 ]
@@ -103,6 +104,23 @@ def sample(t: Tensor, stride: int = WINDOW_STRIDE) -> Tensor:
     return out
 
 
+def sample_index(numels: Sequence[int], stride: int, device: torch.device) -> Tensor:
+    """The positions, in a flat unit of tensors of ``numels`` elements, of every tensor's
+    :func:`sample` at ``stride``, in order (int32 where they fit): one ``index_select`` samples
+    the whole unit."""
+    span = WINDOW_BLOCK * stride
+    parts, offset = [], 0
+    for n in numels:
+        full, rest = divmod(n, span)
+        starts = torch.arange(full, dtype=torch.int64) * span + offset
+        parts.append((starts[:, None] + torch.arange(WINDOW_BLOCK)).reshape(-1))
+        tail = offset + full * span
+        parts.append(torch.arange(tail, tail + min(rest, WINDOW_BLOCK)))
+        offset += n
+    wide = sum(numels) > torch.iinfo(torch.int32).max
+    return torch.cat(parts).to(device, torch.int64 if wide else torch.int32)
+
+
 def window_terms(sent: Tensor, residual: Tensor) -> Tensor:
     """``[<S, X>, ||S||^2, ||X||^2]`` for ``X = S + e``, in float64: the terms of
     :func:`gravac.gain.gain_from_terms` for the window that sent ``S`` and ends holding ``e``."""
@@ -122,6 +140,17 @@ class WindowSums:
     def __init__(self) -> None:
         self.sent: dict[int, Tensor] = {}  # sampled sum of what was sent, by layer id
         self.earlier: list[dict[int, Tensor]] = []  # the windows before it, oldest first
+        # a unit's sample positions, by its tensors' numels and device (one index_select
+        # samples the unit: a model of many small tensors pays no pass per tensor)
+        self._index: dict[tuple[tuple[int, ...], torch.device], Tensor] = {}
+
+    def _sampled(self, flat: Tensor, numels: Sequence[int]) -> list[Tensor]:
+        """Each tensor's :func:`sample` of a unit's ``flat`` tensor (new tensors), in order."""
+        key = (tuple(numels), flat.device)
+        if key not in self._index:
+            self._index[key] = sample_index(numels, WINDOW_STRIDE, flat.device)
+        sizes = [sample_size(n) for n in numels]
+        return list(flat.reshape(-1).index_select(0, self._index[key]).split(sizes))
 
     def terms(
         self,
@@ -151,7 +180,7 @@ class WindowSums:
     def taken(self, x: Tensor, numels: Sequence[int]) -> list[Tensor]:
         """The sampled elements of a unit's error-fed gradient ``x``, per tensor (copies: the
         residual update may consume ``x``)."""
-        return [sample(xs) for xs in _split(x, numels)]
+        return self._sampled(x, numels)
 
     def add(
         self,
@@ -162,9 +191,9 @@ class WindowSums:
     ) -> None:
         """Add what a committed step sent, ``x - e`` (``taken`` from :meth:`taken`, ``e`` the
         unit's new residual; ``None``: zero, after a dense send)."""
-        parts = [None] * len(taken) if residual is None else _split(residual, numels)
+        parts = [None] * len(taken) if residual is None else self._sampled(residual, numels)
         for layer, xs, e in zip(layers, taken, parts, strict=True):
-            sent = (xs if e is None else xs - sample(e)).float()
+            sent = (xs if e is None else xs - e).float()
             old = self.sent.get(layer)
             self.sent[layer] = sent if old is None else old.add_(sent)
 
@@ -173,6 +202,7 @@ class WindowSums:
         included) stay in the terms of the next window's end."""
         self.earlier = [*self.earlier, self.sent][-keep:] if keep else []
         self.sent = {}
+        self._index = {}  # a bucket rebuild's old layouts are not kept for the run
 
     def state_dict(self) -> dict[str, Any]:
         def rows(sums: dict[int, Tensor]) -> list[tuple[int, Tensor]]:

@@ -122,9 +122,8 @@ def test_state_round_trip_and_another_version_starts_afresh() -> None:
     g = torch.arange(10.0)
     shadows.step((2.0,), (1, 3), (6, 4), g, TOPK.shadow_kept, accumulate=True)
     state = shadows.state_dict()
-    assert [(cf, layer, t.numel()) for cf, layer, t in state["residual"]] == [
-        (2.0, 1, 6),
-        (2.0, 3, 4),
+    assert [(cf, layers, sizes, t.numel()) for cf, layers, sizes, t in state["residual"]] == [
+        (2.0, [1, 3], [6, 4], 10)
     ]
     again = ShadowSums()
     again.load_state_dict(state)
@@ -136,8 +135,29 @@ def test_state_round_trip_and_another_version_starts_afresh() -> None:
     again.step((2.0,), (1, 3), (6, 4), g, TOPK.shadow_kept, accumulate=True)
     assert torch.equal(again.residual[(2.0, (1, 3))], shadows.residual[(2.0, (1, 3))])
     assert torch.equal(again.sent[(2.0, (1, 3))], shadows.sent[(2.0, (1, 3))])
+    # saved and loaded again from the pieces held by layer: the same pieces
+    loaded = ShadowSums()
+    loaded.load_state_dict(state)
+    relayed = loaded.state_dict()
+    assert [row[:3] for row in relayed["residual"]] == [(2.0, [1, 3], [6, 4])]
+    assert torch.equal(relayed["residual"][0][3], state["residual"][0][3])
     again.load_state_dict({**state, "version": 0})
     assert again.state_dict()["residual"] == [] and again.state_dict()["sent"] == []
+
+
+def test_a_state_of_the_first_version_a_tensor_per_layer_still_loads() -> None:
+    shadows = ShadowSums()
+    g = torch.arange(10.0)
+    shadows.step((2.0,), (1, 3), (6, 4), g, TOPK.shadow_kept, accumulate=True)
+    pieces = [
+        (cf, layer, shadows.piece(name, cf, layer).clone())
+        for name in ("residual",)
+        for cf, layer in ((2.0, 1), (2.0, 3))
+    ]
+    old = ShadowSums()
+    old.load_state_dict({"version": 1, "residual": pieces, "sent": [], "earlier": []})
+    for layer in (1, 3):
+        assert torch.equal(old.piece("residual", 2.0, layer), shadows.piece("residual", 2.0, layer))
 
 
 def test_a_new_layout_joins_its_units_from_the_tensors_pieces() -> None:

@@ -45,6 +45,7 @@ from torch.futures import Future
 from gravac.buckets import split_flat
 from gravac.config import GravacConfig, build_engine, learning_rate, make_config
 from gravac.engine import Engine, Given, Lent, Outcome, Step, Unit
+from gravac.engine.checkpoint import check_tables
 from gravac.spans import Spans, gather_spans, spans_numel, spans_of
 
 __all__ = ["GravacHookState", "gravac_hook"]
@@ -291,12 +292,23 @@ class GravacHookState:
         momenta restart; residuals are restored exactly).
 
         Raises:
-            ValueError: the state was saved with another compressor or controller.
+            ValueError: the state was saved with another compressor or controller, or lacks
+                what it needs, or holds a non-finite residual (named).
         """
-        self.engine.check_state(state)
+        missing = [k for k in ("residuals", "shapes") if k not in state]
+        if missing:
+            raise ValueError(f"not a GravacHookState state: missing {missing}")
+        check_tables("hook state", {"residuals": state["residuals"]})
         # the saved CFs are those the saved shapes deliver: bind them first
+        shapes = self._shapes
         self._shapes = {int(k): torch.Size(v) for k, v in state["shapes"].items()}
         self._bind()
+        try:
+            self.engine.check_state(state, with_memory=False)
+        except ValueError:
+            self._shapes = shapes
+            self._bind()
+            raise
         self.engine.load_state_dict(state, with_memory=False)
         self.engine.memory.reset()
         self._loaded = {int(k): torch.as_tensor(v).clone() for k, v in state["residuals"].items()}

@@ -307,8 +307,8 @@ class GravacOptimizer(torch.optim.Optimizer):
                 "expected ['gravac', 'optimizer']"
             )
         g = state_dict["gravac"]
-        self._check_checkpoint(g)
         self._bind(self._fresh_layout())  # the saved CFs are those these shapes deliver
+        self._check_checkpoint(g)
         before = copy.deepcopy(self.state_dict())
         try:
             self._load(state_dict)
@@ -317,7 +317,6 @@ class GravacOptimizer(torch.optim.Optimizer):
             raise
 
     def _check_checkpoint(self, g: dict[str, Any]) -> None:
-        self.engine.check_state(g)
         layout = g.get("layout")
         if layout is not None and layout != self._layout_shapes():
             raise ValueError(
@@ -327,6 +326,8 @@ class GravacOptimizer(torch.optim.Optimizer):
                 "buckets; or one of fp16 or bf16 from before their buckets became 2 MiB: "
                 f"bucket_bytes={DEFAULT_BUCKET_BYTES} loads it): its residuals do not apply"
             )
+        units = {b.key: (b.numel, b.dtype) for b in self._fresh_layout().compressed}
+        self.engine.check_state(g, units=units)
 
     def _load(self, state_dict: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state_dict["optimizer"])

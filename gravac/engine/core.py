@@ -7,7 +7,7 @@ import copy
 import dataclasses
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -41,6 +41,7 @@ from gravac.control.searches.paper import PaperController
 from gravac.control.searches.static import PHASE as STATIC_PHASE
 from gravac.control.searches.static import StaticController
 from gravac.control.window import WindowSums
+from gravac.engine.checkpoint import check_keys, check_tables
 from gravac.engine.records import (
     PIECE_KEY_BASE,
     PIECE_KEY_STRIDE,
@@ -59,7 +60,7 @@ from gravac.memory import Memory, NoMemory, ResidualMemory
 from gravac.monitor import Monitor, StepRecord, TensorBoardMonitor
 from gravac.spans import scatter_spans, spans_numel
 
-__all__ = ["Engine", "all_finite"]
+__all__ = ["MAX_SKIP_RUN", "Engine", "all_finite"]
 
 #: an aggregate is known finite, without a pass over it, when the compressor bounds every value
 #: it computes (:meth:`Compressor.mean_bound`) by the dtype's largest finite value over this:
@@ -92,6 +93,10 @@ def _ends_finite(ends: Sequence[Tensor]) -> bool:
 
 
 _SKIP = Outcome(skipped=True)
+#: steps skipped in a row (non-finite on some rank) after which a step raises instead: a run of
+#: skips this long trains nothing and does not end by itself (a diverged model, a NaN loaded);
+#: a loss scaler's first overflows skip a few steps, each halving the scale
+MAX_SKIP_RUN = 20
 #: a gradient lent, its aggregate into a new tensor
 _LENT = Lent()
 
@@ -179,6 +184,7 @@ class Engine:
         # Statistics.
         self.steps = 0  # steps taken (skipped ones not counted)
         self.skipped_steps = 0  # steps skipped on every rank
+        self.skip_run = 0  # of them, the last ones in a row (up to MAX_SKIP_RUN)
         self.total_wire_bytes = 0  # bytes sent by this rank over all steps taken
         self.total_dense_wire_bytes = 0  # what float32 all-reduces would have sent
         self.last_record: StepRecord | None = None  # the last step taken
@@ -609,6 +615,7 @@ class Engine:
         record = self._record(step, seen, comm_seconds)
         for f, g in zip(step.flights, totals, strict=True):
             f.result.set_result(g)
+        self.skip_run = 0
         return Outcome(False, tuple(totals), present, record, search=seen.search)
 
     def _check(self, step: Step) -> tuple[Table, float]:
@@ -925,6 +932,16 @@ class Engine:
             )
         if self.monitor is not None:
             self.monitor.log(StepRecord.skip(step.index, report.phase, self.skipped_steps))
+        self.skip_run += 1
+        if self.skip_run >= MAX_SKIP_RUN:
+            self.skip_run = 0  # a caller that goes on gets the next run's bound
+            raise FloatingPointError(
+                f"gravac skipped {MAX_SKIP_RUN} steps in a row (the last {step.index}): a "
+                "gradient or aggregate was not finite on some rank at each, so nothing trained. "
+                "Likely causes: a diverged model or loss (lower the learning rate, check the "
+                "data and the loss), a non-finite residual or parameter loaded from a "
+                "checkpoint, or a loss scale that never recovers"
+            )
         return _SKIP
 
     def forget(self, key: int) -> None:
@@ -957,15 +974,23 @@ class Engine:
             "world_size": self.comm.world_size,
         }
 
-    def check_state(self, state: dict[str, Any]) -> None:
-        """Check a saved state before loading it: the same compressor (name and options), and
-        a controller of the same kind (the searches by trial and by shadow take each other's:
-        the shadow's is the trial's and its shadows); a different world size loads with a
-        warning.
+    def check_state(
+        self,
+        state: dict[str, Any],
+        *,
+        with_memory: bool = True,
+        units: Mapping[int, tuple[int, torch.dtype]] | None = None,
+    ) -> None:
+        """Check a saved state before loading it: every key it needs; the same compressor
+        (name and options); a controller of the same kind (the searches by trial and by shadow
+        take each other's: the shadow's is the trial's and its shadows) whose state loads;
+        finite residuals (of ``units``' sizes and dtypes, by key, where given); a different
+        world size loads with a warning.
 
         Raises:
-            ValueError: the state was saved with another compressor or controller.
+            ValueError: naming what is wrong.
         """
+        check_keys(state, with_memory=with_memory)
         saved = state.get("compressor_config")
         if saved is not None and saved != repr(self.compressor):
             raise ValueError(
@@ -987,6 +1012,9 @@ class Engine:
                 f"({self.policy!r}): its search state does not apply; build the "
                 "optimizer with the policy and search options it was saved with"
             )
+        if with_memory:
+            check_tables("memory", state["memory"], units)
+        self._check_controller_state(state["controller"])
         world = state.get("world_size")
         if world is not None and world != self.comm.world_size:
             warnings.warn(
@@ -995,6 +1023,21 @@ class Engine:
                 "for other ranks' unsent gradients (a one-off perturbation)",
                 stacklevel=4,
             )
+
+    def _check_controller_state(self, saved: object) -> None:
+        """The saved controller state loads into a controller like this one (a dry run on a
+        fresh one: nothing of this engine changes).
+
+        Raises:
+            ValueError: it does not, naming what is missing or wrong.
+        """
+        probe = self._make_controller()
+        try:
+            probe.load_state_dict(copy.deepcopy(saved))  # type: ignore[arg-type]
+        except KeyError as exc:
+            raise ValueError(f"the checkpoint's controller state is missing {exc}") from None
+        except (TypeError, AttributeError, IndexError) as exc:
+            raise ValueError(f"the checkpoint's controller state does not load: {exc}") from None
 
     def load_state_dict(self, state: dict[str, Any], *, with_memory: bool = True) -> None:
         """Restore what :meth:`state_dict` returned (the caller validates and rolls back)."""

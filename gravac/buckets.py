@@ -185,13 +185,13 @@ def default_bucket_bytes(preferred: int | None, params: Sequence[Tensor]) -> int
     return min(DEFAULT_BUCKET_BYTES, max(preferred, math.ceil(total / MAX_SMALL_BUCKETS)))
 
 
-def check_bytes(name: str, value: object, *, optional: bool = False) -> None:
-    """Raise ``ValueError`` naming the option ``name`` unless ``value`` is an integer >= 0
-    (or ``None``, where ``optional``)."""
+def check_bytes(name: str, value: object, *, optional: bool = False, least: int = 0) -> None:
+    """Raise ``ValueError`` naming the option ``name`` unless ``value`` is an integer >=
+    ``least`` (or ``None``, where ``optional``)."""
     if optional and value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        allowed = "an integer >= 0" + (" or None" if optional else "")
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        allowed = f"an integer >= {least}" + (" or None" if optional else "")
         raise ValueError(f"{name} must be {allowed}, got {value!r}")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -101,8 +102,8 @@ class DemoConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value}")
-        if self.lr <= 0:
-            raise ValueError(f"--lr must be > 0, got {self.lr}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"--lr must be a finite number > 0, got {self.lr}")
         try:  # the workers' controller would reject these; say so before any worker starts
             ControllerConfig(
                 theta_min=self.theta_min,
@@ -355,6 +356,11 @@ def add_parser(subparsers: Any) -> None:
 def _main(args: argparse.Namespace) -> int:
     if args.policy == "fixed" and args.cf is None:
         raise ValueError("--policy fixed needs --cf")
+    if args.policy != "fixed" and args.cf is not None:
+        raise ValueError(
+            f"--cf {args.cf:g} is the CF of --policy fixed; --policy {args.policy} searches the "
+            "CFs from --theta-min to --theta-max"
+        )
     log_dir = args.log_dir or f"runs/{args.compressor}-{time.strftime('%Y%m%d-%H%M%S')}"
     options = {f.name: getattr(args, f.name) for f in fields(DemoConfig) if f.name in vars(args)}
     options["log_dir"] = log_dir

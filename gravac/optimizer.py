@@ -137,7 +137,7 @@ class GravacOptimizer(torch.optim.Optimizer):
             )
         if not isinstance(overlap, bool):
             raise ValueError(f"overlap must be True or False, got {overlap!r}")
-        check_bytes("bucket_bytes", bucket_bytes, optional=True)
+        check_bytes("bucket_bytes", bucket_bytes, optional=True, least=1)
         check_bytes("dense_bytes", dense_bytes)
         self.engine: Engine = build_engine(process_group, config, **options)
         params = [p for g in optimizer.param_groups for p in g["params"]]

@@ -150,7 +150,12 @@ def test_bench_kernels_without_cuda_is_a_usage_error(capsys: pytest.CaptureFixtu
 
 @pytest.mark.parametrize(
     ("option", "match"),
-    [("--theta-min=0", "--theta-min must be"), ("--epsilon=2", "--epsilon must be")],
+    [
+        ("--theta-min=0", "--theta-min must be"),
+        ("--epsilon=2", "--epsilon must be"),
+        ("--lr=nan", "--lr must be a finite number > 0, got nan"),
+        ("--cf=100", "--cf 100 is the CF of --policy fixed; --policy exponential searches"),
+    ],
 )
 def test_demo_rejects_bad_values_before_starting_workers(
     option: str, match: str, tmp_path: Any, capsys: pytest.CaptureFixture[str]

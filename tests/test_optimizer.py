@@ -183,7 +183,7 @@ def test_an_empty_matrix_parameter_steps(policy: str) -> None:
     empty, weight = nn.Parameter(torch.randn(0, 5)), nn.Parameter(torch.randn(4, 4))
     sgd = torch.optim.SGD([empty, weight], lr=0.1)
     opt = GravacOptimizer(
-        sgd, policy=policy, policy_options={"cf": 2} if policy == "fixed" else None, bucket_bytes=0
+        sgd, policy=policy, policy_options={"cf": 2} if policy == "fixed" else None, bucket_bytes=1
     )
     before = weight.detach().clone()
     for _ in range(2):
@@ -304,8 +304,9 @@ def test_tensorboard_event_file_holds_the_tags(
         ({"policy": "nope"}, "unknown policy"),
         ({"nonfinite": "ignore"}, "nonfinite"),
         ({"theta_min": 0.1}, "theta_min"),
-        ({"bucket_bytes": -1}, "bucket_bytes must be an integer >= 0 or None, got -1"),
-        ({"bucket_bytes": True}, "bucket_bytes must be an integer >= 0 or None, got True"),
+        ({"bucket_bytes": -1}, "bucket_bytes must be an integer >= 1 or None, got -1"),
+        ({"bucket_bytes": 0}, "bucket_bytes must be an integer >= 1 or None, got 0"),
+        ({"bucket_bytes": True}, "bucket_bytes must be an integer >= 1 or None, got True"),
         ({"dense_bytes": None}, "dense_bytes must be an integer >= 0, got None"),
         ({"batch_size": 0}, "batch_size"),
     ],

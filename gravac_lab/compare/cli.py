@@ -312,6 +312,18 @@ def _single_variant(args: argparse.Namespace) -> dict[str, Any]:
     return given
 
 
+def _check_outputs(*paths: Path | None) -> None:
+    """Every output file's folder exists (before any worker trains: results written nowhere
+    would be lost).
+
+    Raises:
+        ValueError: naming the path whose folder is missing.
+    """
+    for path in paths:
+        if path is not None and not path.expanduser().resolve().parent.is_dir():
+            raise ValueError(f"{path}: its folder {path.parent} does not exist")
+
+
 def _main(args: argparse.Namespace) -> int:
     q = args.quick
     cfg = CompareConfig(
@@ -339,6 +351,7 @@ def _main(args: argparse.Namespace) -> int:
         **_single_variant(args),
     )
     study = Study(cfg, tuple(args.variants or ()), args.seeds or ())
+    _check_outputs(args.out, args.csv)
     try:
         summary = run_compare(study)
     except (CompareError, NetworkError) as exc:

@@ -158,7 +158,7 @@ class CompareConfig:
         if not 0 <= _finite("--momentum", self.momentum) < 1:
             raise ValueError(f"--momentum must be in [0, 1), got {self.momentum}")
         if self.target is not None:
-            _finite("--target", self.target)
+            _check_target(self.target, workloads.get(self.workload))
         if _finite("--timeout", self.timeout) <= 0:
             raise ValueError(f"--timeout must be > 0, got {self.timeout}")
         for option, value in (
@@ -207,3 +207,19 @@ class CompareConfig:
     def from_json(cls, text: str) -> CompareConfig:
         """The configuration :meth:`to_json` wrote (checked again)."""
         return cls(**json.loads(text))
+
+
+def _check_target(target: float, workload: workloads.Workload) -> None:
+    """A target the workload's metric can reach: an accuracy in (0, 1], a perplexity > 1.
+
+    Raises:
+        ValueError: naming ``--target``, the value and the metric's range.
+    """
+    _finite("--target", target)
+    accuracy = workload.higher_is_better
+    if (accuracy and not 0 < target <= 1) or (not accuracy and target <= 1):
+        allowed = "an accuracy in (0, 1]" if accuracy else "a perplexity > 1"
+        raise ValueError(
+            f"--target must be {allowed} for {workload.name}'s {workload.metric_name}, "
+            f"got {target:g}"
+        )

@@ -203,7 +203,7 @@ def check_engine_options(options: dict[str, Any], gravac: dict[str, Any], *, opt
         )
     bucket_bytes, engine = _split_bucket_bytes(options)
     try:
-        check_bytes(_BUCKET_BYTES, bucket_bytes, optional=True)
+        check_bytes(_BUCKET_BYTES, bucket_bytes, optional=True, least=1)
         build_engine(None, GravacConfig(**gravac, **engine))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{option} {options} do not fit: {exc}") from None

@@ -32,6 +32,10 @@ from gravac.cli import main
         (["--variant", "topk:exponential", "--compressor-options", "{}"], "--compressor-options"),
         (["--seeds", "0,0"], "--seeds must be distinct integers >= 0"),
         (["--seeds", "a"], "--seeds"),
+        (["--target", "5"], "--target must be an accuracy in (0, 1] for vgg-digits"),
+        (["--workload", "lstm-text", "--target", "0.9"], "--target must be a perplexity > 1"),
+        (["--out", "no/such/folder/x.json"], "no/such/folder/x.json: its folder"),
+        (["--csv", "no/such/folder/x.csv"], "no/such/folder/x.csv: its folder"),
     ],
 )
 def test_bad_option_exits_2_naming_it(

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -75,6 +76,24 @@ def _units(layout: Layout) -> list[Unit]:
         slot += len(b.params)
         units.append(Unit(b.key, b.shapes, i < n_compressed, slots=slots, layers=slots))
     return units
+
+
+def _moved_layers(old: Layout, new: Layout) -> dict[int, int]:
+    """Each compressed tensor's (or piece's) layer id in ``old`` -> its id in ``new``
+    (:func:`_units`), for those compressed in both: a parameter added, frozen or unfrozen moves
+    the ids of the others."""
+
+    def ids(layout: Layout) -> dict[tuple[int, tuple[int, int] | None], int]:
+        out, slot = {}, 0
+        for i, b in enumerate(layout.buckets):
+            for p in b.params:
+                if i < len(layout.compressed):
+                    out[(id(p), b.rows)] = slot
+                slot += 1
+        return out
+
+    now = ids(new)
+    return {slot: now[key] for key, slot in ids(old).items() if key in now}
 
 
 class GravacOptimizer(torch.optim.Optimizer):
@@ -454,9 +473,27 @@ class GravacOptimizer(torch.optim.Optimizer):
 
     # ------------------------------------------------------------------ overlap
     def _hook(self, params: list[Tensor]) -> None:
+        """Register :meth:`_grad_ready` on ``params``, through a weak reference: the hooks do
+        not keep this optimizer alive, and go with it (:meth:`__del__`)."""
+        ref = weakref.ref(self)
+
+        def ready(p: Tensor) -> None:
+            opt = ref()
+            if opt is not None:
+                opt._grad_ready(p)
+
         for p in params:
             if p.requires_grad:
-                self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_ready))
+                self._hooks.append(p.register_post_accumulate_grad_hook(ready))
+
+    def _unhook(self) -> None:
+        hooks = getattr(self, "_hooks", [])  # none yet where __init__ raised
+        for h in hooks:
+            h.remove()
+        hooks.clear()
+
+    def __del__(self) -> None:
+        self._unhook()
 
     def _grad_ready(self, p: Tensor) -> None:
         """A gradient is accumulated: launch every bucket, in order, whose gradients are all
@@ -467,12 +504,8 @@ class GravacOptimizer(torch.optim.Optimizer):
         indices = self._unit_of.get(id(p))
         if indices is None:  # not compressed or sent by this optimizer (frozen)
             return
-        if indices[0] < self._next:
-            raise RuntimeError(
-                "a gradient was accumulated after its bucket had been sent: gravac sends each "
-                "bucket during the first backward() after a step; accumulate over several "
-                "backward passes inside opt.no_sync(), or pass overlap=False"
-            )
+        if indices[0] < self._next:  # accumulated after its bucket was sent: the step's
+            return  # close sees the gradient changed and raises on every rank (_synchronize)
         for index in indices:
             self._ready[index].add(id(p))
         while self._next < len(self._units) and len(self._ready[self._next]) == len(
@@ -536,6 +569,7 @@ class GravacOptimizer(torch.optim.Optimizer):
         new = self._fresh_layout()
         if self._layout is not None:
             self._flush_residuals(self._layout)
+            self.engine.relayer(_moved_layers(self._layout, new))
         self._layout = new
         self._bind(new)
         self._units = _units(new)
@@ -606,9 +640,7 @@ class GravacOptimizer(torch.optim.Optimizer):
         rank). A rank that destroys its gloo process group while another rank still uses it can
         abort at exit, so ``opt.close(); dist.destroy_process_group()`` tears down together."""
         self.engine.close_monitor()
-        for h in self._hooks:
-            h.remove()
-        self._hooks.clear()
+        self._unhook()
         if self.comm.distributed and dist.is_initialized():
             dist.barrier(group=self.comm.group)
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import math
+import weakref
 
 import pytest
 import torch
@@ -444,18 +446,45 @@ def test_no_sync_accumulates_as_without_overlap() -> None:
     assert all(torch.equal(a, b) for a, b in zip(on, off, strict=True))
 
 
-def test_accumulating_without_no_sync_raises_clearly() -> None:
+def test_accumulating_without_no_sync_raises_clearly_and_the_next_step_trains() -> None:
+    """The second backward's gradients would be lost: the step raises (on every rank, from
+    its agreed scalars), changes nothing, and the next step trains as usual."""
     model = tiny_model()
     opt = make(model)
     assert opt.overlap
+    before = [p.detach().clone() for p in model.parameters()]
     for micro in range(2):
         x, y = batch(micro, 0)
-        loss = nn.functional.cross_entropy(model(x), y)
-        if micro == 0:
-            loss.backward()
-        else:
-            with pytest.raises(RuntimeError, match="no_sync"):
-                loss.backward()
+        nn.functional.cross_entropy(model(x), y).backward()
+    with pytest.raises(RuntimeError, match="no_sync"):
+        opt.step()
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
+    assert opt.steps == 0
+    for step in range(3):
+        train_step(model, opt, 0, step)
+    assert opt.steps == 3 and all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_the_hooks_go_with_the_optimizer() -> None:
+    """Deleted, an optimizer leaves no hook behind: another one on the same model trains, and
+    a plain backward over the model runs none of gravac."""
+    model = tiny_model()
+    opt = make(model)
+    train_step(model, opt, 0, 0)
+    gone = weakref.ref(opt)
+    del opt
+    gc.collect()
+    assert gone() is None
+    assert all(not p._post_accumulate_grad_hooks for p in model.parameters())
+    again = make(model)
+    for step in range(3):
+        train_step(model, again, 0, step)
+    assert again.steps == 3
+    again.close()
+    assert all(not p._post_accumulate_grad_hooks for p in model.parameters())
+    x, y = batch(0, 0)
+    nn.functional.cross_entropy(model(x), y).backward()  # no optimizer: nothing of gravac
+    assert again._step is None
 
 
 def test_buckets_are_launched_during_backward() -> None:

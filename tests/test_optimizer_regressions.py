@@ -6,6 +6,7 @@ Each test names its item of that issue; each failed before its fix.
 from __future__ import annotations
 
 import copy
+import math
 import pickle
 import warnings
 from typing import Any
@@ -19,6 +20,7 @@ from torch import nn
 from gravac import GravacOptimizer, broadcast_parameters
 from gravac.buckets import DEFAULT_BUCKET_BYTES
 from gravac.control.tables import cf_key
+from gravac.control.window import sample_size
 from gravac.launch import free_port
 from tests.helpers import batch, counter_clock, tiny_model, train_step
 from tests.workers import Workers
@@ -714,3 +716,57 @@ def test_powersgd_plans_only_cfs_its_layout_delivers() -> None:
     assert opt.controller.windows.smoothed.gain and all(
         deliverable(cf) for cf in opt.controller.windows.smoothed.gain
     )
+
+
+# -- a layout change (a group added, a parameter frozen) moves every per-layer state -----------
+
+
+def _layer_numels(opt: GravacOptimizer) -> dict[int, int]:
+    """Each compressed tensor's (or piece's) layer id -> its elements, in the current layout."""
+    out, slot = {}, 0
+    layout = opt._current_layout()
+    for i, b in enumerate(layout.buckets):
+        for shape in b.shapes:
+            if i < len(layout.compressed):
+                out[slot] = math.prod(shape)
+            slot += 1
+    return out
+
+
+@pytest.mark.parametrize("change", ["add", "freeze"])
+@pytest.mark.parametrize("at", [1, 3, 6])
+@pytest.mark.parametrize(
+    "options",
+    [{"search": "trial"}, {"search": "shadow"}, {"search": "paper"}, {"policy": "accordion"}],
+    ids=["trial", "shadow", "paper", "accordion"],
+)
+def test_a_layout_change_moves_every_per_layer_state_with_its_tensor(
+    options: dict[str, Any], at: int, change: str
+) -> None:
+    """Layer ids are positions in the layout: a group added (its tensors first in bucket order)
+    or a layer frozen moves the others' ids, and the window and shadow sums, the interval norms
+    and Accordion's regimes move with their tensors (before, the sums of one tensor met
+    another's and every later step raised)."""
+    torch.manual_seed(0)
+    a = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64))
+    b = nn.Linear(64, 24)
+    params = list(a.parameters()) + ([] if change == "add" else list(b.parameters()))
+    sgd = torch.optim.SGD(params, lr=0.05)
+    opt = GravacOptimizer(sgd, window=3, warmup_steps=2, clock=counter_clock(), **options)
+    gen = torch.Generator().manual_seed(0)
+    for step in range(12):
+        if step == at and change == "add":
+            opt.add_param_group({"params": list(b.parameters())})
+        if step == at and change == "freeze":
+            b.weight.requires_grad_(False)
+            b.weight.grad = None
+        opt.zero_grad()
+        b(a(torch.randn(4, 64, generator=gen))).square().mean().backward()
+        opt.step()
+        numels = _layer_numels(opt)
+        for layer, s in opt.engine.windows.sent.items():
+            assert s.numel() == sample_size(numels[layer])
+        for layer in opt.engine.norms.layers:
+            assert layer in numels
+    assert opt.steps == 12 and opt.skipped_steps == 0
+    assert all(torch.isfinite(p).all() for p in (*a.parameters(), *b.parameters()))

@@ -10,10 +10,13 @@ with the step's scalars, so the search sees their mean over ranks.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from gravac.control.window import rekeyed
 
 __all__ = ["IntervalNorms"]
 
@@ -54,6 +57,12 @@ class IntervalNorms:
         """The interval is over: a new one starts; the buffers of layers not added in it go."""
         self._acc = {k: v for k, v in self._acc.items() if k in self._tracked}
         self._tracked = {}
+
+    def relayer(self, layers: Mapping[int, int]) -> None:
+        """The layout changed: each layer's sum moves to its new id (``layers``: old -> new);
+        a layer no longer compressed has its sum dropped."""
+        self._acc = rekeyed(self._acc, layers)
+        self._tracked = dict.fromkeys(layers[k] for k in self._tracked if k in layers)
 
     def restart(self) -> None:
         """Start the interval again (a step skipped on every rank: its gradients cannot be

@@ -13,11 +13,12 @@ searches (:mod:`gravac.control.searches`) implement it without inheriting from e
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
 
 from gravac.control.records import Observation, Plan, Report, Skipped
 
-__all__ = ["Controller"]
+__all__ = ["Controller", "LayerKeyed"]
 
 
 class Controller(Protocol):
@@ -49,4 +50,15 @@ class Controller(Protocol):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
+        ...
+
+
+@runtime_checkable
+class LayerKeyed(Protocol):
+    """A controller that keeps state by layer id (Accordion's regimes): the engine moves it when
+    the front end's layout changes the ids."""
+
+    def relayer(self, layers: Mapping[int, int]) -> None:
+        """Move the state of each layer to its new id (``layers``: old id -> new id); drop that
+        of layers not in ``layers``."""
         ...

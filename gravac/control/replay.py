@@ -24,7 +24,7 @@ well, so its shadow gain can be compared with its real window gain
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -234,6 +234,19 @@ class ShadowSums:
         held = [*self.residual.values(), *self.sent.values(), *self._index.values()]
         held += [t for loose in (*self._loose.values(), *self.earlier) for t in loose.values()]
         return sum(t.numel() * t.element_size() for t in held)
+
+    def relayer(self, layers: Mapping[int, int]) -> None:
+        """The layout changed: every shadow moves to its tensor's new layer id (``layers``: old
+        id -> new id), held by layer until its new unit joins it; a tensor no longer
+        compressed has its shadows dropped."""
+
+        def moved(pieces: dict[tuple[float, int], Tensor]) -> dict[tuple[float, int], Tensor]:
+            return {(cf, layers[k]): t for (cf, k), t in pieces.items() if k in layers}
+
+        self._loose = {name: moved(self._by_tensor(name)) for name in ("residual", "sent")}
+        self.earlier = [moved(sums) for sums in self.earlier]
+        self.residual, self.sent = {}, {}
+        self._sizes, self._index, self._used = {}, {}, set()
 
     def clear(self, keep: int = 0) -> None:
         """Start a new window: the sums restart (those of the last ``keep`` windows, the one

@@ -33,8 +33,8 @@ gain itself stays the default (``docs/studies/2026-11-30-which-gain.md``,
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -47,12 +47,14 @@ __all__ = [
     "WINDOW_STRIDE",
     "WindowSums",
     "predicted_progress",
+    "rekeyed",
     "sample",
     "sample_index",
     "sample_size",
     "window_terms",
 ]
 
+V = TypeVar("V")
 #: one block of elements in every WINDOW_STRIDE is sampled: the sums cost 1/16 of a gradient's
 #: memory, and energies over a few thousand sampled elements estimate those over all of them
 #: to a few percent (the gain is a ratio of such energies)
@@ -128,6 +130,12 @@ def window_terms(sent: Tensor, residual: Tensor) -> Tensor:
     return torch.stack([inner(sent, total), inner(sent, sent), inner(total, total)])
 
 
+def rekeyed(table: Mapping[int, V], layers: Mapping[int, int]) -> dict[int, V]:
+    """``table``'s entries by layer id moved to their new ids (``layers``: old -> new); those
+    of layers not in ``layers`` dropped."""
+    return {layers[k]: v for k, v in table.items() if k in layers}
+
+
 def _split(flat: Tensor, numels: Sequence[int]) -> list[Tensor]:
     return list(flat.reshape(-1).split(list(numels)))
 
@@ -196,6 +204,13 @@ class WindowSums:
             sent = (xs if e is None else xs - e).float()
             old = self.sent.get(layer)
             self.sent[layer] = sent if old is None else old.add_(sent)
+
+    def relayer(self, layers: Mapping[int, int]) -> None:
+        """The layout changed: each sum kept moves to its tensor's new layer id (``layers``:
+        old id -> new id); a tensor no longer compressed has its sums dropped."""
+        self.sent = rekeyed(self.sent, layers)
+        self.earlier = [rekeyed(sums, layers) for sums in self.earlier]
+        self._index = {}
 
     def clear(self, keep: int = 0) -> None:
         """Start a new window; the sums of the last ``keep`` windows (the one that ended

@@ -34,7 +34,7 @@ from gravac.control.noise import signal_fraction, signal_payload
 from gravac.control.norms import IntervalNorms
 from gravac.control.options import ControllerConfig
 from gravac.control.policies.base import ScalingPolicy
-from gravac.control.protocol import Controller
+from gravac.control.protocol import Controller, LayerKeyed
 from gravac.control.records import DENSE, Decision, Observation, Plan, Report, Sample, Skipped
 from gravac.control.replay import ShadowSums
 from gravac.control.searches.paper import PaperController
@@ -209,6 +209,22 @@ class Engine:
             self.comm = Communicator(None)
             self.controller = self._make_controller()
         self._open_monitor()
+
+    def relayer(self, layers: Mapping[int, int]) -> None:
+        """The front end's layout changed the tensors' layer ids (``layers``: old id -> new id,
+        for the tensors still compressed): every state kept by layer moves with its tensor (the
+        window and shadow sums, the interval norms, lagging statistics, a controller's own),
+        and that of tensors no longer compressed is dropped."""
+        self.windows.relayer(layers)
+        self.shadows.relayer(layers)
+        self.norms.relayer(layers)
+        self._lagged = {
+            tuple(layers[k] for k in key): v
+            for key, v in self._lagged.items()
+            if all(k in layers for k in key)
+        }
+        if isinstance(self.controller, LayerKeyed):
+            self.controller.relayer(layers)
 
     def bind_shapes(self, shapes: Sequence[torch.Size]) -> None:
         """The shapes of every compressed tensor, in unit order (the front ends call it when

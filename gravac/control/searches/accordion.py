@@ -34,6 +34,7 @@ from typing import Any
 from gravac.control.policies.accordion import AccordionPolicy
 from gravac.control.records import Decision, Observation, Plan, Report, Skipped
 from gravac.control.searches.common import Setting
+from gravac.control.window import rekeyed
 
 __all__ = ["LR_DECAY_FRACTION", "PHASE", "AccordionController", "is_critical"]
 
@@ -146,6 +147,11 @@ class AccordionController:
             k: k not in self._norms or is_critical(self._norms[k], n, eta) for k, n in norms.items()
         }
         self._norms = dict(norms)
+
+    def relayer(self, layers: Mapping[int, int]) -> None:
+        """Move each layer's norm and regime to its new id (``layers``: old -> new)."""
+        self._norms = rekeyed(self._norms, layers)
+        self._critical = rekeyed(self._critical, layers)
 
     def resnap(self) -> None:
         """Snap the two CFs and the table keys again, after the deliverable CFs changed."""

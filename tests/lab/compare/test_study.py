@@ -80,7 +80,7 @@ def test_an_unlabelled_variant_with_odd_options_gets_a_label_it_may_hold() -> No
         ('topk:exponential:{"epsilon": 2}', "epsilon must be a number in [0, 1], got 2"),
         (
             'topk:exponential:{"bucket_bytes": 1.5}',
-            "bucket_bytes must be an integer >= 0 or None, got 1.5",
+            "bucket_bytes must be an integer >= 1 or None, got 1.5",
         ),
         ("topk:exponential:{epsilon: 1}", "the engine options are not JSON"),
         ('topk:exponential:{"window": 5} x', "unexpected 'x' after the policy"),

@@ -219,5 +219,5 @@ def test_bucket_bytes_reaches_the_optimizer_and_the_hook_mode_s_ddp(
 
 
 def test_engine_options_reject_a_negative_bucket_size_naming_it() -> None:
-    with pytest.raises(ValueError, match=r"bucket_bytes must be an integer >= 0 or None, got -1"):
+    with pytest.raises(ValueError, match=r"bucket_bytes must be an integer >= 1 or None, got -1"):
         modes.check_engine_options({"bucket_bytes": -1}, {}, option="--engine-options")

@@ -13,8 +13,8 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from gravac.ddp import GravacHookState
-from tests.helpers import batch, tiny_model, torchrun_command
-from tests.integrations._run import EXAMPLES, STEPS, assert_compressed, run_example
+from tests.helpers import batch, tiny_model
+from tests.integrations._run import Run, assert_compressed, read_reports
 
 transformers = pytest.importorskip("transformers")
 from gravac.integrations.hf import GravacCallback  # noqa: E402
@@ -22,14 +22,9 @@ from gravac.integrations.hf import GravacCallback  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
-def test_the_example_compresses_under_torchrun(tmp_path: Path) -> None:
-    command = torchrun_command(
-        EXAMPLES / "hf_trainer.py",
-        f"--max-steps={STEPS}",
-        f"--output-dir={tmp_path / 'out'}",
-        f"--report={tmp_path}",
-    )
-    assert_compressed(run_example(command, tmp_path))
+def test_the_example_compresses_under_torchrun(example_runs: dict[str, Run]) -> None:
+    """Run by the package's ``example_runs`` under torchrun, beside Lightning's example."""
+    assert_compressed(read_reports(example_runs["hf"]))
 
 
 class _Classifier(nn.Module):

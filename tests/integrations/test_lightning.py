@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +13,7 @@ from torch.nn.parallel import DistributedDataParallel
 from gravac.ddp import GravacHookState, gravac_hook
 from gravac.launch import free_port
 from tests.helpers import batch, tiny_model
-from tests.integrations._run import EXAMPLES, STEPS, assert_compressed, run_example
+from tests.integrations._run import Run, assert_compressed, read_reports
 from tests.workers import Workers
 
 pl = pytest.importorskip("lightning.pytorch")
@@ -25,14 +23,9 @@ pytestmark = pytest.mark.slow
 SPAWN_TIMEOUT = 120.0
 
 
-def test_the_example_compresses_on_two_processes(tmp_path: Path) -> None:
-    command = [
-        sys.executable,
-        str(EXAMPLES / "lightning_ddp.py"),
-        f"--max-steps={STEPS}",
-        f"--report={tmp_path}",
-    ]
-    assert_compressed(run_example(command, tmp_path))
+def test_the_example_compresses_on_two_processes(example_runs: dict[str, Run]) -> None:
+    """Run by the package's ``example_runs``, beside the Hugging Face example."""
+    assert_compressed(read_reports(example_runs["lightning"]))
 
 
 def test_one_process_trains_uncompressed_with_a_warning() -> None:

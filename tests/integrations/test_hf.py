@@ -1,4 +1,5 @@
-"""The Hugging Face Trainer with gravac's callback: real DDP (gloo) processes under torchrun."""
+"""The Hugging Face Trainer with gravac's callback in this process (its example under torchrun,
+real DDP gloo processes: ``test_examples.py``)."""
 
 from __future__ import annotations
 
@@ -14,17 +15,11 @@ from torch.utils.data import Dataset
 
 from gravac.ddp import GravacHookState
 from tests.helpers import batch, tiny_model
-from tests.integrations._run import Run, assert_compressed, read_reports
 
 transformers = pytest.importorskip("transformers")
 from gravac.integrations.hf import GravacCallback  # noqa: E402
 
 pytestmark = pytest.mark.slow
-
-
-def test_the_example_compresses_under_torchrun(example_runs: dict[str, Run]) -> None:
-    """Run by the package's ``example_runs`` under torchrun, beside Lightning's example."""
-    assert_compressed(read_reports(example_runs["hf"]))
 
 
 class _Classifier(nn.Module):

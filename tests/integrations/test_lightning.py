@@ -1,4 +1,5 @@
-"""PyTorch Lightning with gravac's callback: real DDP (gloo) processes that Lightning starts."""
+"""PyTorch Lightning with gravac's callback: in this process and on a spawned gloo group (its
+example, real DDP gloo processes that Lightning starts: ``test_examples.py``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from torch.nn.parallel import DistributedDataParallel
 from gravac.ddp import GravacHookState, gravac_hook
 from gravac.launch import free_port
 from tests.helpers import batch, tiny_model
-from tests.integrations._run import Run, assert_compressed, read_reports
 from tests.workers import Workers
 
 pl = pytest.importorskip("lightning.pytorch")
@@ -21,11 +21,6 @@ from gravac.integrations.lightning import GravacCallback  # noqa: E402
 
 pytestmark = pytest.mark.slow
 SPAWN_TIMEOUT = 120.0
-
-
-def test_the_example_compresses_on_two_processes(example_runs: dict[str, Run]) -> None:
-    """Run by the package's ``example_runs``, beside the Hugging Face example."""
-    assert_compressed(read_reports(example_runs["lightning"]))
 
 
 def test_one_process_trains_uncompressed_with_a_warning() -> None:

@@ -1,38 +1,38 @@
 """``examples/train_digits.py`` under torchrun (2 gloo processes on loopback).
 
-Every torchrun launch of this module is made once, by the ``runs`` fixture, a few at a time
-side by side (a launch keeps about one core busy while its three processes start), and the
-tests assert on the runs' outputs: the training run of each front end, the fixed CF through
-the DDP hook, and the further short runs that make up ``EXIT_RUNS`` clean exits per front end.
+Every torchrun launch of this module is made once (``launches``: started with the session,
+beside the tests run in this process, tests/background.py), and the tests assert on the runs'
+outputs (the ``runs`` fixture): the training run of each front end, the fixed CF through the
+DDP hook, and the further short runs that make up ``EXIT_RUNS`` clean exits per front end.
 """
 
 from __future__ import annotations
 
+import functools
 import runpy
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from tests.background import Background
 from tests.helpers import torchrun_command
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_digits.py"
 #: clean torchrun exits each front end must show: before the fixes, 2 of 6 runs aborted at
 #: exit (the optimizer), and 5 of 37 (the DDP hook: gravac.release_group)
 EXIT_RUNS = 5
-#: torchrun launches at once: each spends much of its time in one process (the agent, then
-#: imports), so on the project's 2-core machine three side by side keep both cores busy
-CONCURRENT_LAUNCHES = 3
 #: the optimizer front end's exit runs use THC (the training run, Top-k, counts as one)
 OPT_EXIT = ("--compressor", "thc")
 HOOK = ("--ddp-hook",)
 
-Runs = dict[str, tuple[Path, subprocess.CompletedProcess[str]]]
+Run = tuple[Path, subprocess.CompletedProcess[str]]
+Runs = dict[str, Run]
 
 
-def _torchrun(log_dir: Path, *args: str) -> tuple[Path, subprocess.CompletedProcess[str]]:
+def _torchrun(log_dir: Path, *args: str) -> Run:
     """The example on 2 processes, with ``args``, logging to ``log_dir``; never raises on a
     failed run. The port is picked at launch, not before, so that no other launch takes it."""
     command = torchrun_command(EXAMPLE, *args, "--log-dir", str(log_dir))
@@ -50,12 +50,10 @@ def _exits(runs: Runs, front: str) -> list[subprocess.CompletedProcess[str]]:
     return [out for name, (_, out) in runs.items() if name.startswith(f"{front}-")]
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
-    """Every launch of the module, by name: ``{front}-trains`` (60 steps), ``hook-fixed``
-    (``--policy fixed --cf 100`` through the hook) and ``{front}-exit{i}`` (10 steps), so that
-    each front end has ``EXIT_RUNS`` runs in all."""
-    tmp = tmp_path_factory.mktemp("torchrun")
+def launches(tmp: Path, items: list[pytest.Item]) -> dict[str, Callable[[], Run]]:
+    """Every launch of the module, by name (tests/background.py starts them with the session):
+    ``{front}-trains`` (60 steps), ``hook-fixed`` (``--policy fixed --cf 100`` through the
+    hook) and ``{front}-exit{i}`` (10 steps), so that each front end has ``EXIT_RUNS`` runs."""
     plans: dict[str, tuple[str, ...]] = {
         "opt-trains": ("--max-steps", "60"),
         "hook-trains": ("--max-steps", "60", *HOOK),
@@ -64,9 +62,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     for front, extra in (("opt", OPT_EXIT), ("hook", HOOK)):
         for i in range(len([p for p in plans if p.startswith(f"{front}-")]), EXIT_RUNS):
             plans[f"{front}-exit{i}"] = ("--max-steps", "10", *extra)
-    with ThreadPoolExecutor(CONCURRENT_LAUNCHES) as pool:
-        futures = {name: pool.submit(_torchrun, tmp / name, *a) for name, a in plans.items()}
-        return {name: f.result() for name, f in futures.items()}
+    return {name: functools.partial(_torchrun, tmp / name, *a) for name, a in plans.items()}
+
+
+@pytest.fixture(scope="module")
+def runs(background: Background, request: pytest.FixtureRequest) -> Runs:
+    """The module's launches (``launches``), once all have ended."""
+    return background.results(request)
 
 
 @pytest.mark.slow

@@ -1,9 +1,4 @@
-"""Running the integration examples on 2 processes and reading each rank's report.
-
-Both examples' runs are made once, side by side, by the package fixture ``example_runs``
-(``tests/integrations/conftest.py``): each spends much of its run in one process (importing
-the framework, a launcher waiting), so the two together keep the machine's cores busy.
-"""
+"""Running the integration examples on 2 processes and reading each rank's report."""
 
 from __future__ import annotations
 
@@ -11,7 +6,6 @@ import json
 import os
 import subprocess
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -26,23 +20,13 @@ Command = Callable[[], list[str]]
 Run = tuple[subprocess.CompletedProcess[str], Path]
 
 
-def run_examples(commands: dict[str, tuple[Command, Path, dict[str, str]]]) -> dict[str, Run]:
-    """Run every ``name: (command, report, env)`` at once (``env`` added to this process's);
-    each run's output and report directory. Never raises on a failed run."""
-
-    def run(command: Command, report: Path, env: dict[str, str]) -> Run:
-        out = subprocess.run(
-            command(),
-            capture_output=True,
-            text=True,
-            timeout=RUN_TIMEOUT,
-            env={**os.environ, **env},
-        )
-        return out, report
-
-    with ThreadPoolExecutor(max(1, len(commands))) as pool:
-        futures = {name: pool.submit(run, *spec) for name, spec in commands.items()}
-        return {name: f.result() for name, f in futures.items()}
+def run_example(command: Command, report: Path, env: dict[str, str]) -> Run:
+    """Run ``command()`` (``env`` added to this process's); its output and ``report``, the
+    directory it writes its ranks' reports to. Never raises on a failed run."""
+    out = subprocess.run(
+        command(), capture_output=True, text=True, timeout=RUN_TIMEOUT, env={**os.environ, **env}
+    )
+    return out, report
 
 
 def read_reports(run: Run) -> list[dict[str, Any]]:

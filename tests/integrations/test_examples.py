@@ -1,19 +1,22 @@
 """The integration examples on 2 real DDP (gloo) processes: Lightning's, which starts its
 second process itself, and the Hugging Face Trainer's under torchrun.
 
-Both runs are made once, side by side, by the module fixture ``example_runs`` (each spends
-much of its run in one process: importing the framework, a launcher waiting); a framework
-that is not installed skips its test and is not launched.
+Both runs are made once (``launches``: started with the session, beside the tests run in this
+process, tests/background.py); a framework that is not installed skips its test and is not
+launched.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from tests.background import Background
 from tests.helpers import torchrun_command
 from tests.integrations._run import (
     EXAMPLES,
@@ -22,7 +25,7 @@ from tests.integrations._run import (
     Run,
     assert_compressed,
     read_reports,
-    run_examples,
+    run_example,
 )
 
 pytestmark = pytest.mark.slow
@@ -36,18 +39,10 @@ def _installed(example: str) -> bool:
     return importlib.util.find_spec(module.split(".")[0]) is not None
 
 
-@pytest.fixture(scope="module")
-def example_runs(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, Run]:
+def launches(tmp: Path, items: list[pytest.Item]) -> dict[str, Callable[[], Run]]:
     """By example ("lightning", "hf"): its run, for each installed one that a selected test
-    of this module reads."""
-    selected = {
-        item.callspec.params["example"]
-        for item in request.session.items
-        if item.path == request.path and hasattr(item, "callspec")
-    }
-    tmp = tmp_path_factory.mktemp("examples")
+    reads (tests/background.py starts them with the session)."""
+    selected = {i.callspec.params["example"] for i in items if hasattr(i, "callspec")}
     lightning, hf = tmp / "lightning", tmp / "hf"
 
     def lightning_command() -> list[str]:
@@ -66,7 +61,17 @@ def example_runs(
         "lightning": (lightning_command, lightning, {}),
         "hf": (hf_command, hf, {"HF_HUB_OFFLINE": "1"}),  # nothing here downloads
     }
-    return run_examples({k: v for k, v in commands.items() if k in selected and _installed(k)})
+    return {
+        name: functools.partial(run_example, *spec)
+        for name, spec in commands.items()
+        if name in selected and _installed(name)
+    }
+
+
+@pytest.fixture(scope="module")
+def example_runs(background: Background, request: pytest.FixtureRequest) -> dict[str, Run]:
+    """The module's launches (``launches``), once all have ended."""
+    return background.results(request)
 
 
 @pytest.mark.parametrize("example", ["lightning", "hf"])

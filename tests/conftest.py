@@ -9,7 +9,9 @@ The launches made are counted per test; the count is printed at the end of the r
 ``-v``, per test; "outside any test" is test_netns.py's probe for network namespaces at import).
 
 ``gloo_pools``: the session's pools of spawned gloo groups (:mod:`tests.workers`), one per world
-size, that run the multi-process scenarios without a spawn each.
+size, that run the multi-process scenarios without a spawn each. ``background``: the launches
+that modules name to start with the session, beside the tests run in this process
+(:mod:`tests.background`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import torch
 
+from tests import background as _background
 from tests.workers import Workers
 
 
@@ -36,6 +40,10 @@ _originals: dict[str, Callable[..., Any]] = {}
 
 
 def _launching(kind: str) -> None:
+    label = getattr(_background.owner, "label", None)
+    if label is not None:  # started for a module with selected slow tests, whatever runs now
+        _launches[label] += 1
+        return
     item = _current
     if item is not None and item.get_closest_marker("slow") is None:
         raise UnmarkedLaunch(
@@ -56,14 +64,47 @@ def _execute_child(self: subprocess.Popen[Any], args: Any, *rest: Any, **kw: Any
     _originals["popen"](self, args, *rest, **kw)
 
 
+#: torch's intra-op threads in the pytest process. The tests' tensors are small, and the
+#: launches beside them (tests/background.py, other slow tests' workers) keep the cores busy:
+#: a second thread waiting for a core slowed the in-process tests down about twice
+#: (tests/compressors: 53 s with 2 threads, 27 s with 1, on the 2-core machine). Spawned and
+#: launched processes set their own (tests/workers.py, torchrun, gravac compare).
+THREADS = 1
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    torch.set_num_threads(THREADS)
     _originals["process"] = multiprocessing.process.BaseProcess.start
     _originals["popen"] = subprocess.Popen._execute_child  # type: ignore[attr-defined]
     multiprocessing.process.BaseProcess.start = _process_start  # type: ignore[method-assign]
     subprocess.Popen._execute_child = _execute_child  # type: ignore[attr-defined]
 
 
+_BACKGROUND = pytest.StashKey[_background.Background]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the launches of every module that names them (``launches``) and has a selected
+    test marked ``slow``, in the order of the run."""
+    by_module: dict[Any, list[pytest.Item]] = {}
+    for item in session.items:
+        module = getattr(item, "module", None)
+        if module is not None and hasattr(module, "launches"):
+            by_module.setdefault(module, []).append(item)
+    for module, items in by_module.items():
+        if any(i.get_closest_marker("slow") is not None for i in items):
+            _background_of(session.config).start(module, items)
+
+
+def _background_of(config: pytest.Config) -> _background.Background:
+    if _BACKGROUND not in config.stash:
+        config.stash[_BACKGROUND] = _background.Background()
+    return config.stash[_BACKGROUND]
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
+    if _BACKGROUND in config.stash:
+        config.stash[_BACKGROUND].close()
     if _originals:
         multiprocessing.process.BaseProcess.start = _originals.pop("process")  # type: ignore[method-assign]
         subprocess.Popen._execute_child = _originals.pop("popen")  # type: ignore[attr-defined]
@@ -96,3 +137,9 @@ def gloo_pools() -> Iterator[Workers]:
         yield pools
     finally:
         pools.close()
+
+
+@pytest.fixture(scope="session")
+def background(request: pytest.FixtureRequest) -> _background.Background:
+    """The session's background launches (tests.background)."""
+    return _background_of(request.config)

@@ -1,26 +1,42 @@
-"""``examples/train_digits.py`` under torchrun (2 gloo processes on loopback)."""
+"""``examples/train_digits.py`` under torchrun (2 gloo processes on loopback).
+
+Every torchrun launch of this module is made once (``launches``: started with the session,
+beside the tests run in this process, tests/background.py), and the tests assert on the runs'
+outputs (the ``runs`` fixture): the training run of each front end, the fixed CF through the
+DDP hook, and the further short runs that make up ``EXIT_RUNS`` clean exits per front end.
+"""
 
 from __future__ import annotations
 
+import functools
 import runpy
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from tests.background import Background
 from tests.helpers import torchrun_command
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_digits.py"
 #: clean torchrun exits each front end must show: before the fixes, 2 of 6 runs aborted at
 #: exit (the optimizer), and 5 of 37 (the DDP hook: gravac.release_group)
 EXIT_RUNS = 5
+#: the optimizer front end's exit runs use THC (the training run, Top-k, counts as one)
+OPT_EXIT = ("--compressor", "thc")
+HOOK = ("--ddp-hook",)
+
+Run = tuple[Path, subprocess.CompletedProcess[str]]
+Runs = dict[str, Run]
 
 
-def _torchrun(*args: str) -> subprocess.CompletedProcess[str]:
-    """The example on 2 processes, with ``args``; never raises on a failed run."""
-    command = torchrun_command(EXAMPLE, *args)
-    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+def _torchrun(log_dir: Path, *args: str) -> Run:
+    """The example on 2 processes, with ``args``, logging to ``log_dir``; never raises on a
+    failed run. The port is picked at launch, not before, so that no other launch takes it."""
+    command = torchrun_command(EXAMPLE, *args, "--log-dir", str(log_dir))
+    return log_dir, subprocess.run(command, capture_output=True, text=True, timeout=300)
 
 
 def _wire_bytes(stdout: str) -> tuple[int, int]:
@@ -29,36 +45,45 @@ def _wire_bytes(stdout: str) -> tuple[int, int]:
     return int(sent.replace(",", "")), int(dense.split(")")[0].replace(",", ""))
 
 
-@pytest.fixture(scope="module")
-def hook_runs(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> dict[str, tuple[Path, subprocess.CompletedProcess[str]]]:
-    """The DDP hook's two training runs, shared by their tests and the exit-path test."""
-    tmp = tmp_path_factory.mktemp("hook")
-    trains = ("--max-steps", "60", "--ddp-hook", "--log-dir", str(tmp / "tb"))
-    # ``--policy fixed --cf 100`` through the hook
-    fixed = ("--policy", "fixed", "--cf", "100", "--ddp-hook", "--max-steps", "20")
-    return {
-        "trains": (tmp / "tb", _torchrun(*trains)),
-        "fixed": (tmp / "tb-fixed", _torchrun(*fixed, "--log-dir", str(tmp / "tb-fixed"))),
+def _exits(runs: Runs, front: str) -> list[subprocess.CompletedProcess[str]]:
+    """Every run of ``front`` ("opt" or "hook"), training runs included."""
+    return [out for name, (_, out) in runs.items() if name.startswith(f"{front}-")]
+
+
+def launches(tmp: Path, items: list[pytest.Item]) -> dict[str, Callable[[], Run]]:
+    """Every launch of the module, by name (tests/background.py starts them with the session):
+    ``{front}-trains`` (60 steps), ``hook-fixed`` (``--policy fixed --cf 100`` through the
+    hook) and ``{front}-exit{i}`` (10 steps), so that each front end has ``EXIT_RUNS`` runs."""
+    plans: dict[str, tuple[str, ...]] = {
+        "opt-trains": ("--max-steps", "60"),
+        "hook-trains": ("--max-steps", "60", *HOOK),
+        "hook-fixed": ("--policy", "fixed", "--cf", "100", *HOOK, "--max-steps", "20"),
     }
+    for front, extra in (("opt", OPT_EXIT), ("hook", HOOK)):
+        for i in range(len([p for p in plans if p.startswith(f"{front}-")]), EXIT_RUNS):
+            plans[f"{front}-exit{i}"] = ("--max-steps", "10", *extra)
+    return {name: functools.partial(_torchrun, tmp / name, *a) for name, a in plans.items()}
+
+
+@pytest.fixture(scope="module")
+def runs(background: Background, request: pytest.FixtureRequest) -> Runs:
+    """The module's launches (``launches``), once all have ended."""
+    return background.results(request)
 
 
 @pytest.mark.slow
-def test_torchrun_example_trains(tmp_path: Path) -> None:
-    out = _torchrun("--max-steps", "60", "--log-dir", str(tmp_path / "tb"))
+def test_torchrun_example_trains(runs: Runs) -> None:
+    log_dir, out = runs["opt-trains"]
     assert out.returncode == 0, out.stderr[-2000:]
     accuracy = float(out.stdout.split("test accuracy")[1].split()[0])
     assert accuracy > 0.5  # 60 steps from scratch: well above chance (0.1)
     assert "wire bytes" in out.stdout
-    assert any((tmp_path / "tb").iterdir())
+    assert any(log_dir.iterdir())
 
 
 @pytest.mark.slow
-def test_torchrun_example_trains_with_the_ddp_hook(
-    hook_runs: dict[str, tuple[Path, subprocess.CompletedProcess[str]]],
-) -> None:
-    log_dir, out = hook_runs["trains"]
+def test_torchrun_example_trains_with_the_ddp_hook(runs: Runs) -> None:
+    log_dir, out = runs["hook-trains"]
     assert out.returncode == 0, out.stderr[-2000:]
     assert float(out.stdout.split("test accuracy")[1].split()[0]) > 0.5
     sent, dense = _wire_bytes(out.stdout)
@@ -67,13 +92,11 @@ def test_torchrun_example_trains_with_the_ddp_hook(
 
 
 @pytest.mark.slow
-def test_a_fixed_cf_is_given_on_the_command_line(
-    hook_runs: dict[str, tuple[Path, subprocess.CompletedProcess[str]]],
-) -> None:
+def test_a_fixed_cf_is_given_on_the_command_line(runs: Runs) -> None:
     """``--policy fixed --cf 100`` through the hook: 1/100 of the weights' elements sent as a
     value and an int32 index each (1/50 of their bytes), the biases dense: a little more than
     1/50 of the dense bytes."""
-    _, out = hook_runs["fixed"]
+    _, out = runs["hook-fixed"]
     assert out.returncode == 0, out.stderr[-2000:]
     sent, dense = _wire_bytes(out.stdout)
     assert 30 < dense / sent < 50
@@ -92,16 +115,11 @@ def test_a_cf_without_the_fixed_policy_or_the_reverse_is_refused(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("front", [("--compressor", "thc"), ("--ddp-hook",)], ids=["opt", "ddp"])
-def test_torchrun_exit_path_is_clean_every_time(
-    tmp_path: Path,
-    front: tuple[str, ...],
-    hook_runs: dict[str, tuple[Path, subprocess.CompletedProcess[str]]],
-) -> None:
-    """``EXIT_RUNS`` runs of each front end; the DDP hook's two training runs count as two."""
-    outs = [out for _, out in hook_runs.values()] if front == ("--ddp-hook",) else []
-    for run in range(len(outs), EXIT_RUNS):
-        outs.append(_torchrun("--max-steps", "10", *front, "--log-dir", str(tmp_path / f"tb{run}")))
+@pytest.mark.parametrize("front", ["opt", "hook"])
+def test_torchrun_exit_path_is_clean_every_time(runs: Runs, front: str) -> None:
+    """``EXIT_RUNS`` runs of each front end, its training runs among them: every one exits
+    cleanly (the optimizer's further runs with THC, the hook's with Top-k)."""
+    outs = _exits(runs, front)
     assert len(outs) == EXIT_RUNS
     for run, out in enumerate(outs):
         assert out.returncode == 0, f"run {run}: {out.stderr[-2000:]}"

@@ -1,9 +1,11 @@
-"""Running an integration example on 2 processes and reading each rank's report."""
+"""Running the integration examples on 2 processes and reading each rank's report."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +15,23 @@ RUN_TIMEOUT = 300
 #: steps each test trains: past the warm-up (40) into the CF search
 STEPS = 50
 
+#: a run's command, made when it starts (a torchrun port is picked then, not before)
+Command = Callable[[], list[str]]
+Run = tuple[subprocess.CompletedProcess[str], Path]
 
-def run_example(command: list[str], report: Path) -> list[dict[str, Any]]:
-    """Run ``command`` (which writes ``report/rank{R}.json``) and return the ranks' reports."""
-    out = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+
+def run_example(command: Command, report: Path, env: dict[str, str]) -> Run:
+    """Run ``command()`` (``env`` added to this process's); its output and ``report``, the
+    directory it writes its ranks' reports to. Never raises on a failed run."""
+    out = subprocess.run(
+        command(), capture_output=True, text=True, timeout=RUN_TIMEOUT, env={**os.environ, **env}
+    )
+    return out, report
+
+
+def read_reports(run: Run) -> list[dict[str, Any]]:
+    """The ranks' reports of a run (which writes ``report/rank{R}.json``), once it succeeded."""
+    out, report = run
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     assert "test accuracy" in out.stdout and "wire bytes" in out.stdout, out.stdout
     return [json.loads((report / f"rank{r}.json").read_text()) for r in range(2)]

@@ -1,4 +1,5 @@
-"""The Hugging Face Trainer with gravac's callback: real DDP (gloo) processes under torchrun."""
+"""The Hugging Face Trainer with gravac's callback in this process (its example under torchrun,
+real DDP gloo processes: ``test_examples.py``)."""
 
 from __future__ import annotations
 
@@ -13,23 +14,12 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from gravac.ddp import GravacHookState
-from tests.helpers import batch, tiny_model, torchrun_command
-from tests.integrations._run import EXAMPLES, STEPS, assert_compressed, run_example
+from tests.helpers import batch, tiny_model
 
 transformers = pytest.importorskip("transformers")
 from gravac.integrations.hf import GravacCallback  # noqa: E402
 
 pytestmark = pytest.mark.slow
-
-
-def test_the_example_compresses_under_torchrun(tmp_path: Path) -> None:
-    command = torchrun_command(
-        EXAMPLES / "hf_trainer.py",
-        f"--max-steps={STEPS}",
-        f"--output-dir={tmp_path / 'out'}",
-        f"--report={tmp_path}",
-    )
-    assert_compressed(run_example(command, tmp_path))
 
 
 class _Classifier(nn.Module):

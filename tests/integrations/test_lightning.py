@@ -1,9 +1,8 @@
-"""PyTorch Lightning with gravac's callback: real DDP (gloo) processes that Lightning starts."""
+"""PyTorch Lightning with gravac's callback: in this process and on a spawned gloo group (its
+example, real DDP gloo processes that Lightning starts: ``test_examples.py``)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +14,6 @@ from torch.nn.parallel import DistributedDataParallel
 from gravac.ddp import GravacHookState, gravac_hook
 from gravac.launch import free_port
 from tests.helpers import batch, tiny_model
-from tests.integrations._run import EXAMPLES, STEPS, assert_compressed, run_example
 from tests.workers import Workers
 
 pl = pytest.importorskip("lightning.pytorch")
@@ -23,16 +21,6 @@ from gravac.integrations.lightning import GravacCallback  # noqa: E402
 
 pytestmark = pytest.mark.slow
 SPAWN_TIMEOUT = 120.0
-
-
-def test_the_example_compresses_on_two_processes(tmp_path: Path) -> None:
-    command = [
-        sys.executable,
-        str(EXAMPLES / "lightning_ddp.py"),
-        f"--max-steps={STEPS}",
-        f"--report={tmp_path}",
-    ]
-    assert_compressed(run_example(command, tmp_path))
 
 
 def test_one_process_trains_uncompressed_with_a_warning() -> None:

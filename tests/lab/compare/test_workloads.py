@@ -1,25 +1,26 @@
 """The ``gravac compare`` workloads: data, model, loss and metric of every registered one, and a
-loopback smoke run of ``resnet-digits`` and ``lstm-text`` through the real command line."""
+loopback smoke run of each through the real command line (a process of its own, started with
+the session by tests/background.py)."""
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import importlib
 import inspect
-import io
 import json
 import math
-from collections.abc import Iterator
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 from torch import Tensor, nn
 
-from gravac.cli import main
 from gravac_lab.compare import workloads
 from gravac_lab.compare.config import CompareConfig
+from tests.background import Background
 
 NAMES = workloads.names()
 #: samples in the one-process batches below
@@ -207,23 +208,41 @@ METRIC_RANGE = {
 }
 
 
-def _compare(out: Path, name: str) -> tuple[dict[str, Any], str]:
-    stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):
-        status = main(
-            ["compare", "--quick", "--workload", name, "--modes", ",".join(SMOKE_MODES),
-             "--steps", str(SMOKE_STEPS), "--timing-warmup", str(SMOKE_WARMUP),
-             "--out", str(out)]
-        )  # fmt: skip
-    assert status == 0
-    return json.loads(out.read_text()), stdout.getvalue()
+#: what a smoke run left: its exit, its stdout and stderr, and the JSON it wrote
+Smoke = tuple[subprocess.CompletedProcess[str], Path]
+
+
+def _compare(out: Path, name: str) -> Smoke:
+    """``gravac compare`` on ``name``, through the command line in a process of its own."""
+    command = [
+        sys.executable, "-m", "gravac", "compare", "--quick", "--workload", name,
+        "--modes", ",".join(SMOKE_MODES), "--steps", str(SMOKE_STEPS),
+        "--timing-warmup", str(SMOKE_WARMUP), "--out", str(out),
+    ]  # fmt: skip
+    return subprocess.run(command, capture_output=True, text=True, timeout=600), out
+
+
+def launches(tmp: Path, items: list[pytest.Item]) -> dict[str, Callable[[], Smoke]]:
+    """A smoke run per workload a selected test reads (tests/background.py starts them with
+    the session)."""
+    selected = {i.callspec.params["name"] for i in items if hasattr(i, "callspec")}
+    chosen = sorted(selected & set(METRIC_RANGE))
+    return {name: functools.partial(_compare, tmp / f"{name}.json", name) for name in chosen}
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(background: Background, request: pytest.FixtureRequest) -> dict[str, Smoke]:
+    """The module's smoke runs (``launches``), once all have ended."""
+    return background.results(request)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(METRIC_RANGE))
-def test_compare_runs_the_workload(tmp_path: Path, name: str) -> None:
+def test_compare_runs_the_workload(smoke_runs: dict[str, Smoke], name: str) -> None:
     workload = workloads.get(name)
-    summary, stdout = _compare(tmp_path / "summary.json", name)
+    done, out = smoke_runs[name]
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary, stdout = json.loads(out.read_text()), done.stdout
     assert summary["workload"]["name"] == name
     assert summary["workload"]["metric"] == workload.metric_name
     assert summary["workload"]["target"] == workload.target

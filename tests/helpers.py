@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import itertools
 import shutil
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -107,6 +108,13 @@ def train_square(model: nn.Module, opt: torch.optim.Optimizer, steps: range) -> 
         opt.zero_grad()
         model(x).square().mean().backward()
         opt.step()
+
+
+def run_compare(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """``gravac compare`` with ``args``, through the command line in a process of its own (its
+    stdout and stderr captured)."""
+    command = [sys.executable, "-m", "gravac", "compare", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
 
 
 def torchrun_command(script: Path, *args: str, nproc: int = 2) -> list[str]:

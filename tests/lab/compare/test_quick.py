@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
+import functools
 import json
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gravac.cli import main
 from gravac_lab.compare import workloads
+from tests.background import Background
+from tests.helpers import run_compare
 
 pytestmark = pytest.mark.slow
 
@@ -49,17 +51,24 @@ MODE_KEYS = {
 }
 
 
+def _quick(out: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
+    done = run_compare(
+        "--quick", "--modes", ",".join(MODES), "--policy", "fixed",
+        "--policy-options", '{"cf": 100}', "--out", str(out),
+    )  # fmt: skip
+    return done, out
+
+
+def launches(tmp: Path, items: list[pytest.Item]) -> dict[str, Callable[[], Any]]:
+    """The module's one run (tests/background.py starts it with the session)."""
+    return {"quick": functools.partial(_quick, tmp / "quick.json")}
+
+
 @pytest.fixture(scope="module")
-def quick(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
-    out = tmp_path_factory.mktemp("compare") / "quick.json"
-    stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):
-        status = main(
-            ["compare", "--quick", "--modes", ",".join(MODES), "--policy", "fixed",
-             "--policy-options", '{"cf": 100}', "--out", str(out)]
-        )  # fmt: skip
-    assert status == 0
-    return json.loads(Path(out).read_text()), stdout.getvalue()
+def quick(background: Background, request: pytest.FixtureRequest) -> tuple[dict[str, Any], str]:
+    done, out = background.results(request)["quick"]
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(out.read_text()), done.stdout
 
 
 def test_quick_json_has_every_mode_and_field(quick: tuple[dict[str, Any], str]) -> None:

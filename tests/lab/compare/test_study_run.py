@@ -6,18 +6,21 @@ each step, and the runner compares them with rank 0's (``ranks_agree``).
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import io
+import functools
+import importlib.util
 import json
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gravac.buckets import DEFAULT_BUCKET_BYTES
-from gravac.cli import main
 from gravac_lab.compare import plots
+from tests.background import Background
+from tests.helpers import run_compare
 
 pytestmark = pytest.mark.slow
 
@@ -35,19 +38,31 @@ STEPS = 30
 THETA_MIN, THETA_MAX = 10.0, 1000.0
 
 
-@pytest.fixture(scope="module")
-def study(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path, str]:
-    pytest.importorskip("matplotlib")
-    tmp = tmp_path_factory.mktemp("study")
-    argv = ["compare", "--quick", "--modes", "gravac", "--steps", str(STEPS),
+def _study(tmp: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
+    argv = ["--quick", "--modes", "gravac", "--steps", str(STEPS),
             "--seeds", ",".join(map(str, SEEDS)), "--out", str(tmp / "study.json"),
             "--csv", str(tmp / "runs.csv"), "--plots", str(tmp / "plots")]  # fmt: skip
     for variant in VARIANTS:
         argv += ["--variant", variant]
-    stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):
-        assert main(argv) == 0
-    return json.loads((tmp / "study.json").read_text()), tmp, stdout.getvalue()
+    return run_compare(*argv), tmp
+
+
+def launches(tmp: Path, items: list[pytest.Item]) -> dict[str, Callable[[], Any]]:
+    """The module's one study (tests/background.py starts it with the session); none without
+    matplotlib, which draws its plots."""
+    if importlib.util.find_spec("matplotlib") is None:
+        return {}
+    return {"study": functools.partial(_study, tmp)}
+
+
+@pytest.fixture(scope="module")
+def study(
+    background: Background, request: pytest.FixtureRequest
+) -> tuple[dict[str, Any], Path, str]:
+    pytest.importorskip("matplotlib")
+    done, tmp = background.results(request)["study"]
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads((tmp / "study.json").read_text()), tmp, done.stdout
 
 
 def test_every_variant_runs_once_per_seed(study: tuple[dict[str, Any], Path, str]) -> None:

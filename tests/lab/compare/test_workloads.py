@@ -10,7 +10,6 @@ import inspect
 import json
 import math
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from torch import Tensor, nn
 from gravac_lab.compare import workloads
 from gravac_lab.compare.config import CompareConfig
 from tests.background import Background
+from tests.helpers import run_compare
 
 NAMES = workloads.names()
 #: samples in the one-process batches below
@@ -214,12 +214,11 @@ Smoke = tuple[subprocess.CompletedProcess[str], Path]
 
 def _compare(out: Path, name: str) -> Smoke:
     """``gravac compare`` on ``name``, through the command line in a process of its own."""
-    command = [
-        sys.executable, "-m", "gravac", "compare", "--quick", "--workload", name,
-        "--modes", ",".join(SMOKE_MODES), "--steps", str(SMOKE_STEPS),
-        "--timing-warmup", str(SMOKE_WARMUP), "--out", str(out),
-    ]  # fmt: skip
-    return subprocess.run(command, capture_output=True, text=True, timeout=600), out
+    done = run_compare(
+        "--quick", "--workload", name, "--modes", ",".join(SMOKE_MODES),
+        "--steps", str(SMOKE_STEPS), "--timing-warmup", str(SMOKE_WARMUP), "--out", str(out),
+    )  # fmt: skip
+    return done, out
 
 
 def launches(tmp: Path, items: list[pytest.Item]) -> dict[str, Callable[[], Smoke]]:

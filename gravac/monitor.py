@@ -32,11 +32,13 @@ TAG_DESCRIPTIONS: dict[str, str] = {
     "sent": "what was sent: 0 dense, 1 the theta_min compression, 2 the candidate's",
     "phase": "controller phase: 0 warm-up, 1 search, 2 settled, 3 fixed CF, 4 Accordion",
     "theta_min": "the lowest CF sent compressed",
-    "cf_candidate": "the candidate CF evaluated this step",
-    "gain_min": "smoothed compression gain at theta_min",
-    "gain_candidate": "smoothed compression gain at the candidate CF",
+    "cf_candidate": "the candidate CF evaluated this step (Algorithm 1, search='paper', only: "
+    "the other searches compress at one CF a step)",
+    "gain_min": "smoothed compression gain at theta_min (the CF sent under the searches by "
+    "trial and shadow)",
+    "gain_candidate": "smoothed compression gain at the candidate CF (search='paper' only)",
     "gain_min_step": "this step's gain at theta_min (agreed across ranks)",
-    "gain_candidate_step": "this step's gain at the candidate CF",
+    "gain_candidate_step": "this step's gain at the candidate CF (search='paper' only)",
     "gain_window": "the gain error feedback delivered over the window that ended before this "
     "step, at the CF it sent (gravac.control.window; logged once a window)",
     "gain_shadow/cf<CF>": "the window gain of <CF> over the same window, by error feedback "

@@ -132,16 +132,17 @@ def _steps(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, steps:
 
 
 def _measure(
-    name: str, params: int, steps: int, threads: int, width: int, front: str
+    name: str, params: int, steps: int, threads: int, width: int, front: str, folder: str
 ) -> MemoryResult:
     """The row of ``name``, measured in this (fresh) process: through the optimizer, or
-    through the DDP hook on a one-process gloo group (against plain DDP)."""
+    through the DDP hook on a one-process gloo group (against plain DDP) whose rendezvous file
+    goes in ``folder``."""
     torch.set_num_threads(threads)
     model = _model(params, width)
     x = torch.randn(BATCH, width)
     sgd = torch.optim.SGD(model.parameters(), lr=1e-3)
-    if front == "hook":
-        store = Path(tempfile.mkdtemp(prefix="gravac-bench-memory-")) / "store"
+    if front == "hook":  # the group's rendezvous file, in the caller's temporary folder
+        store = Path(folder) / "store"
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     # plain SGD (or DDP) until its gradients and buckets are allocated: the steady state
     net = DistributedDataParallel(model) if front == "hook" else model
@@ -213,8 +214,11 @@ def bench_memory(
         before = os.environ.get(_MMAP_ENV)
         os.environ[_MMAP_ENV] = _MMAP_THRESHOLD  # read by the child's allocator at its start
         try:
-            with ctx.Pool(1) as pool:
-                return pool.apply(_measure, (name, params, steps, t, width, front))
+            with (
+                tempfile.TemporaryDirectory(prefix="gravac-bench-memory-") as folder,
+                ctx.Pool(1) as pool,
+            ):
+                return pool.apply(_measure, (name, params, steps, t, width, front, folder))
         finally:
             if before is None:
                 del os.environ[_MMAP_ENV]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -125,3 +126,19 @@ def test_a_run_of_skipped_steps_raises_naming_the_likely_cause() -> None:
     assert opt.skipped_steps == 2 * (MAX_SKIP_RUN - 1) + 1
     train_step(model, opt, 0, 6)  # the optimizer is usable after the error
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_the_readmes_checkpoints_load_with_torchs_default_weights_only(tmp_path: Path) -> None:
+    """``torch.save`` of ``opt.state_dict()`` and of ``state.state_dict()`` (the README's
+    examples) loads with ``torch.load``'s default ``weights_only=True`` and resumes."""
+    _, opt = trained()
+    hook = GravacHookState(None, window=3)
+    path = tmp_path / "ckpt-rank0.pt"
+    torch.save({"opt": opt.state_dict(), "hook": hook.state_dict()}, path)
+    saved = torch.load(path)
+    _, again = trained()
+    again.load_state_dict(saved["opt"])
+    assert again.state_dict()["gravac"]["steps"] == opt.state_dict()["gravac"]["steps"]
+    fresh = GravacHookState(None, window=3)
+    fresh.load_state_dict(saved["hook"])
+    assert fresh.state_dict()["steps"] == hook.state_dict()["steps"]

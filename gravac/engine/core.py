@@ -155,6 +155,8 @@ class Engine:
     ) -> None:
         # What the engine works with.
         self.compressor = compressor  # compresses every compressed unit
+        # how its statistics are agreed (None: it agrees none), read at every unit's launch
+        self._stats_rule: StatsRule | None = stats_rule(compressor)
         self.comm = comm  # the process group the units are aggregated in
         self.memory = memory  # error-feedback residuals, by unit key
         self.policy, self.controller_config = policy, config  # what the controller runs
@@ -507,11 +509,6 @@ class Engine:
         """Whether window gains are measured: under error feedback (without it, what a step
         does not send is lost, and the per-step gain is the window's)."""
         return not isinstance(self.memory, NoMemory)
-
-    @property
-    def _stats_rule(self) -> StatsRule | None:
-        """How the compressor's statistics are agreed (``None``: it agrees none)."""
-        return stats_rule(self.compressor)
 
     @property
     def _stats_show_nonfinite(self) -> bool:

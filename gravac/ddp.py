@@ -42,6 +42,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.futures import Future
 
+from gravac.agreement import check_agreement
 from gravac.buckets import split_flat
 from gravac.config import GravacConfig, build_engine, learning_rate, make_config
 from gravac.engine import Engine, Given, Lent, Outcome, Step, Unit
@@ -113,6 +114,7 @@ class GravacHookState:
         self._shapes: dict[int, torch.Size] = {}
         self._bound: tuple[torch.Size, ...] = ()
         self._optimizer: torch.optim.Optimizer | None = None  # read for its learning rate
+        self._checked = False  # whether the ranks agreed on everything since the last load
 
     def watch(self, optimizer: torch.optim.Optimizer) -> None:
         """Read ``optimizer``'s learning rate at every step (the ``accordion`` policy sends
@@ -129,6 +131,10 @@ class GravacHookState:
         """Launch ``bucket`` and return a future of its aggregate (see :func:`gravac_hook`)."""
         if self._step is None:
             self.engine.join_group()
+            if not self._checked:  # the first step, or the first after a load: on every rank
+                comm = self.engine.comm
+                check_agreement(comm, self.engine.agreement_parts(), comm.device)
+                self._checked = True
             self._bind()
             self._step = self.engine.begin(lr=learning_rate(self._optimizer))
             self._done = Future()
@@ -314,6 +320,7 @@ class GravacHookState:
         self._loaded = {int(k): torch.as_tensor(v).clone() for k, v in state["residuals"].items()}
         self._units, self._plans, self._orphans, self._position = {}, {}, {}, {}
         self._next_key = 0
+        self._checked = False  # the next step checks that every rank loaded the same step
 
     def __getstate__(self) -> dict[str, Any]:
         return {"options": self.config.options(local=False), "state": self.state_dict()}

@@ -19,8 +19,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -46,7 +48,7 @@ from gravac.comm import Communicator
 from gravac.compressors.base import Compressor
 from gravac.config import GravacConfig, build_engine, learning_rate
 from gravac.control.protocol import Controller
-from gravac.engine import Engine, Given, Outcome, Step, Unit
+from gravac.engine import Engine, Given, Outcome, Step, Unit, layout_check
 from gravac.memory import Memory
 from gravac.monitor import Monitor, StepRecord
 
@@ -54,6 +56,17 @@ __all__ = ["GravacOptimizer", "broadcast_parameters"]
 
 #: The step is skipped on every rank (nothing to apply).
 _SKIPPED: Any = object()
+
+
+@dataclass
+class _Proposal:
+    """A layout this rank changed to since its last step, not yet trained on: the step it was
+    seen at still runs on the old layout, its scalars carrying the new one's digest; once every
+    rank's matched (``agreed``), the next step adopts it."""
+
+    signature: tuple[tuple[int, bool], ...]
+    digest: int
+    agreed: bool = False
 
 
 def broadcast_parameters(
@@ -173,6 +186,9 @@ class GravacOptimizer(torch.optim.Optimizer):
         self.sync_buffers = sync_buffers
         self.overlap = overlap
         self._layout: Layout | None = None
+        self._layout_digest = 0  # of the layout's parameters (layout_check), sent every step
+        self._proposal: _Proposal | None = None  # a layout changed to, not yet adopted
+        self._checked = False  # whether the ranks agreed on everything since the last load
         self._units: list[Unit] = []  # the layout's units, in launch order
         self._runs: tuple[Run, ...] = ()  # the units grouped by the buffer they share
         # per run, the flat buffer its gradients are views of: the last aggregate's, which
@@ -188,6 +204,7 @@ class GravacOptimizer(torch.optim.Optimizer):
         self._accumulating = False  # inside no_sync(): no launches
         self._pending: Outcome | None = None  # aggregated by synchronize(), not yet stepped
         self._hooks: list[Any] = []
+        self._hooked: set[int] = set()  # ids of the parameters hooked
         if overlap:
             self._hook(params)
 
@@ -293,10 +310,9 @@ class GravacOptimizer(torch.optim.Optimizer):
         if not hasattr(self, "optimizer"):  # called by Optimizer.__init__ for the placeholder
             super().add_param_group(param_group)
             return
-        known = {id(p) for g in self.param_groups for p in g["params"]}
         self.optimizer.add_param_group(param_group)
         if self.overlap:
-            self._hook([p for p in self.param_groups[-1]["params"] if id(p) not in known])
+            self._hook(self.param_groups[-1]["params"])
 
     def state_dict(self) -> dict[str, Any]:
         """Wrapped optimizer state, residuals, controller, compressor state and counters."""
@@ -334,6 +350,7 @@ class GravacOptimizer(torch.optim.Optimizer):
         except Exception:
             self._load(before)
             raise
+        self._checked = False  # the next step checks that every rank loaded the same step
 
     def _check_checkpoint(self, g: dict[str, Any]) -> None:
         layout = g.get("layout")
@@ -443,10 +460,15 @@ class GravacOptimizer(torch.optim.Optimizer):
                 self._launch_next(step)
             has_grad = [p.grad is not None for p in layout.params]
             stale = any(_stamp(p) != stamp for p, stamp in self._stamps)
-            self.engine.close(step, has_grad, stale).wait()
+            digest = self._layout_digest if self._proposal is None else self._proposal.digest
+            self.engine.close(step, has_grad, stale, layout=digest).wait()
             outcome = self.engine.commit(step)
         finally:
             self._step = None
+        if self._proposal is not None:  # every rank changed its layout alike
+            self._proposal.agreed = True
+            if not outcome.skipped:
+                self._aggregate_uncovered(layout)
         if outcome.skipped:
             if explicit:  # GradScaler after synchronize() must skip it on every rank too
                 for p in layout.params:
@@ -483,14 +505,16 @@ class GravacOptimizer(torch.optim.Optimizer):
                 opt._grad_ready(p)
 
         for p in params:
-            if p.requires_grad:
+            if p.requires_grad and id(p) not in self._hooked:
                 self._hooks.append(p.register_post_accumulate_grad_hook(ready))
+                self._hooked.add(id(p))
 
     def _unhook(self) -> None:
         hooks = getattr(self, "_hooks", [])  # none yet where __init__ raised
         for h in hooks:
             h.remove()
         hooks.clear()
+        getattr(self, "_hooked", set()).clear()
 
     def __del__(self) -> None:
         self._unhook()
@@ -561,16 +585,46 @@ class GravacOptimizer(torch.optim.Optimizer):
 
     # ------------------------------------------------------------------ internals
     def _current_layout(self) -> Layout:
+        """The layout this step trains on.
+
+        At the first step, and the first after a load, every rank checks its configuration,
+        layout and step against rank 0's in a collective of its own (:meth:`_check_agreement`).
+        After that a layout can change on some ranks only (a group added, a tensor frozen), so
+        a change is not adopted at once, which would send payloads of another layout than the
+        other ranks': the step that sees it still trains on the old layout and sends the new
+        one's digest with its scalars (:meth:`Engine.close`), where every rank compares it; the
+        next step adopts it if every rank changed alike, and raises on every rank if not.
+        """
         params = [p for g in self.param_groups for p in g["params"]]
         sig = tuple((id(p), p.requires_grad) for p in params)
+        if self._layout is None or not self._checked:
+            self._check_agreement(params)
+            self._checked = True
+        elif self._layout.signature != sig:
+            proposal = self._proposal
+            if proposal is None or proposal.signature != sig:
+                self._proposal = _Proposal(sig, layout_check(layout_text(params)))
+                return self._layout
+            if not proposal.agreed:
+                return self._layout
         if self._layout is not None and self._layout.signature == sig:
+            self._proposal = None
             return self._layout
-        self._check_agreement(params)
+        return self._adopt(params)
+
+    def _adopt(self, params: list[Tensor]) -> Layout:
+        """Train on the layout of ``params`` from this step on: the old layout's residuals go
+        into the gradients, the per-layer state moves with its tensors, new trainable
+        tensors are hooked."""
         new = self._fresh_layout()
         if self._layout is not None:
             self._flush_residuals(self._layout)
             self.engine.relayer(_moved_layers(self._layout, new))
         self._layout = new
+        self._layout_digest = layout_check(layout_text(params))
+        self._proposal = None
+        if self.overlap:
+            self._hook(params)
         self._bind(new)
         self._units = _units(new)
         self._runs = new.runs
@@ -583,19 +637,53 @@ class GravacOptimizer(torch.optim.Optimizer):
         return new
 
     def _check_agreement(self, params: list[Tensor]) -> None:
-        """Every rank must run this configuration on this parameter layout (raises if not)."""
+        """Every rank must run this configuration on this parameter layout, at this step
+        (raises if not)."""
         settings = (
             f"error_feedback={type(self.memory).__name__}, bucket_bytes={self.bucket_bytes}, "
-            f"dense_bytes={self.dense_bytes}, nonfinite={self.engine.nonfinite}"
+            f"dense_bytes={self.dense_bytes}"
         )
         parts = {
-            "the compressor": repr(self.compressor),
-            "the policy": repr(self.engine.policy),
-            "the controller settings": repr(self.engine.controller_config),
+            **self.engine.agreement_parts(),
             "the bucketing and error-feedback settings": settings,
             "the parameters (order, shapes, dtypes, requires_grad)": layout_text(params),
         }
         check_agreement(self.comm, parts, self.comm.device)
+
+    def _aggregate_uncovered(self, layout: Layout) -> None:
+        """Average, densely, the gradients of the trainable parameters that ``layout`` (the
+        one the step trained on) left out: tensors added or unfrozen at this step, which every
+        rank changed alike. A tensor without a gradient on any rank keeps ``None``; one that
+        has it on some ranks counts as zeros on the others (as in a compressed step). A mean
+        that is not finite is left out of the step on every rank (``grad = None``), with a
+        warning: the rest of the step is committed already."""
+        covered = {id(p) for p in layout.params}
+        extra = [
+            p
+            for g in self.param_groups
+            for p in g["params"]
+            if p.requires_grad and id(p) not in covered
+        ]
+        if not extra or self.comm.world_size == 1:
+            return
+        flags = [p.grad is not None for p in extra]
+        present = torch.tensor(flags, dtype=torch.float64, device=self.comm.device)
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in extra]
+        self.comm.all_reduce_([present, *grads])
+        for p, g, n in zip(extra, grads, present.tolist(), strict=True):
+            if n == 0:
+                p.grad = None
+            elif not bool(torch.isfinite(g).all()):
+                warnings.warn(
+                    f"gravac left a parameter of shape {tuple(p.shape)} out of step "
+                    f"{self.engine.steps}: its first averaged gradient (dense, as it joined "
+                    "the layout) was not finite",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                p.grad = None
+            else:
+                p.grad = g.div_(self.comm.world_size)
 
     def _flush_residuals(self, old: Layout) -> None:
         """Move the residuals of an outdated layout into the gradients, so none is lost.

@@ -16,11 +16,14 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from gravac import GravacOptimizer, broadcast_parameters
 from gravac.buckets import DEFAULT_BUCKET_BYTES
 from gravac.control.tables import cf_key
 from gravac.control.window import sample_size
+from gravac.ddp import GravacHookState, gravac_hook
+from gravac.engine.scalars import Row, Table, layout_check
 from gravac.launch import free_port
 from tests.helpers import batch, counter_clock, tiny_model, train_step
 from tests.workers import Workers
@@ -285,6 +288,124 @@ def test_ranks_that_disagree_raise_on_every_rank(
     for message in out:
         assert message.startswith("ranks disagree on") and named in message, message
         assert "ranks [1] differ from rank 0" in message
+
+
+# -- ranks that drift apart after the first step (issue 33 item 3) -------------------------------
+
+#: the step at which a scenario changes the layout, or the steps its checkpoints are taken at
+_DRIFT_AT = 3
+
+
+def _drifting(rank: int, world_size: int, case: str) -> dict[str, Any]:
+    """A layout changed at step 3, on every rank or on rank 1 only: by freezing the first
+    linear layer's weight, or by adding the last layer as a group (its gradients cleared until
+    then). Returns the error raised, or what was trained."""
+    model = tiny_model(seed=0)
+    last = list(model[5].parameters())
+    trained = [p for p in model.parameters() if all(p is not q for q in last)]
+    adding = case.startswith("add")
+    sgd = torch.optim.SGD(trained if adding else model.parameters(), lr=0.1, momentum=0.9)
+    opt = GravacOptimizer(sgd, window=3, warmup_steps=2, clock=counter_clock())
+    for step in range(6):
+        if step == _DRIFT_AT and (case.endswith("all") or rank == 1):
+            if adding:
+                opt.add_param_group({"params": last})
+            else:
+                model[3].weight.requires_grad_(False)
+                model[3].weight.grad = None
+        if adding and opt.steps < _DRIFT_AT:
+            for p in last:
+                p.grad = None
+        try:
+            train_step(model, opt, rank, step)
+        except ValueError as exc:
+            return {"error": str(exc), "step": step}
+    return {"params": [p.detach().clone() for p in model.parameters()], "steps": opt.steps}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("change", ["freeze", "add"])
+def test_a_layout_changed_on_one_rank_raises_a_named_error_on_every_rank(
+    change: str, gloo_pools: Workers
+) -> None:
+    """Before, only the rank that changed ran the agreement check's collective, and both
+    aborted inside gloo; now the step that sees the change trains on the old layout, sends
+    the new one's digest with its scalars, and every rank raises at that step."""
+    out = gloo_pools.run(_drifting, 2, f"{change}-one", timeout=240.0)
+    for o in out:
+        assert o.get("step") == _DRIFT_AT, o
+        assert "rank(s) [1] train other parameters than rank 0" in o["error"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("change", ["freeze", "add"])
+def test_a_layout_changed_on_every_rank_trains_on_identically(
+    change: str, gloo_pools: Workers
+) -> None:
+    """Changed alike on every rank, the new layout is adopted a step later; a group added is
+    averaged densely at the step that sees it: the ranks stay identical, and the added layer
+    trained (its gradients, different per rank, were averaged)."""
+    out = gloo_pools.run(_drifting, 2, f"{change}-all", timeout=240.0)
+    assert all(o.get("steps") == 6 for o in out), out
+    for a, b in zip(out[0]["params"], out[1]["params"], strict=True):
+        assert torch.equal(a, b)
+    start = tiny_model(seed=0)
+    moved = [
+        not torch.equal(a, b) for a, b in zip(out[0]["params"], start.parameters(), strict=True)
+    ]
+    assert all(moved)
+
+
+def _different_checkpoints(rank: int, world_size: int, front: str) -> str:
+    """Every rank saves at steps 1 and 3 of one run; rank 0 resumes from step 1's checkpoint,
+    rank 1 from step 3's: the first step after the load must raise the same error on both."""
+    saved = []
+    model = tiny_model(seed=0)
+    if front == "optimizer":
+        opt: Any = GravacOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), window=3)
+        state: Any = opt
+    else:
+        net = DistributedDataParallel(model)
+        state = GravacHookState(window=3)
+        net.register_comm_hook(state, gravac_hook)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(_DRIFT_AT + 1):
+        train_step(model if front == "optimizer" else net, opt, rank, step)
+        saved.append(copy.deepcopy(state.state_dict()))
+    state.load_state_dict(saved[1 if rank == 0 else _DRIFT_AT])
+    try:
+        train_step(model if front == "optimizer" else net, opt, rank, _DRIFT_AT + 1)
+    except Exception as exc:  # the hook's error reaches backward() through DDP's reducer
+        return str(exc)
+    return "trained"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("front", ["optimizer", "hook"])
+def test_checkpoints_of_different_steps_raise_a_named_error_on_every_rank(
+    front: str, gloo_pools: Workers
+) -> None:
+    out = gloo_pools.run(_different_checkpoints, 2, front, timeout=240.0)
+    for message in out:
+        assert "ranks disagree on the steps taken (the checkpoint loaded)" in message, message
+        assert "ranks [1] differ from rank 0" in message
+
+
+def test_the_scalar_table_names_the_ranks_at_another_step_or_layout() -> None:
+    """The columns every step carries (gravac.engine.scalars): a step index or a layout digest
+    that differs from rank 0's names its rank."""
+    rows = []
+    for step, layout in [(7, 11), (7, 11), (8, 11), (7, 12)]:
+        row = Row(False, False, 1.0, 0.0, 0.0, step, layout, [True], torch.zeros(8), *_EMPTY)
+        rows.append(row.pack(torch.device("cpu")))
+    table = Table(torch.stack(rows), flags=1, terms=8, values=0)
+    assert table.other_step_ranks == [2] and table.steps == [7, 7, 8, 7]
+    assert table.other_layout_ranks == [3]
+    assert layout_check("a") != layout_check("b") and 0 <= layout_check("a") < 2**52
+
+
+#: a row's values and statistics, none
+_EMPTY = (torch.zeros(0, dtype=torch.float64), ())
 
 
 # -- item 5: overflow ------------------------------------------------------------------------------

@@ -14,7 +14,9 @@ as each is ready; the engine does the rest. For every step::
              start the collective of what the decision names, an all-reduce in place (a
              future completes with the unit's aggregate at commit)
     close:   one small all-gather of the step's scalars [non-finite flag, step time, bound
-             on |x|, has-gradient flags, gain terms], overlapped with the payloads in flight
+             on |x|, step index, layout digest, has-gradient flags, gain terms], overlapped
+             with the payloads in flight
+    commit:  ranks at different steps, or with different layouts: raise on every rank
     commit:  any rank non-finite: skip; else combine every unit's payloads into the mean
              over ranks in its ``out`` buffer (the front end's gradient buffer: no gradient-
              sized temporary); a non-finite mean: skip (a mean that the compressor bounds well
@@ -41,5 +43,16 @@ the stages of a step).
 
 from gravac.engine.core import Engine, all_finite
 from gravac.engine.records import Given, Handover, Lent, Outcome, Step, Unit
+from gravac.engine.scalars import layout_check
 
-__all__ = ["Engine", "Given", "Handover", "Lent", "Outcome", "Step", "Unit", "all_finite"]
+__all__ = [
+    "Engine",
+    "Given",
+    "Handover",
+    "Lent",
+    "Outcome",
+    "Step",
+    "Unit",
+    "all_finite",
+    "layout_check",
+]

@@ -9,7 +9,7 @@ import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 import torch
 import torch.distributed as dist
@@ -211,6 +211,19 @@ class Engine:
             self.comm = Communicator(None)
             self.controller = self._make_controller()
         self._open_monitor()
+
+    def agreement_parts(self) -> dict[str, str]:
+        """What every rank must share with rank 0, by name, as text
+        (:func:`gravac.agreement.check_agreement`): the compressor, the policy, the controller
+        settings, what a non-finite value does, and the steps taken (ranks that loaded
+        checkpoints of different steps would plan different CFs)."""
+        return {
+            "the compressor": repr(self.compressor),
+            "the policy": repr(self.policy),
+            "the controller settings": repr(self.controller_config),
+            "the non-finite rule": f"nonfinite={self.nonfinite}",
+            "the steps taken (the checkpoint loaded)": f"{self.steps} steps",
+        }
 
     def relayer(self, layers: Mapping[int, int]) -> None:
         """The front end's layout changed the tensors' layer ids (``layers``: old id -> new id,
@@ -558,7 +571,9 @@ class Engine:
             out.append(dataclasses.replace(base, agreed=agreed, stale=stale))
         return out
 
-    def close(self, step: Step, has_grad: Sequence[bool] = (), stale: bool = False) -> Future[Any]:
+    def close(
+        self, step: Step, has_grad: Sequence[bool] = (), stale: bool = False, layout: int = 0
+    ) -> Future[Any]:
         """Start agreeing the step's scalars (after the last :meth:`launch`); the future
         completes once they and every unit's aggregate have arrived.
 
@@ -567,6 +582,9 @@ class Engine:
             has_grad: per tensor, whether this rank has its gradient (:attr:`Unit.slots`).
             stale: this rank changed a gradient after it was launched; :meth:`commit` then
                 raises on every rank (a change the aggregate does not hold would be lost).
+            layout: the front end's layout digest (:func:`~gravac.engine.scalars.layout_check`)
+                of the parameters it trains, or will train from the next step on; :meth:`commit`
+                raises on every rank where ranks differ in it, or in the step's index.
         """
         now = self.clock()
         interval = -1.0 if self.last_close is None else now - self.last_close
@@ -583,6 +601,8 @@ class Engine:
             interval=interval,
             exposed=self.last_comm,
             bound=float(torch.cat([b.to(device) for b in bounds]).max()) if bounds else 0.0,
+            step=step.index,
+            layout=layout,
             has_grad=has_grad,
             terms=step.terms,
             values=values,
@@ -614,6 +634,7 @@ class Engine:
         Raises:
             FloatingPointError: ``nonfinite="raise"`` and some value was not finite.
             RuntimeError: some rank changed a gradient after it was launched.
+            ValueError: the ranks are at different steps, or train different parameters.
         """
         table, comm_seconds = self._check(step)
         if table.any_nonfinite:
@@ -633,25 +654,54 @@ class Engine:
 
     def _check(self, step: Step) -> tuple[Table, float]:
         """Stage 1: every rank's scalars and the seconds the step waited for them since its
-        close; raise on every rank if some rank changed a gradient after it was launched."""
+        close; raise on every rank if the ranks are at different steps, train different
+        parameters, or some rank changed a gradient after it was launched."""
         if step.scalars is None or step.closed_at is None:
             raise RuntimeError("Engine.commit() needs a step closed by Engine.close()")
         rows = torch.stack(step.scalars.value()).cpu()
         comm_seconds = self.clock() - step.closed_at
         terms = terms_size(len(step.plan.shadows))
         table = Table(rows, flags=step.flags, terms=terms, values=step.values)
-        if table.any_stale:
-            self.compressor.load_state_dict(step.snapshot)
-            error = RuntimeError(
-                f"rank(s) {table.stale_ranks} changed a gradient after its bucket had been sent "
-                "during backward(), so the change would be lost: call opt.synchronize() before "
-                "working on gradients (clipping, unscaling), accumulate inside opt.no_sync(), "
-                "or pass overlap=False"
+        if table.other_step_ranks:
+            self._fail(
+                step,
+                ValueError(
+                    f"the ranks are at different steps {table.steps} (by rank): rank(s) "
+                    f"{table.other_step_ranks} differ from rank 0. Did the ranks load "
+                    "checkpoints of different steps? Load the same step's checkpoint on every "
+                    "rank"
+                ),
             )
-            for f in step.flights:
-                f.result.set_exception(error)  # type: ignore[arg-type]  # stub types it as T
-            raise error
+        if table.other_layout_ranks:
+            self._fail(
+                step,
+                ValueError(
+                    f"rank(s) {table.other_layout_ranks} train other parameters than rank 0 "
+                    f"at step {step.index}, or from the next step on (order, shapes, dtypes, "
+                    "requires_grad): a group added, or a tensor frozen or unfrozen, on some "
+                    "ranks only. Every rank must change its parameters alike, before the same "
+                    "step"
+                ),
+            )
+        if table.any_stale:
+            self._fail(
+                step,
+                RuntimeError(
+                    f"rank(s) {table.stale_ranks} changed a gradient after its bucket had been "
+                    "sent during backward(), so the change would be lost: call "
+                    "opt.synchronize() before working on gradients (clipping, unscaling), "
+                    "accumulate inside opt.no_sync(), or pass overlap=False"
+                ),
+            )
         return table, comm_seconds
+
+    def _fail(self, step: Step, error: Exception) -> NoReturn:
+        """Fail ``step`` on every rank with ``error``, before it changed anything: the
+        compressor's state is as it was before the step, every unit's result fails."""
+        self.compressor.load_state_dict(step.snapshot)
+        for f in step.flights:
+            f.result.set_exception(error)  # type: ignore[arg-type]  # stub types it as T
+        raise error
 
     def _aggregate_all(self, step: Step, bound: float) -> list[Tensor] | None:
         """Stage 2: every unit's aggregate (laid into its place, where it has one); ``None``

@@ -3,13 +3,18 @@
 Besides its payloads, a step exchanges one float64 row per rank, all-gathered in one
 asynchronous collective (:meth:`gravac.engine.Engine.close`)::
 
-    [nonfinite, stale, interval, exposed, bound | has_grad x F | terms x T | values x V | stats]
+    [nonfinite, stale, interval, exposed, bound, step, layout | has_grad x F | terms x T
+     | values x V | stats]
 
 * ``nonfinite``: this rank saw a non-finite gradient (1) or not (0);
 * ``stale``: this rank changed a gradient after it was launched;
 * ``interval``: seconds since the previous step's close (-1: none);
 * ``exposed``: the previous step's exposed communication seconds (-1: none);
 * ``bound``: a bound on ``max |x|`` over this rank's compressed units (``inf``: none known);
+* ``step``: the step's index on this rank (ranks that loaded checkpoints of different steps
+  differ);
+* ``layout``: a digest of the parameter layout this rank trains, or would train from the next
+  step on (:func:`layout_check`): a rank that changed its parameters alone differs;
 * ``has_grad``: per tensor, whether this rank has its gradient (:attr:`Unit.slots`);
 * ``terms``: the local gain terms (:class:`Terms`), summed over the compressed units;
 * ``values``: what the plan asks this rank to send for the controller (under Accordion's plans,
@@ -17,6 +22,10 @@ asynchronous collective (:meth:`gravac.engine.Engine.close`)::
 * ``stats``: compressor statistics whose reduction may lag a step (THC's norms).
 
 Every rank reads the same table, so every decision taken from it is the same on every rank.
+The ``step`` and ``layout`` columns check, at every step and at no cost but 16 bytes, that the
+ranks still train alike (issue 33): a difference raises the same named error on every rank,
+where a collective of its own, run by the ranks that changed only, would hang or abort the
+group.
 """
 
 from __future__ import annotations
@@ -27,9 +36,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from gravac.agreement import digest
 from gravac.gain import gain_from_terms
 
-__all__ = ["STEP_TERMS", "Row", "Table", "Terms", "terms_size"]
+__all__ = ["STEP_TERMS", "Row", "Table", "Terms", "layout_check", "terms_size"]
 
 #: gain terms every step carries: ``<c_min, x>, ||c_min||^2, <c_c, x>, ||c_c||^2, ||x||^2``
 #: (the CFs compressed at, :mod:`gravac.gain`), then the window's ``<S, X>, ||S||^2, ||X||^2``
@@ -37,8 +47,19 @@ __all__ = ["STEP_TERMS", "Row", "Table", "Terms", "terms_size"]
 STEP_TERMS = 8
 #: terms each of a plan's shadow CFs adds after them (:mod:`gravac.control.replay`)
 TERMS_PER_SHADOW = 3
-#: the scalars before the has-gradient flags: nonfinite, stale, interval, exposed, bound
-_HEAD = 5
+#: the scalars before the has-gradient flags: nonfinite, stale, interval, exposed, bound,
+#: step, layout
+_HEAD = 7
+#: the columns of the step index and the layout digest
+_STEP, _LAYOUT = 5, 6
+#: bits of the layout digest the row carries: a float64 holds integers below 2**53 exactly
+_LAYOUT_BITS = 52
+
+
+def layout_check(text: str) -> int:
+    """The digest of a layout's text (:func:`gravac.agreement.layout_text`) that a row
+    carries: the low :data:`_LAYOUT_BITS` bits of its 64-bit digest, exact in a float64."""
+    return digest(text) & ((1 << _LAYOUT_BITS) - 1)
 
 
 def terms_size(shadows: int) -> int:
@@ -85,6 +106,8 @@ class Row:
     interval: float
     exposed: float
     bound: float
+    step: int
+    layout: int
     has_grad: Sequence[bool]
     terms: Tensor
     values: Tensor
@@ -93,6 +116,7 @@ class Row:
     def pack(self, device: torch.device) -> Tensor:
         """The row as one float64 tensor on ``device``, to all-gather."""
         head = [self.nonfinite, self.stale, self.interval, self.exposed, self.bound]
+        head += [self.step, self.layout]
         scalars = torch.tensor([*head, *self.has_grad], dtype=torch.float64)
         stats = [s.cpu() for s in self.stats]
         return torch.cat([scalars, self.terms.cpu(), self.values, *stats]).to(device)
@@ -143,6 +167,26 @@ class Table:
     def bound(self) -> float:
         """A bound on ``max |x|`` over every rank."""
         return float(self.rows[:, 4].max())
+
+    def differing(self, column: int) -> list[int]:
+        """The ranks whose value in ``column`` differs from rank 0's."""
+        values = self.rows[:, column]
+        return [r for r in range(self.rows.shape[0]) if values[r] != values[0]]
+
+    @property
+    def steps(self) -> list[int]:
+        """Every rank's step index."""
+        return [int(v) for v in self.rows[:, _STEP]]
+
+    @property
+    def other_step_ranks(self) -> list[int]:
+        """The ranks at another step than rank 0."""
+        return self.differing(_STEP)
+
+    @property
+    def other_layout_ranks(self) -> list[int]:
+        """The ranks with another parameter layout (now or from the next step) than rank 0's."""
+        return self.differing(_LAYOUT)
 
     @property
     def present(self) -> tuple[bool, ...]:

@@ -98,6 +98,10 @@ class GravacHookState:
         self.config = make_config(config, **options)
         self.process_group = process_group
         self.engine: Engine = build_engine(process_group, self.config)
+        self.engine.skip_effect = (
+            "the hook handed DDP NaN gradients: the optimizer's step applies them (the "
+            "parameters become NaN) unless a GradScaler skips it"
+        )
         self._step: Step | None = None  # the step whose buckets are being launched
         self._done: Future[Outcome] | None = None  # completes when that step is committed
         self._plans: dict[tuple[int, ...], _BucketPlan] = {}  # by the bucket's parameter ids

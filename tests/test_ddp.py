@@ -4,6 +4,7 @@ optimizer front end, non-finite steps, bucket rebuilds and checkpoints."""
 from __future__ import annotations
 
 import pickle
+import warnings
 from typing import Any
 
 import pytest
@@ -129,7 +130,8 @@ def test_the_hook_keeps_ranks_identical(compressor: str, gloo_pools: Workers) ->
 
 def nan_on_one_rank(rank: int, world_size: int, bucket_view: bool) -> dict[str, Any]:
     """Rank 1 alone has a NaN gradient at step 2: every rank gets NaN gradients (so that
-    GradScaler skips everywhere), and the hook's residuals and counters stay as they were."""
+    GradScaler skips everywhere), and the hook's residuals and counters stay as they were; the
+    warning says what the NaN gradients do."""
     model = tiny_model(seed=0)
     net, state = hooked(model, "topk", gradient_as_bucket_view=bucket_view)
     out: dict[str, Any] = {}
@@ -139,8 +141,11 @@ def nan_on_one_rank(rank: int, world_size: int, bucket_view: bool) -> dict[str, 
         if step == 2 and rank == 1:
             x[0, 0, 0, 0] = float("nan")
         kept = {k: v.clone() for k, v in state.engine.memory.residuals.items()}  # type: ignore[attr-defined]
-        nn.functional.cross_entropy(net(x), y).backward()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            nn.functional.cross_entropy(net(x), y).backward()
         if step == 2:
+            out["warnings"] = [str(w.message) for w in caught]
             grads = [p.grad for p in model.parameters()]
             out["all_nan"] = all(bool(torch.isnan(g).all()) for g in grads if g is not None)
             now = state.engine.memory.residuals  # type: ignore[attr-defined]
@@ -158,6 +163,8 @@ def test_a_nonfinite_gradient_on_one_rank_gives_nan_on_every_rank(
     for r in gloo_pools.run(nan_on_one_rank, 2, bucket_view, timeout=SPAWN_TIMEOUT):
         assert r["all_nan"] and r["residuals_kept"]
         assert (r["steps"], r["skipped"]) == (3, 1)
+        (message,) = r["warnings"]
+        assert message.startswith("gravac skipped step 2") and "become NaN" in message
 
 
 def conservation(rank: int, world_size: int) -> dict[str, Any]:

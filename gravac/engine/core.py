@@ -163,6 +163,8 @@ class Engine:
         self.controller = self._make_controller()  # decides the CFs
         self.batch_size = batch_size  # samples per rank per step, for system throughput
         self.nonfinite = nonfinite  # "skip" or "raise"
+        # what a skipped step does to the front end's training, said in the skip's warning
+        self.skip_effect = "the wrapped optimizer did not step"
         self.clock = clock  # seconds
         self.monitor: Monitor | None = None  # rank 0's step log (other ranks: None)
         self._monitor_spec = monitor  # what to open as the monitor, until it is opened
@@ -988,8 +990,9 @@ class Engine:
         if self.skipped_steps & (self.skipped_steps - 1) == 0:  # 1, 2, 4, 8, ...: rate-limited
             warnings.warn(
                 f"gravac skipped step {step.index}: a gradient or aggregate was not finite on "
-                f"some rank ({self.skipped_steps} skipped so far; the next warning at "
-                f"{2 * self.skipped_steps})",
+                "some rank, so residuals, compressor and controller were left as they were, "
+                f"and {self.skip_effect} ({self.skipped_steps} skipped so far; the next "
+                f"warning at {2 * self.skipped_steps})",
                 RuntimeWarning,
                 stacklevel=4,
             )

@@ -9,9 +9,11 @@ full-duplex link of the given rate, as behind a NIC on a switch:
 
 Nothing is created in the caller's namespace: every link is created inside the run's own
 namespaces, and deleting those deletes the links with them. Every name carries the prefix
-``gvc<pid>-`` (interfaces ``gvc<pid>w<rank>``, ...), so parallel runs never collide, and
-:func:`remove_stale` finds the leftovers of a run that was killed outright (SIGKILL) from its
-dead pid. ``--delay`` adds a ``netem`` delay in front of the token bucket (as its parent), on
+``gvc<pid>-`` (interfaces ``gvc<pid>w<rank>``, ...), so parallel runs never collide. Each
+namespace made is recorded with its owner (pid and start time) under :data:`OWNERS`, so that
+:func:`remove_stale` deletes the leftovers of a run killed outright (SIGKILL), and only those:
+a namespace it has no record of, or whose owner still runs (a pid reused counts as gone), is
+never touched. ``--delay`` adds a ``netem`` delay in front of the token bucket (as its parent), on
 both directions, so a round trip takes twice the delay.
 
 :class:`ShapedNetwork` removes whatever it created when its ``with`` block ends, on success,
@@ -32,6 +34,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import TracebackType
 
 from gravac.launch import free_port
@@ -39,6 +42,7 @@ from gravac.launch import free_port
 __all__ = [
     "BASE_PORT",
     "NAME_ROOT",
+    "OWNERS",
     "SHAPED_SUBNET",
     "Loopback",
     "Network",
@@ -55,8 +59,12 @@ __all__ = [
 
 #: every name a run creates starts with this, then the creating process's pid and a dash
 NAME_ROOT = "gvc"
-#: a network namespace's name: the run's prefix, then the worker's rank or ``br``
-_NAME_RE = re.compile(rf"^{NAME_ROOT}(\d+)-")
+#: the folder of owner records: one file per namespace made, named after it, holding the
+#: creating process's pid and start time (root only, as namespaces are; gone at reboot, as they)
+OWNERS = Path("/run/gravac-netns")
+#: the field of ``/proc/<pid>/stat`` (after the command's closing parenthesis, from 0) that
+#: holds the process's start time in clock ticks since boot (proc(5): field 22 of the line)
+_STARTTIME_FIELD = 19
 #: Linux interface names hold at most 15 characters (IFNAMSIZ 16 with the terminating NUL)
 _IFNAME_MAX = 15
 #: the /24 the workers' veth addresses are taken from: worker r is ``.r+1``. It exists only
@@ -176,24 +184,42 @@ def list_namespaces(name_prefix: str = NAME_ROOT) -> list[str]:
     return [n for n in names if n.startswith(name_prefix)]
 
 
-def _pid_alive(pid: int) -> bool:
+def _owner(pid: int) -> str | None:
+    """``"<pid> <start time>"`` of a running process (``None``: no such process)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, someone else's
-        return True
-    return True
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return f"{pid} {fields[_STARTTIME_FIELD]}"
+
+
+def _record(name: str) -> None:
+    """Record this process as the owner of namespace ``name``."""
+    OWNERS.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (OWNERS / name).write_text(f"{_owner(os.getpid())}\n")
+
+
+def _forget(name: str) -> None:
+    (OWNERS / name).unlink(missing_ok=True)
 
 
 def remove_stale() -> list[str]:
-    """Delete the namespaces left by runs whose process is gone (killed with SIGKILL)."""
+    """Delete the namespaces recorded under :data:`OWNERS` whose owner is gone (a run killed
+    with SIGKILL), and their records; returns their names. Nothing else is touched."""
+    if not OWNERS.is_dir():
+        return []
+    existing = set(list_namespaces())
     stale = []
-    for name in list_namespaces():
-        match = _NAME_RE.match(name)
-        if match and not _pid_alive(int(match.group(1))):
-            _run(["ip", "netns", "delete", name])
-            stale.append(name)
+    for record in sorted(OWNERS.iterdir()):
+        owner = record.read_text().strip()
+        pid = owner.split()[0] if owner else ""
+        if pid.isdigit() and _owner(int(pid)) == owner:
+            continue  # its run is still going
+        if record.name in existing:
+            _run(["ip", "netns", "delete", record.name])
+            stale.append(record.name)
+        record.unlink()
     return stale
 
 
@@ -361,7 +387,12 @@ class ShapedNetwork(Network):
         self.remove()
 
     def _add_namespace(self, name: str) -> None:
-        _run(["ip", "netns", "add", name])
+        _record(name)  # first: a kill between the two leaves a record, never a namespace alone
+        try:
+            _run(["ip", "netns", "add", name])
+        except NetworkError:
+            _forget(name)
+            raise
         self.created.append(name)
         _run(["ip", "-n", name, "link", "set", "lo", "up"])
 
@@ -421,6 +452,8 @@ class ShapedNetwork(Network):
                     _run(["ip", "netns", "delete", name])
                 except NetworkError as exc:
                     errors.append(str(exc))
+                else:
+                    _forget(name)
             self.created.clear()
         if errors:
             raise NetworkError("could not remove every namespace: " + "; ".join(errors))

@@ -154,3 +154,41 @@ def test_interrupted_run_kills_its_workers_and_removes_its_namespaces(signum: in
             proc.wait()
     assert _leftovers(proc.pid) == []
     assert not any(_alive(pid) for pid in workers)
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has ended."""
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_stale_removal_deletes_only_the_namespaces_of_gone_owners_it_recorded() -> None:
+    """A namespace recorded by a run that is gone is deleted with its record; one recorded by
+    a live run, and one of a dead-looking pid that no run recorded (another tool's, or a
+    process in another pid namespace), are left alone (before, any ``gvc<dead pid>-`` name was
+    deleted)."""
+    gone, foreign, live = (f"{netns.prefix(_dead_pid())}w0", f"{netns.prefix(_dead_pid())}w1",
+                           f"{netns.prefix()}w0")  # fmt: skip
+    netns.OWNERS.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        for name in (gone, foreign, live):
+            subprocess.run(["ip", "netns", "add", name], check=True)
+        (netns.OWNERS / gone).write_text(f"{gone[3:].split('-')[0]} 1\n")
+        (netns.OWNERS / live).write_text(f"{netns._owner(os.getpid())}\n")
+        assert netns.remove_stale() == [gone]
+        assert not (netns.OWNERS / gone).exists() and (netns.OWNERS / live).exists()
+        assert set(netns.list_namespaces()) >= {foreign, live}
+        assert gone not in netns.list_namespaces()
+    finally:
+        for name in (gone, foreign, live):
+            subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+            (netns.OWNERS / name).unlink(missing_ok=True)
+
+
+def test_a_network_records_its_namespaces_and_forgets_them_when_removed() -> None:
+    with netns.ShapedNetwork(2, netns.parse_rate(RATE)) as net:
+        names = [net.namespace(0), net.namespace(1)]
+        owner = netns._owner(os.getpid())
+        assert all((netns.OWNERS / n).read_text().strip() == owner for n in names)
+    assert not any((netns.OWNERS / n).exists() for n in names)

@@ -363,13 +363,18 @@ def local_stats(c: Compressor, x: Tensor, cf: float, rnd: Round) -> Tensor | Non
 
 def agreed_stats(c: Agreeing, x: Tensor, cf: float, rnd: Round) -> Tensor | None:
     """``rnd.agreed``; with one rank and nothing agreed, this rank's
-    :meth:`Agreeing.local_stats`.
+    :meth:`Agreeing.local_stats`; ``None`` where :meth:`Agreeing.local_stats` has nothing to
+    agree (an empty ``x``: the engine agrees nothing then, as every rank's ``x`` has the same
+    shape).
 
     Raises:
-        ValueError: ``rnd.agreed`` is missing with more than one rank.
+        ValueError: ``rnd.agreed`` is missing with more than one rank, for an ``x`` that has
+            statistics to agree.
     """
     if rnd.agreed is not None:
         return rnd.agreed
+    if x.numel() == 0 and c.local_stats(x, cf, rnd) is None:
+        return None
     if rnd.world_size != 1:
         name = getattr(c, "name", type(c).__name__)
         raise ValueError(

@@ -359,3 +359,17 @@ def test_a_compressor_agrees_statistics_exactly_when_it_is_agreeing(name: str) -
         assert c.stats_rule.op in ("sum", "max")
         with pytest.raises(ValueError, match=r"needs rnd\.agreed"):
             c.compress(x, 8.0, _round(world_size=2))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_an_empty_tensor_compresses_for_several_ranks_with_nothing_agreed(name: str) -> None:
+    """An empty ``x`` has no statistics, or empty ones, to agree, and compresses for several
+    ranks with what the engine then agrees (nothing, or the empty reduction); before, the
+    16-bit casts raised that they needed ``rnd.agreed`` (an empty tensor sent alone, as
+    per-layer CFs send it)."""
+    c = compressors.create(name)
+    x = torch.zeros(0, 4)
+    stats = local_stats(c, x, 8.0, _round())
+    assert stats is None or stats.numel() == 0
+    payload, ctx = c.compress(x, 8.0, Round(3, 0, 2, stats))
+    assert c.combine([payload, payload], ctx).shape == x.shape

@@ -1,10 +1,24 @@
 """gravac in the Hugging Face ``Trainer``: a callback that registers the hook on the model the
-``Trainer`` wrapped in ``DistributedDataParallel``.
+``Trainer`` wrapped in ``DistributedDataParallel``, and saves and restores the hook's state
+with the ``Trainer``'s checkpoints.
 
     state = GravacHookState(compressor="topk", policy="exponential", batch_size=32)
     trainer = Trainer(model=model, args=args, train_dataset=train)
     trainer.add_callback(GravacCallback(state, trainer))
     trainer.train()              # torchrun --nproc-per-node 2 script.py
+    trainer.train(resume_from_checkpoint=True)      # after a restart: gravac resumes too
+
+Checkpoints: at each of the ``Trainer``'s saves, every rank writes its hook state
+(:meth:`GravacHookState.state_dict`: the engine's step count, search state and the rank's own
+residuals) to ``gravac-rank{R}.pt`` in the checkpoint folder, as ``{"hook": ...,
+"world_size": ...}`` (``torch.load(..., weights_only=True)`` reads it). When ``train`` resumes
+from a checkpoint (a path, or ``True``: the last one in ``output_dir``), each rank loads its
+file before the first step, so that the engine continues at the checkpoint's step with its
+residuals. A checkpoint saved by another number of processes raises (residuals are per rank);
+one with no gravac state at all (saved without this callback) warns and gravac starts afresh:
+a warning, not an error, so that a run may turn gravac on from a checkpoint of dense training.
+Resume in a new ``Trainer``, as a restarted job does: residuals are matched to parameters by
+DDP's initial buckets. ``hyperparameter_search``'s trial folders are not covered.
 
 .. note::
     The callback takes the ``Trainer`` because a callback cannot reach the DDP model
@@ -14,12 +28,22 @@
     so it registers the hook there (once per wrapper: a second ``train()`` reuses it).
     accelerate's ``DistributedDataParallelKwargs(comm_hook=...)`` accepts only PyTorch's
     built-in hooks. The state is created before or after ``TrainingArguments`` (which starts
-    the process group under torchrun): the hook joins the group at its first step.
+    the process group under torchrun): the hook joins the group at its first step. Nor do
+    callbacks learn which checkpoint ``train`` resumes from (the ``Trainer`` keeps it in a
+    local variable, and ``args.resume_from_checkpoint`` is only for scripts to read): the
+    callback wraps ``trainer.train`` to note it.
 """
 
 from __future__ import annotations
 
+import functools
+import os
+import re
+import warnings
+from collections.abc import Callable
 from typing import Any
+
+import torch
 
 from gravac.ddp import GravacHookState
 from gravac.integrations._register import HookRegistrar
@@ -32,21 +56,35 @@ try:
         TrainerState,
         TrainingArguments,
     )
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 except ImportError as exc:  # pragma: no cover - the integrations extra installs it
     raise ImportError(
         "gravac.integrations.hf needs transformers: pip install 'gravac[integrations]'"
     ) from exc
 
-__all__ = ["GravacCallback"]
+__all__ = ["STATE_FILE", "GravacCallback"]
+
+#: the file each rank's hook state is saved to in a checkpoint folder (``{rank}``: its
+#: ``args.process_index``)
+STATE_FILE = "gravac-rank{rank}.pt"
+_STATE_FILE_RE = re.compile(r"^gravac-rank(\d+)\.pt$")
+_GLOB = STATE_FILE.format(rank="*")
+
+
+def _state_file(checkpoint: str, rank: int) -> str:
+    """The path of ``rank``'s hook state in the ``checkpoint`` folder."""
+    return os.path.join(checkpoint, STATE_FILE.format(rank=rank))
 
 
 class GravacCallback(TrainerCallback):
-    """Compress the gradients of the ``Trainer``'s DDP training with gravac.
+    """Compress the gradients of the ``Trainer``'s DDP training with gravac; save the hook
+    state with the ``Trainer``'s checkpoints and restore it when ``train`` resumes from one.
 
     Args:
         state: the hook state (its engine holds ``steps``, ``last_record``,
             ``total_wire_bytes`` ...).
-        trainer: the ``Trainer`` this callback is added to (``trainer.add_callback(...)``).
+        trainer: the ``Trainer`` this callback is added to (``trainer.add_callback(...)``);
+            its ``train`` is wrapped to note the checkpoint it resumes from.
         close_on_end: flush and close the state's monitor when ``train()`` ends.
     """
 
@@ -59,6 +97,29 @@ class GravacCallback(TrainerCallback):
         self.state = state
         self.trainer = trainer
         self.close_on_end = close_on_end
+        self._resuming: str | None = None  # the checkpoint folder the running train() loads
+        trainer.train = self._noting_resume(trainer.train)  # type: ignore[method-assign]
+
+    def _noting_resume(self, train: Callable[..., Any]) -> Callable[..., Any]:
+        """``train``, noting the checkpoint folder it resumes from as the ``Trainer`` resolves
+        it (``True``: the last checkpoint in ``output_dir``) while it runs."""
+
+        @functools.wraps(train)
+        def train_noting_resume(
+            resume_from_checkpoint: str | os.PathLike[str] | bool | None = None,
+            *args: Any,
+            **kwargs: Any,
+        ) -> Any:
+            if resume_from_checkpoint is True:
+                self._resuming = get_last_checkpoint(self.trainer.args.output_dir)
+            elif isinstance(resume_from_checkpoint, (str, os.PathLike)):
+                self._resuming = os.fspath(resume_from_checkpoint)
+            try:
+                return train(resume_from_checkpoint, *args, **kwargs)
+            finally:
+                self._resuming = None
+
+        return train_noting_resume
 
     def on_train_begin(
         self,
@@ -73,10 +134,72 @@ class GravacCallback(TrainerCallback):
                 "GravacCallback was added to another Trainer than the one it was given: "
                 "use trainer.add_callback(GravacCallback(state, trainer))"
             )
+        if self._resuming is not None:
+            self._restore(self._resuming, args.process_index, args.world_size)
         self._hook.register(self.trainer.model_wrapped, args.world_size)
         optimizer = kwargs.get("optimizer")
         if optimizer is not None:  # its learning rate: the accordion policy reacts to decays
             self.state.watch(optimizer)
+
+    def _restore(self, checkpoint: str, rank: int, world_size: int) -> None:
+        """Load ``rank``'s hook state from the ``checkpoint`` folder, before the first step.
+
+        Raises:
+            ValueError: the checkpoint was saved by another number of processes (it holds
+                other ranks' states but not this one's, or this one's names another world
+                size), or the file is not a state this callback saved.
+        """
+        path = _state_file(checkpoint, rank)
+        if not os.path.isfile(path):
+            saved = sorted(
+                int(m.group(1))
+                for m in map(_STATE_FILE_RE.match, os.listdir(checkpoint))
+                if m is not None
+            )
+            if saved:
+                raise ValueError(
+                    f"resume_from_checkpoint={checkpoint!r} holds gravac's hook state of "
+                    f"ranks {saved} but not of rank {rank}: it was saved by another number of "
+                    f"processes than this run's world_size={world_size}; resume it on as many "
+                    f"processes as saved it (residuals are per rank), or remove its {_GLOB} "
+                    "files to start gravac afresh"
+                )
+            warnings.warn(
+                f"resume_from_checkpoint={checkpoint!r} holds no gravac hook state "
+                f"({os.path.basename(path)}): it was saved without GravacCallback, so gravac "
+                "starts afresh (engine step 0, no residuals, the search from its warm-up)",
+                stacklevel=2,
+            )
+            return
+        saved_state = torch.load(path, weights_only=True)
+        missing = [k for k in ("hook", "world_size") if k not in saved_state]
+        if missing:
+            raise ValueError(f"{path} is not a GravacCallback checkpoint: missing {missing}")
+        if saved_state["world_size"] != world_size:
+            raise ValueError(
+                f"resume_from_checkpoint={checkpoint!r} was saved by "
+                f"world_size={saved_state['world_size']} processes, this run has "
+                f"world_size={world_size}: resume it on {saved_state['world_size']} processes "
+                f"(residuals are per rank), or remove its {_GLOB} files to start gravac afresh"
+            )
+        # the engine joins the group first: the loaded counters are not steps made alone
+        self.state.engine.join_group()
+        self.state.load_state_dict(saved_state["hook"])
+
+    def on_save(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        **kwargs: Any,
+    ) -> None:
+        assert args.output_dir is not None  # TrainingArguments sets its default
+        folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        os.makedirs(folder, exist_ok=True)  # the Trainer's main process may not have made it
+        path = _state_file(folder, args.process_index)
+        saved = {"hook": self.state.state_dict(), "world_size": args.world_size}
+        torch.save(saved, f"{path}.tmp")
+        os.replace(f"{path}.tmp", path)  # never half a file under the name a resume reads
 
     def on_train_end(
         self,

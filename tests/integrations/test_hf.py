@@ -1,5 +1,8 @@
 """The Hugging Face Trainer with gravac's callback in this process (its example under torchrun,
-real DDP gloo processes: ``test_examples.py``)."""
+real DDP gloo processes: ``test_examples.py``), and its checkpoints: ``hf_resume.py`` under
+torchrun trains straight through and resumes (``launches``: started with the session, beside
+the tests run in this process, tests/background.py), and the tests in this process resume from
+its checkpoints on one process."""
 
 from __future__ import annotations
 
@@ -7,17 +10,25 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here downloads; make sure of it
 
+import functools
+import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from gravac.ddp import GravacHookState
-from tests.helpers import batch, tiny_model
+from tests.background import Background
+from tests.helpers import batch, tiny_model, torchrun_command
+from tests.integrations._run import Run, run_example
 
 transformers = pytest.importorskip("transformers")
 from gravac.integrations.hf import GravacCallback  # noqa: E402
+from tests.integrations import hf_resume  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -80,3 +91,118 @@ def test_the_callback_checks_its_arguments(tmp_path: Path) -> None:
         GravacCallback(object(), _trainer(tmp_path))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="Trainer"):
         GravacCallback(GravacHookState(), object())  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ checkpoints and resume
+#: the checkpoint ``hf_resume.py``'s second run resumes from, in its first run's folder
+MIDDLE = f"checkpoint-{hf_resume.SAVE_EVERY}"
+
+
+def launches(tmp: Path, items: list[pytest.Item]) -> dict[str, Callable[[], Run]]:
+    """``resume``: ``hf_resume.py`` under torchrun (2 gloo processes), when a selected test
+    reads it (tests/background.py starts it with the session)."""
+    if not any("resumed" in getattr(i, "fixturenames", ()) for i in items):
+        return {}
+    command = functools.partial(torchrun_command, Path(hf_resume.__file__), str(tmp))
+    return {"resume": functools.partial(run_example, command, tmp, {"HF_HUB_OFFLINE": "1"})}
+
+
+@pytest.fixture(scope="module")
+def resumed(background: Background, request: pytest.FixtureRequest) -> Path:
+    """The folder of ``hf_resume.py``'s runs, once it succeeded."""
+    out, folder = background.results(request)["resume"]
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    assert "no gravac hook state" not in out.stderr
+    return folder
+
+
+def _assert_same(a: Any, b: Any, where: str = "") -> None:
+    """``a`` and ``b`` hold the same values, tensors bit for bit (``where``: named on failure)."""
+    if isinstance(a, Tensor):
+        assert isinstance(b, Tensor) and a.dtype == b.dtype and a.shape == b.shape, where
+        assert torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), where
+        for k in a:
+            _assert_same(a[k], b[k], f"{where}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _assert_same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def test_a_run_resumed_from_its_middle_checkpoint_ends_as_the_run_straight_through(
+    resumed: Path,
+) -> None:
+    """2 ranks; the resumed run is a new model, hook state and ``Trainer`` loading
+    :data:`MIDDLE` (the model, AdamW, its schedule, the data position and RNGs: the
+    ``Trainer``'s; the hook state: gravac's). The hook's clock is a counter and DDP keeps its
+    buckets (``hf_resume.trainer``), so every step is deterministic and each rank ends bit for
+    bit as it did straight through: the engine's step count, the whole hook state (residuals,
+    the search's state, counters) and the parameters."""
+    for rank in range(2):
+        full, again = (
+            torch.load(resumed / f"{run}-rank{rank}.pt", weights_only=True)
+            for run in ("full", "resumed")
+        )
+        assert full["global_step"] == again["global_step"] == hf_resume.STEPS
+        assert again["steps"] == full["steps"] == hf_resume.STEPS
+        _assert_same(full["hook"], again["hook"], f"rank {rank} hook")
+        _assert_same(full["params"], again["params"], f"rank {rank} params")
+    # what was resumed from: each rank's own state, loadable with weights_only
+    saved = [
+        torch.load(resumed / "full" / MIDDLE / f"gravac-rank{r}.pt", weights_only=True)
+        for r in range(2)
+    ]
+    assert [s["world_size"] for s in saved] == [2, 2]
+    assert [s["hook"]["steps"] for s in saved] == [hf_resume.SAVE_EVERY] * 2
+    assert not torch.equal(saved[0]["hook"]["residuals"][0], saved[1]["hook"]["residuals"][0])
+
+
+def _one_process_resume(checkpoint: Path, tmp_path: Path) -> transformers.Trainer:
+    """A one-process ``Trainer`` of ``hf_resume``'s model with the callback, resuming from a
+    copy of ``checkpoint`` in ``tmp_path`` (its ``output_dir``)."""
+    shutil.copytree(checkpoint, tmp_path / checkpoint.name)
+    trainer = hf_resume.trainer(tmp_path)
+    trainer.add_callback(GravacCallback(hf_resume.hook_state(), trainer))
+    return trainer
+
+
+def test_a_checkpoint_of_two_processes_refuses_to_resume_on_one(
+    resumed: Path, tmp_path: Path
+) -> None:
+    trainer = _one_process_resume(resumed / "full" / MIDDLE, tmp_path)
+    with pytest.raises(
+        ValueError, match="saved by world_size=2 processes, this run has world_size=1"
+    ):
+        trainer.train(resume_from_checkpoint=str(tmp_path / MIDDLE))
+
+
+def test_a_checkpoint_without_this_ranks_state_refuses_to_resume(
+    resumed: Path, tmp_path: Path
+) -> None:
+    trainer = _one_process_resume(resumed / "full" / MIDDLE, tmp_path)
+    (tmp_path / MIDDLE / "gravac-rank0.pt").unlink()
+    with pytest.raises(ValueError, match=r"of ranks \[1\] but not of rank 0"):
+        trainer.train(resume_from_checkpoint=True)  # the last checkpoint in output_dir
+
+
+def test_a_checkpoint_without_gravac_state_resumes_with_a_warning(
+    resumed: Path, tmp_path: Path
+) -> None:
+    trainer = _one_process_resume(resumed / "full" / MIDDLE, tmp_path)
+    for rank in range(2):
+        (tmp_path / MIDDLE / f"gravac-rank{rank}.pt").unlink()
+    with (
+        pytest.warns(UserWarning, match="holds no gravac hook state"),
+        pytest.warns(UserWarning, match="one process"),
+    ):
+        trainer.train(resume_from_checkpoint=True)
+    assert trainer.state.global_step == hf_resume.STEPS
+    # one process saves its own state
+    saved = torch.load(
+        tmp_path / f"checkpoint-{hf_resume.STEPS}" / "gravac-rank0.pt", weights_only=True
+    )
+    assert saved["world_size"] == 1

@@ -270,9 +270,10 @@ def gather_grads(bucket: Bucket, flat: Tensor, plus: Tensor | None = None) -> Te
     autograd accumulates into the buffer itself and packing costs nothing, and the aggregate
     can be written back in place (no gradient-sized temporary). A gradient that is not such a
     view yet (a fresh one after ``zero_grad(set_to_none=True)``) is copied once; a missing
-    one counts as zeros (and stays ``None``); a sparse one is densified into it and one of
-    another dtype than the bucket is cast into it, both keeping their own tensor until the
-    aggregate is written back. Every rank packs the same layout.
+    one counts as zeros (and stays ``None``); one of another dtype than the bucket is cast
+    into it, keeping its own tensor until the aggregate is written back. The gradients are
+    dense (:class:`gravac.GravacOptimizer` refuses sparse ones first). Every rank packs the
+    same layout.
 
     ``plus`` (flat, ``flat``'s size and dtype) is added in the same pass: ``flat = g + plus``
     (the error-feedback residual, :meth:`gravac.engine.Engine.addend`), where a fresh gradient
@@ -293,9 +294,7 @@ def gather_grads(bucket: Bucket, flat: Tensor, plus: Tensor | None = None) -> Te
             else:
                 part.copy_(e)
             continue
-        if g.is_sparse:
-            part.copy_(g.to_dense())  # densified when the aggregate is written back
-        elif not _is_view(g, part):
+        if not _is_view(g, part):
             if e is None:
                 part.copy_(g)
             else:
@@ -317,7 +316,7 @@ def scatter_grads(bucket: Bucket, flat: Tensor) -> None:
             continue
         if p.dtype == flat.dtype:
             p.grad = part
-        elif g is None or g.is_sparse:
+        elif g is None:
             p.grad = part.to(p.dtype)
         else:
             g.copy_(part)
@@ -326,8 +325,7 @@ def scatter_grads(bucket: Bucket, flat: Tensor) -> None:
 def _is_view(g: Tensor, part: Tensor) -> bool:
     """Whether gradient ``g`` is exactly the tensor ``part`` of a bucket buffer."""
     return (
-        not g.is_sparse
-        and g.data_ptr() == part.data_ptr()
+        g.data_ptr() == part.data_ptr()
         and g.dtype == part.dtype
         and g.shape == part.shape
         and g.stride() == part.stride()

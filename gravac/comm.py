@@ -3,7 +3,9 @@
 Payloads of all-reduce compressors are summed in place; payloads of all-gather compressors are
 gathered into one tensor per rank (every rank's payload has the same, CF-determined size, so no
 size exchange is needed). A small float64 vector of per-step scalars is all-gathered so that
-every rank reduces it in the same order and takes identical decisions.
+every rank reduces it in the same order and takes identical decisions. A sparse gradient
+(``nn.Embedding(sparse=True)``) is averaged as sparse rows, uncompressed
+(:meth:`Communicator.sparse_mean_async`).
 
 The ``*_async`` methods and :meth:`Communicator.send_payload` start a collective and return a
 :class:`torch.futures.Future` (the step engine chains decompression and the step's bookkeeping
@@ -110,6 +112,40 @@ class Communicator:
         out = [torch.empty_like(tensor) for _ in range(self.world_size)]
         work = dist.all_gather(out, tensor.contiguous(), group=self.group, async_op=True)
         return _then_value(_future(work), out)
+
+    def sparse_mean_async(self, grad: Tensor) -> Future[Tensor]:
+        """Start averaging the sparse COO tensor ``grad`` across ranks, as DDP's all-reduce of
+        a sparse gradient does: each rank's tensor, divided by the world size and coalesced,
+        is all-gathered as rows (its indices and values, padded to the largest count, which
+        is all-gathered first, blocking), and the future completes with their sum in rank
+        order, coalesced: bit for bit gloo's sparse all-reduce of the divided tensors, made
+        of all-gathers only (NCCL has no sparse all-reduce).
+        """
+        local = (grad / self.world_size).coalesce()
+        if self.world_size == 1:
+            return _done(local)
+        indices, values = local.indices(), local.values()
+        count = torch.tensor([values.shape[0]], dtype=torch.int64, device=values.device)
+        counts = [int(c) for c in self.all_gather(count)]
+        most = max(counts)
+        if most == 0:  # no rank has a row: every rank knows it from the counts
+            return _done(local)
+        padded_indices = indices.new_zeros((indices.shape[0], most))
+        padded_indices[:, : counts[self.rank]] = indices
+        padded_values = values.new_zeros((most, *values.shape[1:]))
+        padded_values[: counts[self.rank]] = values
+        gathered = [self.all_gather_async(padded_indices), self.all_gather_async(padded_values)]
+
+        def total(f: Future[list[list[Tensor]]]) -> Tensor:
+            all_indices, all_values = f.value()
+            out = None
+            for i, v, n in zip(all_indices, all_values, counts, strict=True):
+                t = torch.sparse_coo_tensor(i[:, :n], v[:n], local.shape, check_invariants=False)
+                out = t if out is None else out + t  # gloo's order, for its bits
+            assert out is not None
+            return out.coalesce()
+
+        return collect(gathered).then(total)
 
     def broadcast_(self, tensors: Sequence[Tensor], src: int | None = None) -> None:
         """Overwrite ``tensors`` with those of global rank ``src`` (``None``: the group's first

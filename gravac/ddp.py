@@ -133,6 +133,8 @@ class GravacHookState:
     # ------------------------------------------------------------------ the hook
     def hook(self, bucket: dist.GradBucket) -> Future[Tensor]:
         """Launch ``bucket`` and return a future of its aggregate (see :func:`gravac_hook`)."""
+        if bucket.buffer().is_sparse:
+            return self._sparse(bucket)
         if self._step is None:
             self.engine.join_group()
             if not self._checked:  # the first step, or the first after a load: on every rank
@@ -180,6 +182,20 @@ class GravacHookState:
             return buffer
 
         return done.then(result)
+
+    def _sparse(self, bucket: dist.GradBucket) -> Future[Tensor]:
+        """Average a sparse gradient as sparse rows: DDP gives a parameter whose gradient is
+        sparse (``nn.Embedding(sparse=True)``) a bucket of its own, which holds that gradient.
+        It travels uncompressed, outside the engine (no error feedback, not in the step's
+        records or wire bytes), as DDP's own all-reduce sends it
+        (:meth:`gravac.comm.Communicator.sparse_mean_async`); the engine's step, if one is
+        open, still ends at DDP's last bucket."""
+        self.engine.join_group()
+        averaged = self.engine.comm.sparse_mean_async(bucket.buffer())
+        if bucket.is_last() and self._step is not None:
+            assert self._done is not None
+            self._close(self._step, self._done)
+        return averaged
 
     def _close(self, step: Step, done: Future[Outcome]) -> None:
         """End the step at DDP's last bucket: agree its scalars, then commit it once

@@ -543,6 +543,7 @@ class GravacOptimizer(torch.optim.Optimizer):
         index = self._run_of[self._next]
         run = self._runs[index]
         bucket = run.bucket
+        self._refuse_sparse(bucket.params)
         buf = self._flats[index]
         if buf is None:  # made as first needed: the gradients it replaces are freed bucket by
             # bucket, so the switch never holds a second copy of them all
@@ -666,6 +667,7 @@ class GravacOptimizer(torch.optim.Optimizer):
         ]
         if not extra or self.comm.world_size == 1:
             return
+        self._refuse_sparse(extra)
         flags = [p.grad is not None for p in extra]
         present = torch.tensor(flags, dtype=torch.float64, device=self.comm.device)
         grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in extra]
@@ -691,6 +693,7 @@ class GravacOptimizer(torch.optim.Optimizer):
         A parameter frozen since is left alone, residual included: updating it would undo the
         freeze. Other memory state (DGC's momentum) restarts with the new layout.
         """
+        self._refuse_sparse([p for p in old.params if p.requires_grad])
         for run in old.runs:
             if run.first >= len(old.compressed):  # the dense buckets keep no residual
                 break
@@ -704,8 +707,32 @@ class GravacOptimizer(torch.optim.Optimizer):
                 if p.grad is None:
                     p.grad = piece.clone()
                 else:
-                    p.grad = (p.grad.to_dense() if p.grad.is_sparse else p.grad) + piece
+                    p.grad = p.grad + piece
         self.memory.reset()
+
+    def _refuse_sparse(self, params: Sequence[Tensor]) -> None:
+        """Refuse a sparse gradient (``nn.Embedding(sparse=True)``) before it is packed: the
+        buckets are dense, and a densified gradient would reach the wrapped optimizer dense
+        (``SparseAdam`` refuses it) with a dense residual the size of the whole table.
+        Every rank that has the gradient raises at the same point of the step.
+
+        Raises:
+            ValueError: naming the parameter's index among the wrapped optimizer's
+                parameters, its shape and its gradient's layout, and what to do instead.
+        """
+        for p in params:
+            if p.grad is None or not p.grad.is_sparse:
+                continue
+            params_in_order = (q for g in self.param_groups for q in g["params"])
+            index = next(i for i, q in enumerate(params_in_order) if q is p)
+            raise ValueError(
+                f"parameter {index} (shape {tuple(p.shape)}) has a gradient of layout "
+                f"{p.grad.layout} (nn.Embedding or nn.EmbeddingBag with sparse=True), and "
+                "GravacOptimizer takes torch.strided (dense) gradients only: make the layer "
+                "dense (sparse=False, with a dense optimizer such as Adam for SparseAdam), or "
+                "leave that parameter out of the optimizer gravac wraps (DistributedDataParallel "
+                "with gravac.ddp.gravac_hook averages sparse gradients as sparse rows)"
+            )
 
     def _run_residual(self, layout: Layout, run: Run) -> Tensor | None:
         """The residual of ``run``'s buffer as one flat tensor (a split tensor's pieces joined,

@@ -167,6 +167,67 @@ def test_a_nonfinite_gradient_on_one_rank_gives_nan_on_every_rank(
         assert message.startswith("gravac skipped step 2") and "become NaN" in message
 
 
+class Lookup(nn.Module):
+    """An ``nn.Embedding(sparse=True)`` (registered first: DDP's sparse bucket is its last at
+    the first step, its first after the rebuild) under a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(50, 8, sparse=True)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.head(self.emb(idx).mean(1))
+
+
+def sparse_embedding(rank: int, world_size: int, compressor: str) -> dict[str, Any]:
+    """SparseAdam on the embedding and SGD on the head, through plain DDP and through gravac's
+    hook with ``compressor``: the final parameters of each, and whether every embedding
+    gradient the optimizers saw was sparse."""
+    out: dict[str, Any] = {}
+    for front in ("ddp", "hook"):
+        model = Lookup()
+        net = DistributedDataParallel(model)
+        if front == "hook":
+            net.register_comm_hook(GravacHookState(**options(compressor)), gravac_hook)
+        opts = [
+            torch.optim.SparseAdam([model.emb.weight], lr=0.05),
+            torch.optim.SGD(model.head.parameters(), lr=0.1),
+        ]
+        sparse = []
+        for step in range(STEPS):
+            gen = torch.Generator().manual_seed(100 * rank + step)
+            idx = torch.randint(0, 50, (8, 5), generator=gen)
+            y = torch.randint(0, 3, (8,), generator=gen)
+            for o in opts:
+                o.zero_grad()
+            nn.functional.cross_entropy(net(idx), y).backward()
+            sparse.append(model.emb.weight.grad is not None and model.emb.weight.grad.is_sparse)
+            for o in opts:
+                o.step()
+        out[front] = {"params": [p.detach().clone() for p in model.parameters()], "sparse": sparse}
+    return out
+
+
+@pytest.mark.parametrize("compressor", ["none", "topk"])
+def test_sparse_gradients_travel_as_sparse_rows_as_ddp_sends_them(
+    compressor: str, gloo_pools: Workers
+) -> None:
+    """SparseAdam trains through the hook: the embedding's gradient stays sparse and is
+    averaged as DDP's own sparse all-reduce averages it. Uncompressed (``none``, whose dense
+    buckets are DDP's average too on 2 ranks) the run is DDP's bit for bit; under Top-k the
+    head is compressed and the ranks stay identical."""
+    results = gloo_pools.run(sparse_embedding, 2, compressor, timeout=SPAWN_TIMEOUT)
+    for r in results:
+        assert all(r["ddp"]["sparse"]) and all(r["hook"]["sparse"])
+        if compressor == "none":
+            for a, b in zip(r["ddp"]["params"], r["hook"]["params"], strict=True):
+                assert torch.equal(a, b)
+    for a, b in zip(results[0]["hook"]["params"], results[1]["hook"]["params"], strict=True):
+        assert torch.equal(a, b)  # the ranks stay identical
+
+
 def conservation(rank: int, world_size: int) -> dict[str, Any]:
     """One rank, small DDP buckets that DDP rebuilds after the first step: error feedback
     loses nothing, sum of gradients == sum of what was applied + the residuals left."""

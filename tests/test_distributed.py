@@ -191,6 +191,47 @@ def test_resume_across_two_ranks_is_bit_exact(gloo_pools: Workers) -> None:
     assert all(r["same"] for r in results)
 
 
+def _refusal(opt: GravacOptimizer, loss: torch.Tensor) -> str:
+    """The ValueError's message of ``loss.backward(); opt.step()`` ("" if none)."""
+    try:
+        loss.backward()
+        opt.step()
+    except ValueError as exc:
+        return str(exc)
+    return ""
+
+
+def sparse_refused(rank: int, world_size: int) -> dict[str, Any]:
+    """``nn.Embedding(sparse=True)`` behind a linear layer, wrapped by a GravacOptimizer: the
+    refusal each rank raises at the first step (under SparseAdam: the embedding's bucket is
+    launched during backward, its gradient ready last), and at the step where the embedding
+    joins a run as a new param group (averaged densely otherwise, outside the layout it
+    trained on); a barrier after each: no rank was left inside a collective."""
+    idx = torch.tensor([1, 2, 2, 5 + rank])
+    torch.manual_seed(0)
+    emb, lin = torch.nn.Embedding(30, 8, sparse=True), torch.nn.Linear(8, 8)
+    sparse_adam = torch.optim.SparseAdam([*emb.parameters(), *lin.parameters()], lr=0.1)
+    first = _refusal(GravacOptimizer(sparse_adam, compressor="topk"), lin(emb(idx)).sum())
+    torch.distributed.barrier()
+    sparse = emb.weight.grad is not None and emb.weight.grad.is_sparse
+    emb.weight.grad = None
+    opt = GravacOptimizer(torch.optim.SGD(lin.parameters(), lr=0.1), compressor="topk")
+    lin(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    opt.add_param_group({"params": emb.parameters()})
+    opt.zero_grad()
+    joined = _refusal(opt, lin(emb(idx)).sum())
+    torch.distributed.barrier()
+    return {"first": first, "joined": joined, "sparse": sparse}
+
+
+def test_a_sparse_gradient_is_refused_on_every_rank(gloo_pools: Workers) -> None:
+    for r in gloo_pools.run(sparse_refused, 2, timeout=SPAWN_TIMEOUT):
+        assert r["first"].startswith("parameter 0 (shape (30, 8)) has a gradient of layout")
+        assert r["joined"].startswith("parameter 2 (shape (30, 8)) has a gradient of layout")
+        assert r["sparse"]
+
+
 def nan_on_one_rank(
     rank: int, world_size: int, compressor: str, bucket_bytes: int
 ) -> dict[str, Any]:

@@ -235,18 +235,59 @@ def test_freezing_mid_training_moves_the_residual_into_the_gradient() -> None:
             assert p.grad is None  # the frozen layer gets nothing, its residual included
 
 
-def test_sparse_gradients_are_densified() -> None:
-    emb = nn.Embedding(100, 16, sparse=True)
-    opt = GravacOptimizer(
-        torch.optim.SGD(emb.parameters(), lr=0.1), compressor="topk", dense_bytes=0
-    )
-    emb(torch.tensor([1, 2, 3])).sum().backward()
+#: the start of the refusal of a sparse gradient (GravacOptimizer._refuse_sparse)
+SPARSE_REFUSED = r"gradient of layout torch.sparse_coo .* torch.strided \(dense\) gradients only"
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_sparse_gradient_is_refused_at_the_first_step(overlap: bool) -> None:
+    """``nn.Embedding(sparse=True)`` in the second param group: its gradient is refused before
+    it is packed, not densified (SGD would take it so, SparseAdam not: test below), naming the
+    parameter by its index among the wrapped optimizer's (over its groups) and its shape."""
+    torch.manual_seed(0)
+    lin, emb = nn.Linear(4, 4), nn.Embedding(20, 4, sparse=True)
+    groups = [{"params": lin.parameters()}, {"params": emb.parameters(), "lr": 0.1}]
+    opt = GravacOptimizer(torch.optim.SGD(groups, lr=0.1), compressor="topk", overlap=overlap)
+    before = emb.weight.detach().clone()
+    loss = lin(emb(torch.tensor([1, 2, 2, 7]))).sum()
+    with pytest.raises(ValueError, match=SPARSE_REFUSED) as exc:
+        loss.backward()  # the hooks launch the buckets as their gradients are ready
+        opt.step()
+    message = str(exc.value)
+    assert message.startswith("parameter 2 (shape (20, 4))")
+    assert "sparse=False" in message and "gravac_hook" in message
+    assert emb.weight.grad is not None and emb.weight.grad.is_sparse  # never densified
+    assert torch.equal(emb.weight.detach(), before)
+
+
+def test_sparse_adam_alone_is_refused() -> None:
+    """The issue's case: SparseAdam would fail on a densified gradient with torch's error."""
+    emb = nn.Embedding(20, 4, sparse=True)
+    opt = GravacOptimizer(torch.optim.SparseAdam(emb.parameters(), lr=0.1))
+    with pytest.raises(ValueError, match=SPARSE_REFUSED) as exc:
+        emb(torch.tensor([3, 4])).sum().backward()
+        opt.step()
+    assert str(exc.value).startswith("parameter 0 (shape (20, 4))")
+
+
+def test_a_sparse_gradient_is_refused_before_a_new_layout_takes_the_residuals() -> None:
+    """A layout change moves the residuals into the gradients first (_flush_residuals): a sparse
+    gradient there is refused too, not densified by the addition (and then sent dense)."""
+    torch.manual_seed(0)
+    lin, emb, extra = nn.Linear(8, 8, bias=False), nn.Embedding(20, 8, sparse=True), nn.Linear(8, 8)
+    sgd = torch.optim.SGD([lin.weight, emb.weight, *extra.parameters()], lr=0.1)
+    opt = GravacOptimizer(sgd, compressor="topk", overlap=False)
+    for step in range(2):  # the embedding unused: no gradient yet
+        if step == 1:  # a new layout: proposed at this step, adopted at the next
+            extra.weight.requires_grad_(False)
+        opt.zero_grad()
+        lin(torch.randn(4, 8)).sum().backward()
+        opt.step()  # the bucket holds a residual
+    opt.zero_grad()
+    emb(torch.tensor([1, 5])).sum().backward()
+    with pytest.raises(ValueError, match=SPARSE_REFUSED):
+        opt.step()
     assert emb.weight.grad is not None and emb.weight.grad.is_sparse
-    expected = emb.weight.grad.to_dense()
-    opt.step()
-    assert not emb.weight.grad.is_sparse
-    kept = emb.weight.grad != 0
-    assert torch.equal(emb.weight.grad[kept], expected[kept])
 
 
 def test_mixed_dtypes_go_to_separate_buckets() -> None:

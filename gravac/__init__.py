@@ -4,7 +4,7 @@ from gravac import compressors
 from gravac.config import GravacConfig
 from gravac.control import policies
 from gravac.gain import compression_gain
-from gravac.launch import release_group
+from gravac.launch import init_restartable_group, release_group
 from gravac.memory import Memory, NoMemory, ResidualMemory
 from gravac.monitor import StepRecord, TensorBoardMonitor
 from gravac.optimizer import GravacOptimizer, broadcast_parameters
@@ -22,6 +22,7 @@ __all__ = [
     "broadcast_parameters",
     "compression_gain",
     "compressors",
+    "init_restartable_group",
     "policies",
     "release_group",
     "simulate",

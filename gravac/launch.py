@@ -3,6 +3,9 @@
 Used by ``gravac demo`` and by the multi-process tests: every worker runs ``fn(rank, world_size,
 *args)`` inside an initialised ``torch.distributed`` group and its return value is sent back.
 Workers that fail or outlive ``timeout`` are killed, and the error names the rank.
+
+Under torchrun, :func:`init_restartable_group` joins the group so that a worker group that
+torchrun restarts (``--max-restarts``) can join it again.
 """
 
 from __future__ import annotations
@@ -15,13 +18,14 @@ import socket
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-__all__ = ["free_port", "release_group", "spawn_workers"]
+__all__ = ["free_port", "init_restartable_group", "release_group", "spawn_workers"]
 
 #: loopback only: workers never listen on another interface
 _HOST = "127.0.0.1"
@@ -29,6 +33,8 @@ _HOST = "127.0.0.1"
 _EXIT_GRACE = 10.0
 #: seconds between checks that every worker is still alive
 _POLL_SECONDS = 0.5
+#: torchrun's count of the worker group's restarts so far (absent or 0 in its first run)
+_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 
 
 def free_port() -> int:
@@ -36,6 +42,32 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((_HOST, 0))
         return int(s.getsockname()[1])
+
+
+def init_restartable_group(backend: str | None = None, *, timeout: timedelta | None = None) -> None:
+    """``torch.distributed.init_process_group(backend)`` from the environment torchrun sets
+    (``env://``), in store keys of this restart of the worker group only.
+
+    torchrun (torch 2.13) points every worker at its agent's rendezvous store, one store for
+    the whole job: the keys with which the first workers made their group are
+    still there when ``--max-restarts`` starts new ones, which then read the old workers'
+    addresses (gloo: "Connection refused" in ``connectFullMesh``) or wait on them (a hang),
+    plain DDP as much as gravac. Here the group is made through a ``PrefixStore`` named
+    after ``TORCHELASTIC_RESTART_COUNT``, so each restart has keys of its own. The count is
+    each node's agent's, and an agent that restarts for a change of membership does not
+    count it: on several nodes, start torchrun with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``
+    instead (rank 0 then serves a new store in every round).
+
+    Args:
+        backend: as ``init_process_group``'s (``None``: torch's default for the devices).
+        timeout: as ``init_process_group``'s, for the store too (``None``: the defaults).
+    """
+    options: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+    store, rank, world_size = next(dist.rendezvous("env://", **options))
+    prefix = dist.PrefixStore(f"restart{os.environ.get(_RESTART_COUNT, '0')}", store)
+    dist.init_process_group(
+        backend, store=prefix, rank=rank, world_size=world_size, timeout=timeout
+    )
 
 
 def release_group(group: dist.ProcessGroup | None = None) -> None:

@@ -18,6 +18,10 @@ One module a job:
 * :mod:`gravac_lab.compare.export`: the JSON and the CSV (a row a run);
 * :mod:`gravac_lab.compare.plots`: the figures (metric against time and bytes, CF over steps and
   its density);
+* :mod:`gravac_lab.compare.scoreboard`: the scoreboard's bar, time to it, yardstick and ratios,
+  over stored results; :mod:`gravac_lab.compare.scoreboard_plan`: its setups and the studies it
+  trains; :mod:`gravac_lab.compare.scoreboard_table`: its markdown;
+  :mod:`gravac_lab.compare.scoreboard_cli`: ``--scoreboard`` and its options;
 * :mod:`gravac_lab.compare.cli`: the command line, :func:`add_parser`.
 
 This package re-exports the names a caller needs to run a comparison from Python.

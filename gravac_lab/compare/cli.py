@@ -6,6 +6,7 @@ repeated; without it, the one variant of ``--compressor``, ``--policy`` and the 
 those and of the engine) and
 the seeds (``--seeds``). The table goes to stdout; ``--out`` writes the JSON, ``--csv`` a row
 a run, ``--plots`` the figures (:mod:`gravac_lab.compare.export`, :mod:`gravac_lab.compare.plots`).
+``--scoreboard`` runs the scoreboard instead (:mod:`gravac_lab.compare.scoreboard_cli`).
 
 Option values argparse cannot check (a bad ``--modes`` list, ``--variant``, ``--seeds``,
 ``--bandwidth`` string or JSON option) are rejected while parsing, and the rest by
@@ -16,6 +17,7 @@ message naming the option. A failed job prints its error and returns status 1.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -25,7 +27,7 @@ from typing import Any
 from gravac import compressors, policies
 from gravac.argtypes import argtype
 from gravac.control.options import ControllerConfig
-from gravac_lab.compare import modes, plots, workloads
+from gravac_lab.compare import modes, plots, scoreboard_cli, workloads
 from gravac_lab.compare.config import (
     DEFAULT_EVAL_EVERY,
     DEFAULT_LINK_TEST_MB,
@@ -289,7 +291,8 @@ def add_parser(subparsers: Any) -> None:
         help="also draw the figures into DIR as PNG: the metric against time and against bytes "
         "sent, the CF gravac sent each step and its density (needs matplotlib)",
     )
-    p.set_defaults(func=_main)
+    scoreboard_cli.add_arguments(p)
+    p.set_defaults(func=functools.partial(_main, p))
 
 
 def _pick(value: Any, quick: bool, quick_value: Any, default: Any) -> Any:
@@ -324,7 +327,8 @@ def _check_outputs(*paths: Path | None) -> None:
             raise ValueError(f"{path}: its folder {path.parent} does not exist")
 
 
-def _main(args: argparse.Namespace) -> int:
+def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    scoreboard_cli.check_options(args, parser)
     q = args.quick
     cfg = CompareConfig(
         modes=_pick(args.modes, q, QUICK_MODES, DEFAULT_MODES),
@@ -350,8 +354,10 @@ def _main(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         **_single_variant(args),
     )
-    study = Study(cfg, tuple(args.variants or ()), args.seeds or ())
     _check_outputs(args.out, args.csv)
+    if args.scoreboard:
+        return scoreboard_cli.main(args, cfg)
+    study = Study(cfg, tuple(args.variants or ()), args.seeds or ())
     try:
         summary = run_compare(study)
     except (CompareError, NetworkError) as exc:

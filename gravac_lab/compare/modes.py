@@ -81,6 +81,7 @@ __all__ = [
     "check_registered",
     "get",
     "names",
+    "split_search",
 ]
 
 #: bytes of a float32 and a float16 element on the wire
@@ -209,7 +210,7 @@ def check_engine_options(options: dict[str, Any], gravac: dict[str, Any], *, opt
         raise ValueError(f"{option} {options} do not fit: {exc}") from None
 
 
-def _split_search(policy_options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def split_search(policy_options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """A variant's policy options without the search options, and the search options
     (:data:`gravac.config.SEARCH_OPTIONS`): the variants spell both as policy options
     (``topk:exponential{"search": "trial"}``)."""
@@ -219,7 +220,7 @@ def _split_search(policy_options: dict[str, Any]) -> tuple[dict[str, Any], dict[
 
 def _check_gravac_options(cfg: CompareConfig) -> None:
     """Reject compressor, policy, engine and CF-range options before any worker starts."""
-    ladder_options, search = _split_search(cfg.policy_options)
+    ladder_options, search = split_search(cfg.policy_options)
     for option, registry, name, kwargs in (
         ("--compressor-options", compressors, cfg.compressor, cfg.compressor_options),
         ("--policy-options", policies, cfg.policy, ladder_options),
@@ -367,7 +368,7 @@ def _gravac_options(cfg: CompareConfig) -> dict[str, Any]:
     """The fields of the :class:`gravac.GravacConfig` that GravacOptimizer and GravacHookState
     share (batch size per rank: gravac's throughput is in samples/s), without the engine
     options."""
-    policy_options, search = _split_search(cfg.policy_options)
+    policy_options, search = split_search(cfg.policy_options)
     return {
         "compressor": cfg.compressor,
         "compressor_options": cfg.compressor_options or None,

@@ -9,6 +9,10 @@ command line a variant is written (:func:`parse_variant`)::
 
     cf100=topk:fixed{"cf": 100}        Top-k at a static CF of 100, labelled cf100
     topk:exponential                   labelled topk-exponential
+    trial=topk:exponential{"search": "trial"}
+                                       the search by trial: the search options
+                                       (gravac.config.SEARCH_OPTIONS) are written as policy
+                                       options
     thc{"bits": 4}:geometric           labelled thc-bits4-geometric
     fp16:fixed{"cf": 2}:{"error_feedback": false}
                                        without error feedback, labelled
@@ -107,6 +111,8 @@ class Variant:
         ):
             if not isinstance(options, dict):
                 raise ValueError(f"{part} options must be a JSON object, got {options!r}")
+            if registry is policies:  # the search options are spelled as policy options
+                options = modes.split_search(options)[0]
             modes.check_registered(
                 registry, name, options, name_option=part, options_option=f"{part} options"
             )

@@ -177,6 +177,17 @@ def test_study_rejects_naming_the_option(
     assert says in str(exc.value)
 
 
+def test_a_variant_names_its_search_among_its_policy_options() -> None:
+    trial = parse_variant('trial=topk:exponential{"search": "trial"}')
+    assert trial.policy_options == {"search": "trial"}
+    study = Study(CompareConfig(modes=("gravac",)), (trial,))
+    assert study.jobs()[0].config.policy_options == {"search": "trial"}
+    with pytest.raises(ValueError, match=r"^--variant x: .*search must be one of"):
+        Study(
+            CompareConfig(modes=("gravac",)), (parse_variant('x=topk:exponential{"search": "y"}'),)
+        )
+
+
 def test_variants_need_a_gravac_mode() -> None:
     with pytest.raises(ValueError, match=r"--variant needs a mode .*\(gravac, gravac-ddp\).*ddp"):
         Study(CompareConfig(modes=("ddp",)), (parse_variant("topk:exponential"),))

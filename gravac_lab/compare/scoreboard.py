@@ -1,0 +1,350 @@
+"""The scoreboard's judgement: the quality bar, time to it, the yardstick and each search's ratio.
+
+Plain functions over the stored results of a scoreboard (``gravac compare --scoreboard``,
+:mod:`gravac_lab.compare.scoreboard_plan`): what it trained is a list of study entries, each
+``{"role", "workload", "link", "summary"}`` with ``summary`` as
+:func:`gravac_lab.compare.runner.run_compare` returns it. Roles: ``dense`` (DDP, the step budget,
+loopback), ``ladder`` (the static CFs, twice the budget, loopback), ``timing`` (DDP and the
+static CFs, a short run on a shaped link) and ``searches`` (the searches, twice the budget, on
+the setup's link). The definitions (issue 34):
+
+* **The bar**, per workload: dense DDP's final metric at the step budget (the median over the
+  seeds), less :data:`ACCURACY_POINT` of accuracy, or plus :data:`PERPLEXITY_SHARE` of
+  perplexity (a metric where lower is better).
+* **Time to the bar**: the training seconds until the first evaluation at the bar that the next
+  :data:`HOLD` - 1 evaluations also meet (the run's last evaluation alone does not count: nothing
+  confirms it). A run trains dense's budget (dense) or :data:`BUDGET_FACTOR` times it (the
+  others); one that never holds the bar has no time. Dense DDP and a static CF decide nothing
+  from the clock, so their metric per step does not depend on the link: on a shaped link their
+  time is the step of that evaluation times their median step time in a short run on that link
+  (``timing``); on loopback, and for every search, it is the run's own clock.
+* **The yardstick**, per setup: the fastest static CF of the ladder (the lowest median time to
+  the bar) among those that reach the bar on every seed; a static CF that misses it on any seed
+  does not count, however fast. ``None`` when none reaches it on every seed.
+* **A ratio**, per search and setup: on each seed, the search's time to the bar over the
+  yardstick's on the same seed (``inf`` where the search never reached the bar); reported as the
+  median over the seeds and their range. A search meets the bar only if it reached it on every
+  seed.
+
+Bytes are reported, not judged: the MB a rank sent until the bar was reached.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gravac_lab.compare import workloads
+
+__all__ = [
+    "ACCURACY_POINT",
+    "BUDGET_FACTOR",
+    "DENSE",
+    "HOLD",
+    "LADDER",
+    "PERPLEXITY_SHARE",
+    "Reach",
+    "Row",
+    "SetupScore",
+    "bar",
+    "bar_evaluation",
+    "ratios",
+    "reach",
+    "score",
+    "score_setup",
+    "spread",
+    "yardstick",
+]
+
+#: the bar on accuracy: dense's final accuracy less one point (accuracies are fractions)
+ACCURACY_POINT = 0.01
+#: the bar on perplexity: dense's final perplexity plus 3% of it
+PERPLEXITY_SHARE = 0.03
+#: evaluations in a row at the bar that reach it: the first, and the next one confirming it
+HOLD = 2
+#: compressed runs (static CFs and searches) may train up to this many times dense's budget
+BUDGET_FACTOR = 2
+#: the static CFs (Top-k) the yardstick is chosen from unless told
+LADDER = (10.0, 20.0, 40.0, 100.0, 160.0, 1000.0)
+#: bytes in the tables' MB
+_MB = 1e6
+#: the label of dense DDP's runs and row
+DENSE = "ddp"
+
+
+def bar(final_metrics: Sequence[float], higher_is_better: bool) -> float:
+    """The quality bar from dense DDP's final metric on each seed (see the module docstring).
+
+    Raises:
+        ValueError: no final metric given.
+    """
+    if not final_metrics:
+        raise ValueError("the bar needs dense DDP's final metric on at least one seed")
+    dense = statistics.median(final_metrics)
+    return dense - ACCURACY_POINT if higher_is_better else dense * (1 + PERPLEXITY_SHARE)
+
+
+def bar_evaluation(
+    metrics: Sequence[float], bar_value: float, higher_is_better: bool, hold: int = HOLD
+) -> int | None:
+    """The index of the first of ``metrics`` (a run's evaluations, in order) at the bar from
+    which ``hold`` evaluations in a row meet it; ``None`` if there is none (fewer than ``hold``
+    left at the end do not count)."""
+    meets = [m >= bar_value if higher_is_better else m <= bar_value for m in metrics]
+    for i in range(len(meets) - hold + 1):
+        if all(meets[i : i + hold]):
+            return i
+    return None
+
+
+@dataclass(frozen=True)
+class Reach:
+    """One run against the bar.
+
+    Attributes:
+        seed: the run's seed.
+        seconds: time to the bar (``None``: not reached).
+        step: the step of the evaluation that reached it (``None``: not reached).
+        mb: MB a rank sent up to that step (``None``: not reached).
+        final_metric: the metric after the run's last step.
+    """
+
+    seed: int
+    seconds: float | None
+    step: int | None
+    mb: float | None
+    final_metric: float
+
+
+def reach(
+    run: Mapping[str, Any],
+    bar_value: float,
+    higher_is_better: bool,
+    step_seconds: float | None = None,
+) -> Reach:
+    """``run`` (a :class:`gravac_lab.compare.report.ModeSummary` as stored) against the bar;
+    with ``step_seconds`` its time is the step reached times that (a run timed on another link),
+    else the run's own training clock at that evaluation."""
+    evaluations = run["evaluations"]
+    i = bar_evaluation([e[2] for e in evaluations], bar_value, higher_is_better)
+    if i is None:
+        return Reach(run["seed"], None, None, None, run["final_metric"])
+    step, clock = int(evaluations[i][0]), float(evaluations[i][1])
+    seconds = clock if step_seconds is None else step * step_seconds
+    mb = sum(run["wire_bytes_by_step"][:step]) / _MB
+    return Reach(run["seed"], seconds, step, mb, run["final_metric"])
+
+
+def spread(values: Sequence[float]) -> tuple[float, float, float]:
+    """The median, lowest and highest of ``values`` (``inf`` sorts last).
+
+    Raises:
+        ValueError: no values.
+    """
+    if not values:
+        raise ValueError("a spread needs at least one value")
+    return statistics.median(values), min(values), max(values)
+
+
+def _median_seconds(reaches: Sequence[Reach]) -> float:
+    return statistics.median(r.seconds for r in reaches if r.seconds is not None)
+
+
+def yardstick(statics: Mapping[str, Sequence[Reach]]) -> str | None:
+    """The label of the fastest static CF (lowest median time to the bar) of those that reached
+    the bar on every seed; ``None`` if none did. Ties go to the first in ``statics``' order."""
+    counted = {
+        label: _median_seconds(reaches)
+        for label, reaches in statics.items()
+        if reaches and all(r.seconds is not None for r in reaches)
+    }
+    if not counted:
+        return None
+    return min(counted, key=lambda label: counted[label])
+
+
+def ratios(run: Sequence[Reach], yard: Sequence[Reach]) -> list[float]:
+    """Per seed of ``run``, its time to the bar over the yardstick's on the same seed (``inf``
+    where ``run`` did not reach it).
+
+    Raises:
+        ValueError: a seed of ``run`` that the yardstick did not run or did not reach the bar on.
+    """
+    yard_seconds = {r.seed: r.seconds for r in yard}
+    out = []
+    for r in run:
+        base = yard_seconds.get(r.seed)
+        if base is None:
+            raise ValueError(f"the yardstick has no time to the bar on seed {r.seed}")
+        out.append(math.inf if r.seconds is None else r.seconds / base)
+    return out
+
+
+@dataclass(frozen=True)
+class Row:
+    """One configuration of a setup over the seeds.
+
+    Attributes:
+        label: ``ddp``, a static CF's label or a search's.
+        kind: ``"dense"``, ``"static"`` or ``"search"``.
+        reaches: each seed's :class:`Reach`, in seed order.
+        ratios: each seed's ratio to the yardstick (``None``: no yardstick).
+    """
+
+    label: str
+    kind: str
+    reaches: tuple[Reach, ...]
+    ratios: tuple[float, ...] | None
+
+    @property
+    def reached(self) -> int:
+        """Seeds on which the bar was reached."""
+        return sum(r.seconds is not None for r in self.reaches)
+
+    @property
+    def reached_every_seed(self) -> bool:
+        """Whether the bar was reached on every seed."""
+        return self.reached == len(self.reaches)
+
+
+@dataclass(frozen=True)
+class SetupScore:
+    """A setup's scoreboard.
+
+    Attributes:
+        setup: ``WORKLOAD@LINK``.
+        metric: the workload's metric name.
+        higher_is_better: the metric's direction.
+        bar: the quality bar.
+        yardstick: the yardstick's label (``None``: no static CF reached the bar on every seed).
+        network: how the searches' link was made (its description).
+        rows: dense DDP, then the static CFs, then the searches.
+    """
+
+    setup: str
+    metric: str
+    higher_is_better: bool
+    bar: float
+    yardstick: str | None
+    network: str
+    rows: tuple[Row, ...]
+
+    def row(self, label: str) -> Row:
+        """The row labelled ``label``.
+
+        Raises:
+            KeyError: no such row.
+        """
+        for r in self.rows:
+            if r.label == label:
+                return r
+        raise KeyError(label)
+
+
+def _entry(studies: Sequence[Mapping[str, Any]], role: str, workload: str, link: str | None) -> Any:
+    """The summary of the study of ``role`` for ``workload`` (and ``link``; ``dense`` and
+    ``ladder`` are on loopback).
+
+    Raises:
+        ValueError: the stored results have no such study.
+    """
+    for s in studies:
+        if (s["role"], s["workload"], s["link"]) == (role, workload, link):
+            return s["summary"]
+    where = "loopback" if link is None else link
+    raise ValueError(f"the stored results have no {role} study of {workload} on {where}")
+
+
+def _by_label(runs: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    """Runs grouped by label (``ddp`` for DDP, else the variant), in order, each by seed."""
+    out: dict[str, list[Mapping[str, Any]]] = {}
+    for r in runs:
+        out.setdefault(r["variant"] or DENSE, []).append(r)
+    return {label: sorted(group, key=lambda r: int(r["seed"])) for label, group in out.items()}
+
+
+def _step_seconds(timing: Mapping[str, Any] | None) -> dict[str, float]:
+    """Each label's median step seconds in the timing study (empty: none, loopback)."""
+    if timing is None:
+        return {}
+    return {
+        label: float(group[0]["step_seconds"]) for label, group in _by_label(timing["runs"]).items()
+    }
+
+
+def _network(summary: Mapping[str, Any]) -> str:
+    """How a study's link was made, and why it was not shaped where it was not."""
+    network = summary["network"]
+    note = network.get("note")
+    return str(network["description"]) + (f"; {note}" if note else "")
+
+
+def score_setup(
+    studies: Sequence[Mapping[str, Any]], workload: str, link: str | None
+) -> SetupScore:
+    """The scoreboard of ``workload`` on ``link`` (``None``: loopback) from the stored studies.
+
+    Raises:
+        ValueError: a study or a timing run the setup needs is missing.
+    """
+    w = workloads.get(workload)
+    dense = _by_label(_entry(studies, "dense", workload, None)["runs"])[DENSE]
+    statics = _by_label(_entry(studies, "ladder", workload, None)["runs"])
+    searches_summary = _entry(studies, "searches", workload, link)
+    searches = _by_label(searches_summary["runs"])
+    timed = _step_seconds(None if link is None else _entry(studies, "timing", workload, link))
+    bar_value = bar([r["final_metric"] for r in dense], w.higher_is_better)
+
+    def reaches(
+        label: str, runs: Sequence[Mapping[str, Any]], timed_here: bool
+    ) -> tuple[Reach, ...]:
+        seconds = None
+        if timed_here and link is not None:
+            if label not in timed:
+                raise ValueError(f"the stored timing study of {workload} on {link} has no {label}")
+            seconds = timed[label]
+        return tuple(reach(r, bar_value, w.higher_is_better, seconds) for r in runs)
+
+    dense_reaches = reaches(DENSE, dense, True)
+    static_reaches = {label: reaches(label, runs, True) for label, runs in statics.items()}
+    search_reaches = {label: reaches(label, runs, False) for label, runs in searches.items()}
+    yard = yardstick(static_reaches)
+
+    def row(label: str, kind: str, rs: tuple[Reach, ...]) -> Row:
+        return Row(
+            label, kind, rs, None if yard is None else tuple(ratios(rs, static_reaches[yard]))
+        )
+
+    return SetupScore(
+        setup=f"{workload}@{link or 'loopback'}",
+        metric=w.metric_name,
+        higher_is_better=w.higher_is_better,
+        bar=bar_value,
+        yardstick=yard,
+        network=_network(searches_summary),
+        rows=(
+            row(DENSE, "dense", dense_reaches),
+            *(row(label, "static", rs) for label, rs in static_reaches.items()),
+            *(row(label, "search", rs) for label, rs in search_reaches.items()),
+        ),
+    )
+
+
+def score(stored: Mapping[str, Any]) -> list[SetupScore]:
+    """Every setup of a stored scoreboard (``{"scoreboard": {"setups": [...]}, "studies":
+    [...]}``), in its order; a setup whose searches are not stored yet (a run cut short: they
+    train last of a setup's studies) is left out.
+
+    Raises:
+        ValueError: a setup whose searches are stored lacks another study it needs.
+    """
+    studies = stored["studies"]
+    out = []
+    for setup in stored["scoreboard"]["setups"]:
+        key = ("searches", setup["workload"], setup["link"])
+        if any((s["role"], s["workload"], s["link"]) == key for s in studies):
+            out.append(score_setup(studies, setup["workload"], setup["link"]))
+    return out

@@ -1,0 +1,271 @@
+"""What ``gravac compare --scoreboard`` trains, and training it: its setups and their studies.
+
+A setup is a workload on a link, written ``WORKLOAD@LINK`` (:func:`parse_setups`): ``LINK`` is
+``loopback`` or a rate as ``tc`` writes it (``1gbit``, ``100mbit``; shaped links need root, as
+``--bandwidth`` does). :func:`plan` turns the setups, the static ladder and the searches into
+the studies of :mod:`gravac_lab.compare.study`, each a ``gravac compare`` of its own; per
+workload, in the order of the setups, in this order:
+
+==============  ====================================  ==========================  ============
+role            what                                  where, steps                seeds
+==============  ====================================  ==========================  ============
+``dense``       DDP                                   loopback, ``steps``         every one
+``ladder``      every static CF (Top-k, ``fixed``)    loopback, twice ``steps``   every one
+``timing``      DDP and every static CF               each shaped link of the     the first
+                                                      workload, ``timing_steps``
+``searches``    every search                          each setup's link, twice    every one
+                                                      ``steps``
+==============  ====================================  ==========================  ============
+
+(twice: :data:`gravac_lab.compare.scoreboard.BUDGET_FACTOR`), so that a run cut short leaves
+its finished workloads complete.
+
+Dense DDP's and a static CF's metric per step do not depend on the link (they decide nothing
+from the clock), only their step times do: they train once per seed on loopback and are timed
+on each link by a short run (:mod:`gravac_lab.compare.scoreboard` reads their time to the bar
+off both). The searches read the link, so they train on each. :func:`run_plan` runs the studies
+and returns what :func:`gravac_lab.compare.scoreboard.score` reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gravac_lab.compare import workloads
+from gravac_lab.compare.config import CompareConfig
+from gravac_lab.compare.netns import parse_rate
+from gravac_lab.compare.runner import run_compare
+from gravac_lab.compare.scoreboard import BUDGET_FACTOR, DENSE, HOLD
+from gravac_lab.compare.study import Study, Variant, parse_variant
+
+__all__ = [
+    "DEFAULT_SEARCHES",
+    "DEFAULT_SETUPS",
+    "DEFAULT_TIMING_STEPS",
+    "LOOPBACK",
+    "SEEDS",
+    "PlannedStudy",
+    "Setup",
+    "ladder_variants",
+    "parse_ladder",
+    "parse_setups",
+    "plan",
+    "run_plan",
+    "settings",
+]
+
+#: the link of a setup on loopback
+LOOPBACK = "loopback"
+#: issue 34's setups: the three workloads at 1 Gbit/s and 100 Mbit/s, and the CNN on loopback
+DEFAULT_SETUPS = (
+    "vgg-digits@1gbit",
+    "vgg-digits@100mbit",
+    "resnet-digits@1gbit",
+    "resnet-digits@100mbit",
+    "lstm-text@1gbit",
+    "lstm-text@100mbit",
+    "vgg-digits@loopback",
+)
+#: the searches scored unless ``--variant`` names others: the default (``search="auto"``), the
+#: search by trial and the paper's Algorithm 1
+DEFAULT_SEARCHES = (
+    "default=topk:exponential",
+    'trial=topk:exponential{"search": "trial"}',
+    'paper=topk:exponential{"search": "paper"}',
+)
+#: the seeds unless ``--seeds`` names others
+SEEDS = (0, 1, 2)
+#: steps of a timing run on a shaped link: past the timing warm-up, enough for a median step
+DEFAULT_TIMING_STEPS = 30
+#: the modes of a timing run: dense DDP and the static CFs (gravac)
+_TIMED_MODES = ("ddp", "gravac")
+#: the setups' syntax, for messages and ``--help``
+_SETUP_SYNTAX = f"WORKLOAD@LINK, LINK {LOOPBACK} or a tc rate (1gbit, 100mbit)"
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A workload on a link (``link`` ``None``: loopback)."""
+
+    workload: str
+    link: str | None
+
+    @property
+    def name(self) -> str:
+        """``WORKLOAD@LINK``."""
+        return f"{self.workload}@{self.link or LOOPBACK}"
+
+
+def _setup(text: str) -> Setup:
+    workload, at, link = text.strip().partition("@")
+    if not at or workload not in workloads.names():
+        raise ValueError(
+            f"--setups: {text!r} is not {_SETUP_SYNTAX}, WORKLOAD one of {workloads.names()}"
+        )
+    if link == LOOPBACK:
+        return Setup(workload, None)
+    try:
+        parse_rate(link)
+    except ValueError as exc:
+        raise ValueError(f"--setups: {text!r}: {exc}; LINK is {LOOPBACK} or a tc rate") from None
+    return Setup(workload, link)
+
+
+def parse_setups(text: str) -> tuple[Setup, ...]:
+    """A ``--setups`` value: distinct comma-separated ``WORKLOAD@LINK``.
+
+    Raises:
+        ValueError: the message names ``--setups``, the value and what is allowed.
+    """
+    setups = tuple(_setup(part) for part in text.split(","))
+    names = [s.name for s in setups]
+    if len(set(names)) != len(names):
+        raise ValueError(f"--setups names a setup more than once: {text!r}")
+    return setups
+
+
+def parse_ladder(text: str) -> tuple[float, ...]:
+    """A ``--ladder`` value: distinct comma-separated static CFs (``10,100``), each one Top-k
+    takes.
+
+    Raises:
+        ValueError: the message names ``--ladder``, the value and what is allowed.
+    """
+    try:
+        cfs = tuple(float(p) for p in text.split(","))
+    except ValueError:
+        cfs = ()
+    if not cfs or len(set(cfs)) != len(cfs):
+        raise ValueError(f"--ladder must be distinct comma-separated CFs like 10,100, got {text!r}")
+    for cf in cfs:
+        try:
+            ladder_variants((cf,))
+        except ValueError as exc:
+            raise ValueError(f"--ladder {text!r}: CF {cf:g}: {exc}") from None
+    return cfs
+
+
+def ladder_variants(cfs: Sequence[float]) -> tuple[Variant, ...]:
+    """Top-k at each static CF of ``cfs``, labelled ``cf<CF>``."""
+    return tuple(parse_variant(f'cf{cf:g}=topk:fixed{{"cf": {cf:g}}}') for cf in cfs)
+
+
+@dataclass(frozen=True)
+class PlannedStudy:
+    """One study of the scoreboard: its role (see the module docstring), workload, link
+    (``None``: loopback) and the study itself."""
+
+    role: str
+    workload: str
+    link: str | None
+    study: Study
+
+
+def plan(
+    base: CompareConfig,
+    setups: Sequence[Setup],
+    ladder: Sequence[float],
+    searches: Sequence[Variant],
+    seeds: Sequence[int],
+    timing_steps: int,
+) -> list[PlannedStudy]:
+    """Every study, in the order they run (module docstring); ``base`` holds what they share
+    (its ``steps`` is the step budget; workload, modes, link and steps are each study's).
+
+    Raises:
+        ValueError: the message names the option (``--timing-steps``, ``--variant``, or an
+            option :class:`Study` checks).
+    """
+    if timing_steps <= base.timing_warmup:
+        raise ValueError(
+            f"--timing-steps ({timing_steps}) must exceed --timing-warmup ({base.timing_warmup})"
+        )
+    statics = ladder_variants(ladder)
+    taken = {DENSE, *(v.label for v in statics)}
+    for v in searches:
+        if v.label in taken:
+            raise ValueError(
+                f"--variant label {v.label!r} is taken by the ladder or dense DDP "
+                f"({sorted(taken)}); label the search otherwise, as LABEL=..."
+            )
+    longer = base.steps * BUDGET_FACTOR
+    seeds = tuple(seeds)
+
+    def config(
+        workload: str, link: str | None, modes: tuple[str, ...], steps: int, eval_every: int
+    ) -> CompareConfig:
+        return replace(
+            base,
+            workload=workload,
+            modes=modes,
+            steps=steps,
+            eval_every=eval_every,
+            bandwidth=link,
+            delay=None if link is None else base.delay,
+        )
+
+    every = base.eval_every
+    out: list[PlannedStudy] = []
+    for workload in dict.fromkeys(s.workload for s in setups):
+        dense = config(workload, None, ("ddp",), base.steps, every)
+        ladder_cfg = config(workload, None, ("gravac",), longer, every)
+        out.append(PlannedStudy("dense", workload, None, Study(dense, (), seeds)))
+        out.append(PlannedStudy("ladder", workload, None, Study(ladder_cfg, statics, seeds)))
+        for link in dict.fromkeys(s.link for s in setups if s.workload == workload and s.link):
+            # one evaluation, at the end: only a timing run's step times are read
+            timed = config(workload, link, _TIMED_MODES, timing_steps, timing_steps)
+            out.append(PlannedStudy("timing", workload, link, Study(timed, statics, seeds[:1])))
+        for s in setups:
+            if s.workload == workload:
+                searching = config(workload, s.link, ("gravac",), longer, every)
+                study = Study(searching, tuple(searches), seeds)
+                out.append(PlannedStudy("searches", workload, s.link, study))
+    return out
+
+
+def settings(
+    base: CompareConfig,
+    setups: Sequence[Setup],
+    ladder: Sequence[float],
+    searches: Sequence[Variant],
+    seeds: Sequence[int],
+    timing_steps: int,
+) -> dict[str, Any]:
+    """What the scoreboard ran with, for its JSON and its table's header."""
+    return {
+        "setups": [{"name": s.name, "workload": s.workload, "link": s.link} for s in setups],
+        "ladder": list(ladder),
+        "searches": [v.spec for v in searches],
+        "seeds": list(seeds),
+        "steps": base.steps,
+        "compressed_steps": base.steps * BUDGET_FACTOR,
+        "timing_steps": timing_steps,
+        "timing_seed": seeds[0],
+        "hold": HOLD,
+        "eval_every": base.eval_every,
+        "workers": base.workers,
+        "batch_size": base.batch_size,
+    }
+
+
+def run_plan(
+    planned: Sequence[PlannedStudy],
+    on_study: Callable[[list[dict[str, Any]]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Run every planned study (:func:`gravac_lab.compare.runner.run_compare`); the study
+    entries ``{"role", "workload", "link", "summary"}``. ``on_study`` is called with the
+    entries so far after each study (to store them as they come).
+
+    Raises:
+        gravac_lab.compare.runner.CompareError: a job failed.
+        gravac_lab.compare.netns.NetworkError: shaped links could not be made or removed.
+    """
+    entries: list[dict[str, Any]] = []
+    for p in planned:
+        summary = run_compare(p.study)
+        entries.append({"role": p.role, "workload": p.workload, "link": p.link, "summary": summary})
+        if on_study is not None:
+            on_study(entries)
+    return entries

@@ -1,0 +1,140 @@
+"""The scoreboard as markdown: a header, one line a setup, then each setup's every row.
+
+:func:`format_scoreboard` lays out what :func:`gravac_lab.compare.scoreboard.score` judged from a
+stored scoreboard (``{"scoreboard": settings, "studies": [...]}``), so that the table printed
+after training and the one rebuilt from the JSON (``--from-json``) are the same text.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gravac_lab.compare.scoreboard import (
+    ACCURACY_POINT,
+    PERPLEXITY_SHARE,
+    Row,
+    SetupScore,
+    score,
+    spread,
+)
+
+__all__ = ["format_scoreboard"]
+
+#: percent in a fraction
+_PERCENT = 100
+
+
+def _number(value: float, digits: int) -> str:
+    return "–" if math.isinf(value) else f"{value:.{digits}f}"
+
+
+def _spread_cell(values: Sequence[float], digits: int) -> str:
+    """The median, and the range in brackets where the values differ as printed."""
+    median, low, high = (_number(v, digits) for v in spread(values))
+    return median if low == high else f"{median} ({low}-{high})"
+
+
+def _seconds(row: Row) -> str:
+    return _spread_cell([math.inf if r.seconds is None else r.seconds for r in row.reaches], 1)
+
+
+def _ratio(row: Row) -> str:
+    return "–" if row.ratios is None else _spread_cell(row.ratios, 2)
+
+
+def _reached(row: Row) -> str:
+    mark = "yes" if row.reached_every_seed else "no"
+    return f"{mark} ({row.reached}/{len(row.reaches)})"
+
+
+def _mb(row: Row) -> str:
+    known = [r.mb for r in row.reaches if r.mb is not None]
+    return _spread_cell(known, 1) if known else "–"
+
+
+def _bar(s: SetupScore) -> str:
+    direction = ">=" if s.higher_is_better else "<="
+    return f"{s.metric} {direction} {s.bar:.4f}"
+
+
+def _yardstick(s: SetupScore) -> str:
+    if s.yardstick is None:
+        return "none reached the bar on every seed"
+    return f"{s.yardstick}, {_seconds(s.row(s.yardstick))} s"
+
+
+def _header(settings: Mapping[str, Any]) -> list[str]:
+    seeds = ", ".join(map(str, settings["seeds"]))
+    ladder = ", ".join(f"{cf:g}" for cf in settings["ladder"])
+    return [
+        f"- setups: {', '.join(s['name'] for s in settings['setups'])}; "
+        f"{settings['workers']} workers x batch {settings['batch_size']}; seeds {seeds}",
+        f"- the bar: dense DDP's final metric after {settings['steps']} steps (median over the "
+        f"seeds) less {ACCURACY_POINT * _PERCENT:g} point of accuracy, or plus "
+        f"{PERPLEXITY_SHARE * _PERCENT:g}% of perplexity. Time to the bar: training seconds "
+        f"(evaluation excluded) until the first evaluation (every {settings['eval_every']} "
+        f"steps) from which {settings['hold']} in a row meet it; the static CFs and the "
+        f"searches train up to {settings['compressed_steps']} steps",
+        f"- the yardstick: the fastest static CF of {ladder} (Top-k; median time to the bar) "
+        "among those that reach the bar on every seed",
+        "- ratio: a run's time to the bar over the yardstick's on the same seed; median over "
+        "the seeds (range in brackets; – where the bar was not reached); searches: "
+        + "; ".join(f"`{spec}`" for spec in settings["searches"]),
+        "- timing: dense DDP and the static CFs do not read the clock, so their metric per step "
+        "does not depend on the link: each trained once per seed on loopback; on a shaped link "
+        "their time to the bar is the step they reached it at times their median step time in "
+        f"a run of {settings['timing_steps']} steps on that link (seed {settings['timing_seed']}). "
+        "The searches, whose decisions read the link, trained on each link, timed by their own "
+        "clock",
+        "- MB: what a rank sent until the bar (median over the seeds that reached it)",
+    ]
+
+
+def _summary(scores: Sequence[SetupScore]) -> list[str]:
+    searches = list(dict.fromkeys(r.label for s in scores for r in s.rows if r.kind == "search"))
+    lines = [
+        "| setup | bar | yardstick (time to bar) | "
+        + " | ".join(f"{label}: ratio, bar every seed" for label in searches)
+        + " |",
+        "|---|---|---|" + "--:|" * len(searches),
+    ]
+    for s in scores:
+        cells = []
+        for label in searches:
+            try:
+                row = s.row(label)
+            except KeyError:
+                cells.append("")
+                continue
+            cells.append(f"{_ratio(row)}, {_reached(row)}")
+        lines.append(f"| {s.setup} | {_bar(s)} | {_yardstick(s)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _detail(s: SetupScore) -> list[str]:
+    lines = [
+        f"### {s.setup}",
+        "",
+        f"Bar: {_bar(s)}. Yardstick: {_yardstick(s)}. Searches' link: {s.network}.",
+        "",
+        f"| run | kind | time to bar (s) | ratio | bar every seed | MB to bar | final {s.metric} |",
+        "|---|---|--:|--:|--:|--:|--:|",
+    ]
+    for row in s.rows:
+        final = _spread_cell([r.final_metric for r in row.reaches], 4)
+        lines.append(
+            f"| {row.label} | {row.kind} | {_seconds(row)} | {_ratio(row)} | {_reached(row)} "
+            f"| {_mb(row)} | {final} |"
+        )
+    return lines
+
+
+def format_scoreboard(stored: Mapping[str, Any]) -> str:
+    """A stored scoreboard as markdown (setups not yet complete are left out)."""
+    scores = score(stored)
+    lines = [*_header(stored["scoreboard"]), "", *_summary(scores)]
+    for s in scores:
+        lines += ["", *_detail(s)]
+    return "\n".join(lines)

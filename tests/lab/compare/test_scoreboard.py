@@ -1,0 +1,256 @@
+"""The scoreboard's bar, time to the bar, yardstick and ratios on made-up stored results; its
+table rebuilt from JSON; its options' errors."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gravac.cli import main
+from gravac_lab.compare.config import CompareConfig
+from gravac_lab.compare.scoreboard import (
+    PERPLEXITY_SHARE,
+    Reach,
+    bar,
+    bar_evaluation,
+    ratios,
+    reach,
+    score,
+    score_setup,
+    yardstick,
+)
+from gravac_lab.compare.scoreboard_plan import (
+    ladder_variants,
+    parse_setups,
+    plan,
+    settings,
+)
+from gravac_lab.compare.scoreboard_table import format_scoreboard
+from gravac_lab.compare.study import parse_variant
+
+#: steps between the made-up runs' evaluations
+EVERY = 10
+SEEDS = (0, 1, 2)
+
+
+def _run(
+    variant: str | None, seed: int, metrics: list[float], step_seconds: float = 0.1
+) -> dict[str, Any]:
+    """A stored run evaluated every EVERY steps, each step ``step_seconds`` and 1 MB."""
+    return {
+        "mode": "ddp" if variant is None else "gravac",
+        "variant": variant,
+        "seed": seed,
+        "evaluations": [
+            (EVERY * (i + 1), step_seconds * EVERY * (i + 1), m) for i, m in enumerate(metrics)
+        ],
+        "final_metric": metrics[-1],
+        "wire_bytes_by_step": [1_000_000] * (EVERY * len(metrics)),
+        "step_seconds": step_seconds,
+    }
+
+
+def _study(
+    role: str, workload: str, link: str | None, runs: list[dict[str, Any]]
+) -> dict[str, Any]:
+    network = {"description": "loopback (not shaped)" if link is None else f"{link} veth"}
+    return {
+        "role": role,
+        "workload": workload,
+        "link": link,
+        "summary": {"runs": runs, "network": {**network, "note": None}},
+    }
+
+
+def _vgg_1gbit() -> list[dict[str, Any]]:
+    """vgg-digits on 1gbit: dense ends at 0.985 / 0.99 / 0.995 (bar 0.98); cf100 is the faster
+    static but misses the bar on seed 2; the search 'default' beats cf10, 'paper' misses seed 2."""
+    good = 0.985
+    dense = [_run(None, s, [0.9, 0.99, 0.985 + s / 200]) for s in SEEDS]
+    cf10 = [_run("cf10", s, [0.9, good, good, good]) for s in SEEDS]
+    cf100 = [_run("cf100", s, [good, good, 0.9, good]) for s in (0, 1)]
+    cf100.append(_run("cf100", 2, [good, 0.9, good, 0.9]))  # never two in a row
+    timing = [_run(None, 0, [0.5], 0.5), _run("cf10", 0, [0.5], 0.2), _run("cf100", 0, [0.5], 0.1)]
+    default = [_run("default", s, [0.9, good, good, good], 0.15) for s in SEEDS]
+    paper = [_run("paper", s, [0.9, 0.9, good, good], 0.2) for s in (0, 1)]
+    paper.append(_run("paper", 2, [0.9, 0.9, 0.9, good], 0.2))  # reached only at the last
+    return [
+        _study("dense", "vgg-digits", None, dense),
+        _study("ladder", "vgg-digits", None, cf10 + cf100),
+        _study("timing", "vgg-digits", "1gbit", timing),
+        _study("searches", "vgg-digits", "1gbit", default + paper),
+    ]
+
+
+def _lstm_loopback() -> list[dict[str, Any]]:
+    """lstm-text on loopback: dense ends at 5.0 (bar 5.15); cf100 never gets within 3%."""
+    dense = [_run(None, s, [9.0, 5.0]) for s in SEEDS]
+    cf10 = [_run("cf10", s, [9.0, 5.1, 5.1, 5.0], 0.2) for s in SEEDS]
+    cf100 = [_run("cf100", s, [6.0, 5.5, 5.3, 5.2], 0.05) for s in SEEDS]
+    default = [_run("default", s, [9.0, 6.0, 5.1, 5.1], 0.1) for s in SEEDS]
+    return [
+        _study("dense", "lstm-text", None, dense),
+        _study("ladder", "lstm-text", None, cf10 + cf100),
+        _study("searches", "lstm-text", None, default),
+    ]
+
+
+def _stored(studies: list[dict[str, Any]], setups: str) -> dict[str, Any]:
+    base = CompareConfig(steps=2 * EVERY)
+    searches = (parse_variant("default=topk:exponential"),)
+    header = settings(base, parse_setups(setups), (10.0, 100.0), searches, SEEDS, 30)
+    return {"scoreboard": header, "studies": studies}
+
+
+def test_the_bar_is_dense_s_median_less_a_point_or_plus_3_percent_perplexity() -> None:
+    assert bar([0.99, 0.97, 0.98], higher_is_better=True) == pytest.approx(0.97)
+    assert bar([5.0, 4.0, 6.0], higher_is_better=False) == pytest.approx(5.0 * 1.03)
+    assert PERPLEXITY_SHARE == 0.03
+    with pytest.raises(ValueError, match="at least one seed"):
+        bar([], higher_is_better=True)
+
+
+def test_the_bar_holds_for_two_evaluations_in_a_row() -> None:
+    # a lucky evaluation followed by one below does not count; the last alone does not either
+    assert bar_evaluation([0.5, 0.97, 0.9, 0.97, 0.98], 0.96, True) == 3
+    assert bar_evaluation([0.5, 0.97, 0.9, 0.97], 0.96, True) is None
+    # perplexity: lower is better
+    assert bar_evaluation([9.0, 5.1, 5.0], 5.15, False) == 1
+    assert bar_evaluation([9.0, 5.2, 5.1], 5.15, False) is None
+
+
+def test_time_to_the_bar_by_the_run_s_clock_or_by_a_step_time() -> None:
+    run = _run("cf10", 1, [0.5, 0.97, 0.98], step_seconds=0.1)
+    own = reach(run, 0.96, True)
+    assert (own.seed, own.step, own.seconds, own.mb) == (1, 20, pytest.approx(2.0), 20.0)
+    timed = reach(run, 0.96, True, step_seconds=0.5)
+    assert timed.seconds == pytest.approx(10.0)
+    missed = reach(run, 0.99, True)
+    assert (missed.seconds, missed.step, missed.mb, missed.final_metric) == (None, None, None, 0.98)
+
+
+def test_a_static_cf_that_misses_the_bar_on_a_seed_is_not_the_yardstick() -> None:
+    fast_but_missed = [Reach(0, 1.0, 10, 1.0, 0.98), Reach(1, None, None, None, 0.9)]
+    slow = [Reach(0, 3.0, 30, 1.0, 0.98), Reach(1, 4.0, 40, 1.0, 0.98)]
+    slower = [Reach(0, 5.0, 30, 1.0, 0.98), Reach(1, 5.0, 40, 1.0, 0.98)]
+    assert yardstick({"cf100": fast_but_missed, "cf20": slower, "cf10": slow}) == "cf10"
+    assert yardstick({"cf100": fast_but_missed}) is None
+
+
+def test_ratios_are_per_seed_and_a_miss_is_infinite() -> None:
+    yard = [Reach(0, 2.0, 20, 1.0, 0.98), Reach(1, 4.0, 40, 1.0, 0.98)]
+    run = [Reach(0, 3.0, 30, 1.0, 0.98), Reach(1, None, None, None, 0.9)]
+    assert ratios(run, yard) == [1.5, math.inf]
+    with pytest.raises(ValueError, match="seed 2"):
+        ratios([Reach(2, 1.0, 10, 1.0, 0.98)], yard)
+
+
+def test_a_setup_on_a_shaped_link() -> None:
+    s = score_setup(_vgg_1gbit(), "vgg-digits", "1gbit")
+    assert s.setup == "vgg-digits@1gbit"
+    assert s.bar == pytest.approx(0.98)
+    # cf100 (1 s a seed where reached) misses seed 2: cf10 (20 steps x 0.2 s) is the yardstick
+    assert s.row("cf100").reached == 2
+    assert s.yardstick == "cf10"
+    assert [r.seconds for r in s.row("cf10").reaches] == [pytest.approx(4.0)] * 3
+    # dense: timed on the link (0.5 s a step), at the bar from step 20
+    assert [r.seconds for r in s.row("ddp").reaches] == [pytest.approx(10.0)] * 3
+    default = s.row("default")
+    assert default.ratios == pytest.approx((0.75, 0.75, 0.75))  # its own clock: 20 x 0.15 s
+    assert default.reached_every_seed
+    paper = s.row("paper")
+    assert paper.ratios == pytest.approx((1.5, 1.5, math.inf))
+    assert not paper.reached_every_seed
+    assert [r.kind for r in s.rows] == ["dense", "static", "static", "search", "search"]
+
+
+def test_lstm_perplexity_lower_is_better_on_loopback() -> None:
+    s = score_setup(_lstm_loopback(), "lstm-text", None)
+    assert s.bar == pytest.approx(5.15)
+    assert not s.higher_is_better
+    assert s.row("cf100").reached == 0  # fastest, never within 3% of dense's perplexity
+    assert s.yardstick == "cf10"
+    # loopback: every time is the run's own clock (cf10 20 x 0.2 s, default 30 x 0.1 s)
+    assert s.row("cf10").reaches[0].seconds == pytest.approx(4.0)
+    assert s.row("default").ratios == pytest.approx((0.75, 0.75, 0.75))
+
+
+def test_a_missing_study_names_it_and_unfinished_setups_are_left_out() -> None:
+    studies = _vgg_1gbit()
+    with pytest.raises(ValueError, match="no timing study of vgg-digits on 1gbit"):
+        score_setup([s for s in studies if s["role"] != "timing"], "vgg-digits", "1gbit")
+    stored = _stored(studies, "vgg-digits@1gbit,vgg-digits@100mbit")
+    assert [s.setup for s in score(stored)] == ["vgg-digits@1gbit"]
+
+
+def test_the_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    stored = _stored(_vgg_1gbit() + _lstm_loopback(), "vgg-digits@1gbit,lstm-text@loopback")
+    table = format_scoreboard(stored)
+    assert "| vgg-digits@1gbit | test accuracy >= 0.9800 | cf10, 4.0 s |" in table
+    assert "| lstm-text@loopback | test perplexity <= 5.1500 | cf10, 4.0 s |" in table
+    assert "| paper | search | 6.0 (6.0-–) | 1.50 (1.50-–) | no (2/3) |" in table
+    assert "| cf100 | static | 1.0 (1.0-–) | 0.25 (0.25-–) | no (2/3) |" in table
+    assert "a run of 30 steps on that link (seed 0)" in table
+    # rebuilt by the command line, without training
+    path = tmp_path / "scoreboard.json"
+    path.write_text(json.dumps(stored))
+    assert main(["compare", "--scoreboard", "--from-json", str(path)]) == 0
+    assert capsys.readouterr().out == table + "\n"
+
+
+def test_the_plan_trains_dense_and_the_ladder_once_and_the_searches_on_each_link() -> None:
+    base = CompareConfig(steps=20, eval_every=5, delay="1ms", bandwidth="1gbit")
+    setups = parse_setups("tiny-digits@1gbit,tiny-digits@loopback,tiny-digits@100mbit")
+    searches = (parse_variant("default=topk:exponential"),)
+    planned = plan(base, setups, (10.0, 100.0), searches, (0, 1), 8)
+    assert [(p.role, p.link) for p in planned] == [
+        ("dense", None),
+        ("ladder", None),
+        ("timing", "1gbit"),
+        ("timing", "100mbit"),
+        ("searches", "1gbit"),
+        ("searches", None),
+        ("searches", "100mbit"),
+    ]
+    dense, ladder, timing, _, searching, loop, _ = (p.study for p in planned)
+    assert (dense.config.modes, dense.config.steps, dense.config.bandwidth) == (("ddp",), 20, None)
+    assert (ladder.config.steps, ladder.variants) == (40, ladder_variants((10.0, 100.0)))
+    assert dense.config.delay is None and loop.config.delay is None
+    assert (timing.config.modes, timing.config.steps, timing.seeds) == (("ddp", "gravac"), 8, (0,))
+    assert (timing.config.eval_every, timing.config.delay) == (8, "1ms")
+    assert (searching.config.steps, searching.seeds, searching.variants) == (40, (0, 1), searches)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--setups", "vgg-digits@1gbit"], "--setups applies only with --scoreboard"),
+        (["--from-json", "x.json"], "--from-json applies only with --scoreboard"),
+        (
+            ["--scoreboard", "--workload", "lstm-text"],
+            "--workload does not apply with --scoreboard",
+        ),
+        (["--scoreboard", "--quick"], "--quick does not apply with --scoreboard"),
+        (["--scoreboard", "--from-json", "x.json", "--steps", "5"], "--steps does not apply"),
+        (["--scoreboard", "--setups", "vgg-digits"], "--setups: 'vgg-digits' is not WORKLOAD@LINK"),
+        (["--scoreboard", "--setups", "mnist@1gbit"], "WORKLOAD one of ['vgg-digits'"),
+        (["--scoreboard", "--setups", "vgg-digits@fast"], "--setups: 'vgg-digits@fast'"),
+        (["--scoreboard", "--setups", "vgg-digits@1gbit,vgg-digits@1gbit"], "more than once"),
+        (["--scoreboard", "--ladder", "10,x"], "--ladder must be distinct comma-separated CFs"),
+        (["--scoreboard", "--ladder", "0.5"], "--ladder '0.5': CF 0.5"),
+        (["--scoreboard", "--timing-steps", "5"], "--timing-steps (5) must exceed --timing-warmup"),
+        (["--scoreboard", "--variant", "cf10=topk:exponential"], "label 'cf10' is taken"),
+        (["--scoreboard", "--from-json", "no/such.json"], "--from-json 'no/such.json': cannot"),
+    ],
+)
+def test_bad_scoreboard_option_exits_2_naming_it(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", *argv])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err

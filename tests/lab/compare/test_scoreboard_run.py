@@ -1,0 +1,86 @@
+"""``gravac compare --scoreboard`` end to end on tiny-digits on loopback: real workers and gloo,
+a 2-CF ladder, one search, one seed, a few steps; then its table rebuilt from the JSON."""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.background import Background
+from tests.helpers import run_compare
+
+pytestmark = pytest.mark.slow
+
+#: dense's step budget; the ladder and the search train twice as many
+STEPS = 20
+EVAL_EVERY = 5
+LADDER = "10,100"
+SEARCH = "default=topk:exponential"
+
+
+def _scoreboard(out: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
+    done = run_compare(
+        "--scoreboard", "--setups", "tiny-digits@loopback", "--ladder", LADDER,
+        "--variant", SEARCH, "--seeds", "0", "--steps", str(STEPS),
+        "--eval-every", str(EVAL_EVERY), "--out", str(out),
+    )  # fmt: skip
+    return done, out
+
+
+def launches(tmp: Path, items: list[pytest.Item]) -> dict[str, Callable[[], Any]]:
+    """The module's one scoreboard (tests/background.py starts it with the session)."""
+    return {"scoreboard": functools.partial(_scoreboard, tmp / "scoreboard.json")}
+
+
+@pytest.fixture(scope="module")
+def scoreboard(
+    background: Background, request: pytest.FixtureRequest
+) -> tuple[dict[str, Any], str, Path]:
+    done, out = background.results(request)["scoreboard"]
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(out.read_text()), done.stdout, out
+
+
+def test_it_trains_dense_the_ladder_and_the_search_on_loopback(
+    scoreboard: tuple[dict[str, Any], str, Path],
+) -> None:
+    stored, _, _ = scoreboard
+    studies = stored["studies"]
+    assert [(s["role"], s["workload"], s["link"]) for s in studies] == [
+        ("dense", "tiny-digits", None),
+        ("ladder", "tiny-digits", None),
+        ("searches", "tiny-digits", None),
+    ]
+    dense, ladder, searches = (s["summary"]["runs"] for s in studies)
+    assert [(r["mode"], r["steps"]) for r in dense] == [("ddp", STEPS)]
+    assert [(r["variant"], r["steps"]) for r in ladder] == [
+        ("cf10", 2 * STEPS),
+        ("cf100", 2 * STEPS),
+    ]
+    assert [(r["variant"], r["steps"]) for r in searches] == [("default", 2 * STEPS)]
+    assert stored["scoreboard"]["ladder"] == [10.0, 100.0]
+
+
+def test_it_prints_the_table_and_rebuilds_it_from_the_json_without_training(
+    scoreboard: tuple[dict[str, Any], str, Path],
+) -> None:
+    stored, stdout, out = scoreboard
+    assert stdout.strip() == stored["table"]
+    assert "| tiny-digits@loopback | test accuracy >= " in stdout
+    for row in (
+        "| ddp | dense |",
+        "| cf10 | static |",
+        "| cf100 | static |",
+        "| default | search |",
+    ):
+        assert row in stdout
+    rebuilt = run_compare("--scoreboard", "--from-json", str(out))
+    assert rebuilt.returncode == 0, rebuilt.stderr[-2000:]
+    assert rebuilt.stdout == stdout
+    assert "gravac compare:" not in rebuilt.stderr  # no study ran

@@ -132,9 +132,14 @@ def _detail(s: SetupScore) -> list[str]:
 
 
 def format_scoreboard(stored: Mapping[str, Any]) -> str:
-    """A stored scoreboard as markdown (setups not yet complete are left out)."""
+    """A stored scoreboard as markdown (setups not yet complete are left out, and named)."""
     scores = score(stored)
-    lines = [*_header(stored["scoreboard"]), "", *_summary(scores)]
+    lines = _header(stored["scoreboard"])
+    done = {s.setup for s in scores}
+    unfinished = [s["name"] for s in stored["scoreboard"]["setups"] if s["name"] not in done]
+    if unfinished:
+        lines.append(f"- not finished (their studies are not all stored): {', '.join(unfinished)}")
+    lines += ["", *_summary(scores)]
     for s in scores:
         lines += ["", *_detail(s)]
     return "\n".join(lines)

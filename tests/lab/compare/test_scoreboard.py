@@ -185,6 +185,9 @@ def test_a_missing_study_names_it_and_unfinished_setups_are_left_out() -> None:
         score_setup([s for s in studies if s["role"] != "timing"], "vgg-digits", "1gbit")
     stored = _stored(studies, "vgg-digits@1gbit,vgg-digits@100mbit")
     assert [s.setup for s in score(stored)] == ["vgg-digits@1gbit"]
+    table = format_scoreboard(stored)
+    assert "- not finished (their studies are not all stored): vgg-digits@100mbit" in table
+    assert "| vgg-digits@100mbit |" not in table
 
 
 def test_the_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -49,7 +49,7 @@ RUNS = {
 #: how the error names the step and the collective
 NAMED = re.compile(
     rf"gravac step {FAULT_STEP}: the (all-gather|all-reduce) of "
-    r"(unit \d+'s (payload|gradient) \(\d+ tensors, \d+ elements\)|the step's scalars)"
+    r"(unit \d+'s (payload|gradient) \(\d+ tensors?, \d+ elements\)|the step's scalars)"
 )
 
 

@@ -1105,7 +1105,8 @@ def _interval_norms(state: dict[str, Any]) -> dict[str, Any]:
 def _carries(f: Flight) -> str:
     """What a flight's collective carries, in words, for errors."""
     what = "gradient" if f.dense else "payload"
-    return f"unit {f.unit.key}'s {what} ({len(f.unit.shapes)} tensors, {f.unit.numel} elements)"
+    n = len(f.unit.shapes)
+    return f"unit {f.unit.key}'s {what} ({n} tensor{'s' * (n != 1)}, {f.unit.numel} elements)"
 
 
 def _aliases(payload: Payload, x: Tensor) -> bool:

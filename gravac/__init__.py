@@ -1,6 +1,7 @@
 """gravac: adaptive gradient compression for distributed PyTorch training (GraVAC)."""
 
 from gravac import compressors
+from gravac.comm import CollectiveError, StepTimeoutError
 from gravac.config import GravacConfig
 from gravac.control import policies
 from gravac.gain import compression_gain
@@ -11,6 +12,7 @@ from gravac.optimizer import GravacOptimizer, broadcast_parameters
 from gravac.simulation import SimulationResult, simulate
 
 __all__ = [
+    "CollectiveError",
     "GravacConfig",
     "GravacOptimizer",
     "Memory",
@@ -18,6 +20,7 @@ __all__ = [
     "ResidualMemory",
     "SimulationResult",
     "StepRecord",
+    "StepTimeoutError",
     "TensorBoardMonitor",
     "broadcast_parameters",
     "compression_gain",

@@ -49,7 +49,8 @@ def check_agreement(
     if comm.world_size == 1:
         return
     local = torch.tensor([digest(t) for t in parts.values()], dtype=torch.int64, device=device)
-    table = torch.stack(comm.all_gather(local)).cpu()
+    gathered = comm.all_gather_async(local).named("the configuration digests").wait()
+    table = torch.stack(gathered).cpu()
     differing = {}
     for i, name in enumerate(parts):
         ranks = [r for r in range(comm.world_size) if table[r, i] != table[0, i]]

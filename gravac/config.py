@@ -9,6 +9,7 @@ share; each takes a ``config`` and accepts the same fields as keyword arguments,
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 import warnings
@@ -30,6 +31,7 @@ from gravac.memory import NoMemory
 
 __all__ = [
     "LOCAL_FIELDS",
+    "MIN_STEP_TIMEOUT",
     "NONFINITE_CHOICES",
     "SEARCH_OPTIONS",
     "GravacConfig",
@@ -40,6 +42,9 @@ __all__ = [
 
 #: what a non-finite gradient or aggregate does: skip the step on every rank, or raise
 NONFINITE_CHOICES = ("skip", "raise")
+#: the shortest step timeout, seconds: collectives' timeouts count whole milliseconds, and a
+#: zero one means none
+MIN_STEP_TIMEOUT = 1e-3
 #: fields that belong to one process (a log, a clock): not pickled with a hook state
 LOCAL_FIELDS = ("monitor", "clock")
 #: the search options, once policy options (``policy_options={"search": ...}``): that spelling
@@ -79,6 +84,22 @@ def _check_monitor(monitor: object) -> None:
         )
 
 
+def _check_step_timeout(timeout: object) -> None:
+    """``timeout`` must be ``None`` or a finite number of seconds >= :data:`MIN_STEP_TIMEOUT`."""
+    if timeout is None:
+        return
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not math.isfinite(timeout)
+        or timeout < MIN_STEP_TIMEOUT
+    ):
+        raise ValueError(
+            f"step_timeout must be None or a finite number of seconds >= {MIN_STEP_TIMEOUT:g}, "
+            f"got {timeout!r}"
+        )
+
+
 @dataclass(frozen=True)
 class GravacConfig:
     """The options of gravac's engine, checked when made: a bad value raises ``ValueError``
@@ -108,6 +129,16 @@ class GravacConfig:
             rank, or whose aggregate does, leaving parameters, residuals, controller and
             compressor state untouched (as ``GradScaler`` does); ``"raise"`` raises
             ``FloatingPointError`` on every rank.
+        step_timeout: seconds each collective gravac starts (a step's payloads and scalars,
+            the statistics some compressors agree, ``sync_buffers``' broadcast) may take from
+            its start to its completion, waiting for the other ranks included; past it the step
+            raises :class:`gravac.StepTimeoutError` naming the step and the collective, and the
+            process can exit at once (the backend fails the collective
+            :data:`gravac.comm.BACKEND_MARGIN` later). Set it above the longest a rank may lag
+            the others between two steps (evaluation or checkpointing on one rank). ``None``
+            (default): the process group's own timeout (30 minutes by default), past which the
+            step raises :class:`gravac.CollectiveError`. A rank that dies fails the others'
+            step with a :class:`gravac.CollectiveError` either way.
         monitor: a :class:`gravac.monitor.Monitor`, a ``SummaryWriter``, or a log directory;
             used on rank 0 only.
         clock: seconds for step timing (tests inject a deterministic one).
@@ -131,6 +162,7 @@ class GravacConfig:
     error_feedback: bool = True
     batch_size: int | None = None
     nonfinite: str = "skip"
+    step_timeout: float | None = None
     monitor: Any = field(default=None, compare=False)
     clock: Callable[[], float] = field(default=time.perf_counter, compare=False)
 
@@ -160,6 +192,7 @@ class GravacConfig:
         b = self.batch_size
         if b is not None and (not isinstance(b, int) or b < 1):
             raise ValueError(f"batch_size must be None or an integer >= 1, got {b!r}")
+        _check_step_timeout(self.step_timeout)
         if not isinstance(self.compressor, str) and self.compressor_options:
             raise ValueError("compressor_options go with a compressor name, not an instance")
         if not isinstance(self.policy, str) and self.policy_options:
@@ -241,7 +274,7 @@ def build_engine(
         config.make_policy(),
         config.controller_config(),
         compressor.make_memory() if config.error_feedback else NoMemory(),
-        Communicator(process_group),
+        Communicator(process_group, timeout=config.step_timeout),
         batch_size=config.batch_size,
         nonfinite=config.nonfinite,
         monitor=config.monitor,

@@ -18,11 +18,14 @@ layer to 16 bits whole, where the optimizer sends it in pieces of
 :data:`gravac.compressors.dense.CAST_BUCKET_BYTES` that pipeline the cast with the wire
 (``benchmarks/README.md``, tenth and eleventh measurements).
 
-A step ends at DDP's last bucket: the step's scalars are agreed beside the payloads, and every
-bucket's future completes once the step is committed. A step with a non-finite
-gradient on any rank cannot be skipped by a hook (the optimizer runs after it): every rank
-receives NaN gradients instead, as plain DDP's all-reduce would give, so that ``GradScaler``
-skips the step on every rank; residuals, compressor and controller stay untouched.
+A step ends at DDP's last bucket: the step's scalars are agreed beside the payloads, the last
+bucket's hook waits for everything to arrive and commits the step, and every bucket's future
+completes with it (a failed collective raises :class:`gravac.CollectiveError` from
+``backward()``, naming the step and the collective; past ``step_timeout``,
+:class:`gravac.StepTimeoutError`). A step with a non-finite gradient on any rank cannot be
+skipped by a hook (the optimizer runs after it): every rank receives NaN gradients instead, as
+plain DDP's all-reduce would give, so that ``GradScaler`` skips the step on every rank;
+residuals, compressor and controller stay untouched.
 
 DDP rebuilds its buckets once, after the first iteration: the residuals of the first buckets
 are then carried, tensor by tensor, into the new ones (nothing is lost; DGC's momenta restart).
@@ -188,32 +191,35 @@ class GravacHookState:
         sparse (``nn.Embedding(sparse=True)``) a bucket of its own, which holds that gradient.
         It travels uncompressed, outside the engine (no error feedback, not in the step's
         records or wire bytes), as DDP's own all-reduce sends it
-        (:meth:`gravac.comm.Communicator.sparse_mean_async`); the engine's step, if one is
-        open, still ends at DDP's last bucket."""
+        (:meth:`gravac.comm.Communicator.sparse_mean_async`), and is waited for here, on the
+        thread that runs the hook (:mod:`gravac.comm`); the engine's step, if one is open,
+        still ends at DDP's last bucket."""
         self.engine.join_group()
-        averaged = self.engine.comm.sparse_mean_async(bucket.buffer())
+        averaged: Future[Tensor] = Future()
+        averaged.set_result(self.engine.comm.sparse_mean_async(bucket.buffer()).wait())
         if bucket.is_last() and self._step is not None:
             assert self._done is not None
             self._close(self._step, self._done)
         return averaged
 
     def _close(self, step: Step, done: Future[Outcome]) -> None:
-        """End the step at DDP's last bucket: agree its scalars, then commit it once
-        everything has arrived (in the callback of the last collective)."""
+        """End the step at DDP's last bucket: agree its scalars, wait for everything to arrive
+        and commit it, on the thread that runs the hook (never in a callback on the process
+        group's threads: :mod:`gravac.comm`), then complete every bucket's future.
+
+        Raises:
+            gravac.CollectiveError: a collective failed (:class:`gravac.StepTimeoutError`: it
+                did not complete within the step timeout); every bucket's future fails with it.
+        """
         self._step, self._done = None, None
-        arrived = self.engine.close(step)
-
-        def commit(f: Future[Any]) -> None:
-            try:
-                f.value()  # a failed collective fails the step
-                outcome = self.engine.commit(step)
-                self.engine.finish(outcome)
-            except Exception as exc:  # every bucket's future fails with it
-                done.set_exception(exc)  # type: ignore[arg-type]  # torch's stub types it as T
-                return
-            done.set_result(outcome)
-
-        arrived.add_done_callback(commit)
+        try:
+            self.engine.close(step).wait()
+            outcome = self.engine.commit(step)
+            self.engine.finish(outcome)
+        except Exception as exc:  # every bucket's future fails with it
+            done.set_exception(exc)  # type: ignore[arg-type]  # torch's stub types it as T
+            raise
+        done.set_result(outcome)
 
     def _plan(self, params: list[Tensor], buffer: Tensor) -> _BucketPlan:
         """The units of a bucket of ``params`` (made once per bucket composition)."""

@@ -4,6 +4,7 @@ made, with keywords as sugar and ``search`` as a first-class option."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import pickle
 import warnings
 from typing import Any
@@ -42,6 +43,11 @@ def test_the_defaults_are_the_controllers() -> None:
         ({"monitor": 3}, "monitor must be None, a gravac Monitor"),
         ({"nonfinite": "ignore"}, "nonfinite must be one of ('skip', 'raise'), got 'ignore'"),
         ({"batch_size": 0}, "batch_size must be None or an integer >= 1, got 0"),
+        ({"step_timeout": 0}, "step_timeout must be None or a finite number of seconds >= 0.001"),
+        ({"step_timeout": -5.0}, "seconds >= 0.001, got -5.0"),
+        ({"step_timeout": math.inf}, "seconds >= 0.001, got inf"),
+        ({"step_timeout": True}, "seconds >= 0.001, got True"),
+        ({"step_timeout": "30"}, "seconds >= 0.001, got '30'"),
         ({"theta_min": 0.5}, "theta_min must be a finite number >= 1, got 0.5"),
         ({"theta_max": 5.0}, "theta_max must be >= theta_min (10.0), got 5.0"),
         ({"epsilon": 2}, "epsilon must be a number in [0, 1], got 2"),
@@ -54,6 +60,15 @@ def test_a_bad_option_is_named_when_the_config_is_made(options: dict[str, Any], 
     with pytest.raises(ValueError) as exc:
         GravacConfig(**options)
     assert says in str(exc.value)
+
+
+def test_both_front_ends_hand_the_step_timeout_to_their_collectives() -> None:
+    """``step_timeout`` reaches the communicator (the default: the process group's own)."""
+    assert build_engine().comm.timeout is None
+    assert build_engine(step_timeout=2.5).comm.timeout == 2.5
+    sgd = torch.optim.SGD(tiny_model().parameters(), lr=0.1)
+    assert GravacOptimizer(sgd, step_timeout=4).comm.timeout == 4
+    assert GravacHookState(None, GravacConfig(step_timeout=30.0)).engine.comm.timeout == 30.0
 
 
 def test_options_go_with_names_not_instances() -> None:

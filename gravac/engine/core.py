@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.futures import Future
 
-from gravac.comm import Communicator, collect
+from gravac.comm import Arrival, Communicator, collect
 from gravac.compressors.base import (
     Agreeing,
     Compressor,
@@ -210,7 +210,7 @@ class Engine:
                     "step(s) as a single worker; create the optimizer or hook state (or call "
                     "its first step) after init_process_group"
                 )
-            self.comm = Communicator(None)
+            self.comm = self.comm.joined()
             self.controller = self._make_controller()
         self._open_monitor()
 
@@ -487,7 +487,7 @@ class Engine:
             rotate=rotate,
         )
 
-    def _send(self, payload: Payload, *, read_later: bool = True) -> Future[Any]:
+    def _send(self, payload: Payload, *, read_later: bool = True) -> Arrival[Any]:
         """Start the compressor's collective of ``payload``; an all-reduce sums into the payload
         itself unless the residual update still reads it at commit (``read_later``, under error
         feedback)."""
@@ -562,7 +562,8 @@ class Engine:
             if stale and lagged is not None:
                 flat = lagged
         if not stale:
-            self.comm.all_reduce_([flat], op=rule.op)
+            name = f"unit {base.key}'s compressor statistics"
+            self.comm.all_reduce_([flat], op=rule.op, name=name, step=step.index)
         out, offset = [], 0
         for s in stats:
             if s is None:
@@ -575,9 +576,11 @@ class Engine:
 
     def close(
         self, step: Step, has_grad: Sequence[bool] = (), stale: bool = False, layout: int = 0
-    ) -> Future[Any]:
-        """Start agreeing the step's scalars (after the last :meth:`launch`); the future
-        completes once they and every unit's aggregate have arrived.
+    ) -> Arrival[Any]:
+        """Start agreeing the step's scalars (after the last :meth:`launch`); the arrival's
+        ``wait()`` returns once they and every unit's aggregate have arrived, or raises
+        :class:`gravac.comm.CollectiveError` (:class:`gravac.comm.StepTimeoutError` past the
+        step timeout) naming the step and the first collective that did not complete.
 
         Args:
             step: the step, every unit launched.
@@ -611,12 +614,15 @@ class Engine:
             stats=[s for _, s in step.stats],
         )
         step.scalars = self.comm.all_gather_async(row.pack(self.comm.device))
-        waits: list[Future[Any]] = [step.scalars, *(f.arrived for f in step.flights)]
+        waits: list[Arrival[Any]] = [
+            step.scalars.named("the step's scalars"),
+            *(f.arrived.named(_carries(f)) for f in step.flights),
+        ]
         if step.totals:
             payload = signal_payload(step.totals).to(self.comm.device)
             step.signal = self.comm.all_reduce_async(payload)
-            waits.append(step.signal)
-        return collect(waits)
+            waits.append(step.signal.named("the window's signal sample"))
+        return collect(waits, step.index)
 
     def _local_values(self, step: Step) -> list[float]:
         """What this rank adds to the step's scalars for the controller: with a plan's
@@ -1147,6 +1153,13 @@ def _interval_norms(state: dict[str, Any]) -> dict[str, Any]:
         return dict(state["interval_norms"])
     accordion = state.get("controller", {}).get("accordion", {})
     return {"acc": accordion.get("acc", {}), "tracked": accordion.get("tracked", [])}
+
+
+def _carries(f: Flight) -> str:
+    """What a flight's collective carries, in words, for errors."""
+    what = "gradient" if f.dense else "payload"
+    n = len(f.unit.shapes)
+    return f"unit {f.unit.key}'s {what} ({n} tensor{'s' * (n != 1)}, {f.unit.numel} elements)"
 
 
 def _aliases(payload: Payload, x: Tensor) -> bool:

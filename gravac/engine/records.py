@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 from torch.futures import Future
 
+from gravac.comm import Arrival
 from gravac.compressors.base import Context, Payload
 from gravac.control.records import Decision, Plan
 from gravac.engine.scalars import terms_size
@@ -134,7 +135,7 @@ class Piece:
     end: int
     payload: Payload
     ctx: Context
-    arrived: Future[Any]  # every rank's payload
+    arrived: Arrival[Any]  # every rank's payload
 
 
 @dataclass
@@ -144,7 +145,7 @@ class Flight:
     unit: Unit
     x: Tensor  # the error-fed gradient (the gradient itself for a dense unit)
     sent: tuple[Payload, Context] | None  # the payload sent; None: x dense, or pieces
-    arrived: Future[Any]  # the collective: the all-reduced x, or every rank's payload(s)
+    arrived: Arrival[Any]  # the collective: the all-reduced x, or every rank's payload(s)
     wire_bytes: int
     out: Tensor | None  # where the aggregate is written (None: a new tensor)
     result: Future[Tensor] = field(default_factory=Future)  # the aggregate, set at commit
@@ -214,12 +215,12 @@ class Step:
     terms: Tensor = field(default_factory=lambda: torch.zeros(terms_size(0), dtype=torch.float64))
     compress_seconds: float = 0.0
     closed_at: float | None = None
-    scalars: Future[list[Tensor]] | None = None
+    scalars: Arrival[list[Tensor]] | None = None
     flags: int = 0
     values: int = 0
     stats: list[tuple[tuple[int, ...], Tensor]] = field(default_factory=list)
     totals: list[Tensor] = field(default_factory=list)
-    signal: Future[Tensor] | None = None
+    signal: Arrival[Tensor] | None = None
     lr: float | None = None
 
 

@@ -33,6 +33,7 @@ from gravac.agreement import check_agreement, layout_text
 from gravac.buckets import (
     DEFAULT_BUCKET_BYTES,
     DEFAULT_DENSE_BYTES,
+    Bucket,
     Layout,
     Run,
     build_layout,
@@ -49,6 +50,7 @@ from gravac.compressors.base import Compressor
 from gravac.config import GravacConfig, build_engine, learning_rate
 from gravac.control.protocol import Controller
 from gravac.engine import Engine, Given, Outcome, Step, Unit, layout_check
+from gravac.kernels.buffers import is_sole
 from gravac.memory import Memory
 from gravac.monitor import Monitor, StepRecord
 
@@ -111,6 +113,13 @@ def _moved_layers(old: Layout, new: Layout) -> dict[int, int]:
 
 class GravacOptimizer(torch.optim.Optimizer):
     """Wraps ``optimizer`` and compresses its gradients across ranks with an adaptive CF.
+
+    Each bucket's gradients are views of one flat buffer (the last aggregate), which the
+    optimizer holds only through them: ``zero_grad(set_to_none=True)`` frees it before backward
+    makes fresh gradients. A fresh gradient that fills its bucket alone (a tensor bucketed or
+    split alone, whose memory no other tensor shares) becomes the buffer as it is, uncopied:
+    a reference to it kept across :meth:`step` then sees the engine's work in it (the residual),
+    as a kept view of a buffer does.
 
     Args:
         optimizer: the optimizer to wrap; its ``param_groups`` are shared (LR schedulers work).
@@ -192,8 +201,11 @@ class GravacOptimizer(torch.optim.Optimizer):
         self._units: list[Unit] = []  # the layout's units, in launch order
         self._runs: tuple[Run, ...] = ()  # the units grouped by the buffer they share
         # per run, the flat buffer its gradients are views of: the last aggregate's, which
-        # alternates with the residuals' storage (Engine.launch with Given); None: not made yet
-        self._flats: list[Tensor | None] = []
+        # alternates with the residuals' storage (Engine.launch with Given); None: not made yet.
+        # Held weakly (the tensor that owns it, _weak), through the gradients:
+        # zero_grad(set_to_none=True) frees it, so that backward's fresh gradients are not
+        # allocated beside it (one gradient more at the peak)
+        self._flats: list[weakref.ref[Tensor] | None] = []
         self._run_of: list[int] = []  # per unit, the index of its run
         self._unit_of: dict[int, list[int]] = {}  # parameter id -> indices of its units
         self._ready: list[set[int]] = []  # per unit: ids of parameters whose gradient is ready
@@ -484,7 +496,7 @@ class GravacOptimizer(torch.optim.Optimizer):
             flat = parts[0] if len(parts) == 1 else join_flat(parts)
             if flat is None:
                 flat = torch.cat(parts)
-            self._flats[i] = flat
+            self._flats[i] = _weak(flat)
             scatter_grads(run.bucket, flat)
         # A parameter without a gradient on every rank keeps grad None (torch.optim leaves it
         # alone); one that has a gradient on some rank counts as zeros on the others (as DDP).
@@ -544,11 +556,7 @@ class GravacOptimizer(torch.optim.Optimizer):
         run = self._runs[index]
         bucket = run.bucket
         self._refuse_sparse(bucket.params)
-        buf = self._flats[index]
-        if buf is None:  # made as first needed: the gradients it replaces are freed bucket by
-            # bucket, so the switch never holds a second copy of them all
-            buf = torch.empty(bucket.numel, dtype=bucket.dtype, device=bucket.params[0].device)
-            self._flats[index] = buf
+        buf = self._buffer(index)
         complete = all(p.grad is not None for p in bucket.params)
         units = self._units[run.first : run.stop]
         parts = buf.split(run.sizes) if len(units) > 1 else (buf,)
@@ -573,6 +581,23 @@ class GravacOptimizer(torch.optim.Optimizer):
             self.engine.launch(step, u, part, given, complete=complete)
         self._stamps += [(p, _stamp(p)) for p in bucket.params]
         self._next += len(units)
+
+    def _buffer(self, index: int) -> Tensor:
+        """The flat buffer run ``index``'s gradients are packed into: the last aggregate's,
+        while the gradients still hold it; else a fresh gradient that fills the run's bucket
+        alone, taken as it is (:func:`_sole_gradient`: no copy beside it); else a new one,
+        made as first needed: the gradients it replaces are freed bucket by bucket, so the
+        switch never holds a second copy of them all."""
+        bucket = self._runs[index].bucket
+        ref = self._flats[index]
+        held = None if ref is None else ref()
+        if held is not None and held.is_contiguous() and held.numel() == bucket.numel:
+            return held.view(-1)
+        buf = _sole_gradient(bucket)
+        if buf is None:
+            buf = torch.empty(bucket.numel, dtype=bucket.dtype, device=bucket.params[0].device)
+        self._flats[index] = _weak(buf)
+        return buf
 
     def _begin(self) -> Step:
         """Start a step: join the group, check the layout, plan and decide."""
@@ -769,6 +794,35 @@ class GravacOptimizer(torch.optim.Optimizer):
 def _stamp(p: Tensor) -> tuple[int, int] | None:
     """The identity and in-place version of ``p.grad`` (``None`` without one)."""
     return None if p.grad is None else (id(p.grad), p.grad._version)
+
+
+def _weak(flat: Tensor) -> weakref.ref[Tensor]:
+    """A weak reference to the tensor that owns ``flat``'s memory: ``flat``, or the tensor it is
+    a view of (a view's own object goes as soon as nobody holds it; its base lives as long as
+    any view of it does, the gradients made of it included)."""
+    return weakref.ref(flat if flat._base is None else flat._base)
+
+
+def _sole_gradient(bucket: Bucket) -> Tensor | None:
+    """The gradient of ``bucket``'s one parameter, flat, where the optimizer may take it as the
+    bucket's buffer (:meth:`GravacOptimizer._buffer`): a fresh dense gradient (after
+    ``zero_grad(set_to_none=True)``, or the first backward) of the bucket's dtype, contiguous,
+    outside autograd, that alone spans its storage, which no other tensor shares
+    (:func:`gravac.kernels.buffers.is_sole`): nobody else sees the engine's work in it.
+    ``None``: it must be copied into a buffer of the optimizer's."""
+    if len(bucket.params) != 1:
+        return None
+    g = bucket.params[0].grad
+    if (
+        g is None
+        or g.layout != torch.strided
+        or g.dtype != bucket.dtype
+        or g.requires_grad
+        or not g.is_contiguous()
+        or not is_sole(g)
+    ):
+        return None
+    return g.view(-1)
 
 
 def _params(layout: Layout, unit: Unit) -> tuple[Tensor, ...]:

@@ -3,6 +3,8 @@ larger than a bucket split across buckets (build_layout, join_flat)."""
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import nn
 
@@ -113,9 +115,53 @@ def test_after_a_step_the_gradients_are_the_aggregate_in_the_buffers() -> None:
     model = tiny_model()
     opt = GravacOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), compressor="topk")
     train_step(model, opt, 0, 0)
-    flats = opt._flats
+    flats = [None if ref is None else ref() for ref in opt._flats]  # held weakly
     for p in model.parameters():
         assert p.grad is not None and any(f is not None and _shares(p.grad, f) for f in flats)
+
+
+def test_zero_grad_set_to_none_frees_the_gradient_buffers() -> None:
+    """The optimizer holds its gradient buffers (the last aggregates) only through the
+    gradients: once ``zero_grad(set_to_none=True)`` drops those, the buffers are freed before
+    backward makes fresh gradients (held, each was one gradient more at the peak: issue 33
+    item 10)."""
+    model = tiny_model()
+    opt = GravacOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), compressor="topk")
+    for step in range(2):
+        train_step(model, opt, 0, step)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    owners = [weakref.ref(g if g._base is None else g._base) for g in grads]
+    del grads
+    assert owners and all(owner() is not None for owner in owners)
+    opt.zero_grad(set_to_none=True)
+    assert [owner() for owner in owners] == [None] * len(owners)
+
+
+def test_a_fresh_gradient_alone_in_its_bucket_becomes_the_buffer() -> None:
+    """A fresh gradient (the first backward's, or after ``zero_grad(set_to_none=True)``) that
+    fills its bucket alone is not copied into a buffer of the optimizer's: ``x = g + e`` is
+    formed in it, and it becomes the residual. One whose memory another tensor shares (a view
+    kept elsewhere) is copied, and left as it was."""
+    lin = nn.Linear(64, 48, bias=False)
+    fresh: list[int] = []  # where each backward's gradient is, before the optimizer's hook
+    lin.weight.register_post_accumulate_grad_hook(lambda p: fresh.append(p.grad.data_ptr()))
+    sgd = torch.optim.SGD(lin.parameters(), lr=0.1)
+    opt = GravacOptimizer(sgd, compressor="topk", policy="fixed", policy_options={"cf": 10})
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 64, generator=gen)
+    for _ in range(2):
+        opt.zero_grad(set_to_none=True)
+        lin(x).square().mean().backward()  # launched by the optimizer's hook
+        opt.step()
+        residual = opt.memory.residual(0)
+        assert residual is not None and residual.data_ptr() == fresh[-1]
+    opt.zero_grad(set_to_none=True)
+    g = lin.weight.grad = torch.randn(48, 64, generator=gen)  # launched by step()
+    kept, before = g.view(-1), g.clone()
+    opt.step()
+    residual = opt.memory.residual(0)
+    assert residual is not None and residual.data_ptr() != g.data_ptr()
+    assert torch.equal(g, before) and kept.data_ptr() == g.data_ptr()
 
 
 def test_a_tensor_larger_than_a_bucket_is_split_by_rows_into_buckets_of_its_own() -> None:

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["SIGNAL_STRIDE", "signal_fraction", "signal_gain", "signal_payload"]
+__all__ = ["SIGNAL_STRIDE", "signal_fraction", "signal_gain", "signal_payload", "signal_sample"]
 
 #: every SIGNAL_STRIDE-th element of the window's sample (itself 1/16 of the gradient) is
 #: summed over ranks: 1/64 of the gradient once a window, 330 KB on the VGG-style CNN (27 ms
@@ -46,11 +46,18 @@ __all__ = ["SIGNAL_STRIDE", "signal_fraction", "signal_gain", "signal_payload"]
 SIGNAL_STRIDE = 4
 
 
-def signal_payload(totals: Sequence[Tensor]) -> Tensor:
-    """What one rank adds to the all-reduce, float32: every :data:`SIGNAL_STRIDE`-th element
-    of each of its window's sampled ``X`` (``totals``, flat), then their energy ``||x||^2``
-    (summed in float64: the share is a difference of two such energies)."""
-    x = torch.cat([t.reshape(-1)[::SIGNAL_STRIDE].float() for t in totals])
+def signal_sample(total: Tensor) -> Tensor:
+    """The elements of one tensor's sampled window sum ``X`` (``total``, flat) that one rank
+    adds to the all-reduce: every :data:`SIGNAL_STRIDE`-th, float32, in a tensor of their own
+    (held until the window's all-reduce: a quarter of ``X``)."""
+    return total.reshape(-1)[::SIGNAL_STRIDE].float().contiguous()
+
+
+def signal_payload(samples: Sequence[Tensor]) -> Tensor:
+    """What one rank adds to the all-reduce, float32: the :func:`signal_sample` of each of its
+    window's sampled ``X``, then their energy ``||x||^2`` (summed in float64: the share is a
+    difference of two such energies)."""
+    x = torch.cat(list(samples))
     energy = x.double() @ x.double()
     return torch.cat([x, energy.float().reshape(1)])
 

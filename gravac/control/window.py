@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
@@ -45,6 +46,7 @@ __all__ = [
     "PROGRESS_MEASURES",
     "WINDOW_BLOCK",
     "WINDOW_STRIDE",
+    "SampledSend",
     "WindowSums",
     "predicted_progress",
     "rekeyed",
@@ -65,6 +67,10 @@ WINDOW_STRIDE = 16
 WINDOW_BLOCK = 16
 #: version of the sampling in a saved :class:`WindowSums` (sums sampled otherwise are dropped)
 _SAMPLING = 2
+#: a unit's sampled send (:class:`SampledSend`) is held as its entries other than +0.0 and
+#: their positions where at most this fraction of its entries are such (a sparsifier's send:
+#: 1/CF of them): 8 bytes an entry against 4 whole, so at most half the memory
+_SPARSE_FRACTION = 0.25
 #: how a window gain predicts the progress per step (:func:`predicted_progress`): the gain
 #: itself (the default, as the GraVAC paper's compression throughput multiplies by it) or its
 #: square root (see the module docstring)
@@ -140,6 +146,25 @@ def _split(flat: Tensor, numels: Sequence[int]) -> list[Tensor]:
     return list(flat.reshape(-1).split(list(numels)))
 
 
+@dataclass(frozen=True)
+class SampledSend:
+    """What a unit sent at one step, sampled: ``x - e`` over its tensors' samples, flat, in
+    float32 (:meth:`WindowSums.sampled_send`), held from the unit's launch to the step's
+    commit. Whole (``positions`` is ``None``), or, where few of its entries are other than
+    +0.0 (a sparsifier's send), those entries (``values``) and their positions (int32), bit
+    for bit the same tensor once :meth:`dense`."""
+
+    values: Tensor
+    positions: Tensor | None
+    size: int
+
+    def dense(self) -> Tensor:
+        """The send, whole."""
+        if self.positions is None:
+            return self.values
+        return self.values.new_zeros(self.size).index_put_((self.positions,), self.values)
+
+
 class WindowSums:
     """What each compressed tensor sent over the current window, sampled (see the module
     docstring), by layer id; and over the windows before it that the gain's horizon spans
@@ -152,13 +177,13 @@ class WindowSums:
         # samples the unit: a model of many small tensors pays no pass per tensor)
         self._index: dict[tuple[tuple[int, ...], torch.device], Tensor] = {}
 
-    def _sampled(self, flat: Tensor, numels: Sequence[int]) -> list[Tensor]:
-        """Each tensor's :func:`sample` of a unit's ``flat`` tensor (new tensors), in order."""
+    def _sampled(self, flat: Tensor, numels: Sequence[int]) -> Tensor:
+        """Each tensor's :func:`sample` of a unit's ``flat`` tensor, in order, end to end in a
+        new flat tensor."""
         key = (tuple(numels), flat.device)
         if key not in self._index:
             self._index[key] = sample_index(numels, WINDOW_STRIDE, flat.device)
-        sizes = [sample_size(n) for n in numels]
-        return list(flat.reshape(-1).index_select(0, self._index[key]).split(sizes))
+        return flat.reshape(-1).index_select(0, self._index[key])
 
     def terms(
         self,
@@ -185,25 +210,55 @@ class WindowSums:
                 totals.append(s + es)
         return total
 
-    def taken(self, x: Tensor, numels: Sequence[int]) -> list[Tensor]:
-        """The sampled elements of a unit's error-fed gradient ``x``, per tensor (copies: the
-        residual update may consume ``x``)."""
+    def taken(self, x: Tensor, numels: Sequence[int]) -> Tensor:
+        """The sampled elements of a unit's error-fed gradient ``x``, its tensors' end to end
+        (a copy: the residual update may consume ``x``)."""
         return self._sampled(x, numels)
+
+    def _send(self, taken: Tensor, residual: Tensor | None, numels: Sequence[int]) -> Tensor:
+        """``x - e`` over the sample, in float32 (``e``: zero where ``residual`` is ``None``)."""
+        return (taken if residual is None else taken - self._sampled(residual, numels)).float()
+
+    def sampled_send(
+        self, taken: Tensor, residual: Tensor | None, numels: Sequence[int]
+    ) -> SampledSend:
+        """What a unit sends, sampled, once its new residual is known: for a front end that
+        settles the residual at launch (:meth:`gravac.memory.Memory.settle`), so that only this
+        is held until the step commits (:meth:`add_send`), not ``taken``; for a sparsifier a
+        fraction of its size. Whole on a CUDA device (counting the entries would wait for it)."""
+        send = self._send(taken, residual, numels)
+        if send.device.type != "cpu":
+            return SampledSend(send, None, send.numel())
+        kept = send.view(torch.int32) != 0  # +0.0 is the one float32 with no bit set
+        if int(kept.sum()) > _SPARSE_FRACTION * send.numel():
+            return SampledSend(send, None, send.numel())
+        positions = kept.nonzero().view(-1)
+        values = send.index_select(0, positions)
+        narrow = send.numel() <= torch.iinfo(torch.int32).max
+        return SampledSend(values, positions.to(torch.int32) if narrow else positions, send.numel())
 
     def add(
         self,
         layers: Sequence[int],
         numels: Sequence[int],
-        taken: Sequence[Tensor],
+        taken: Tensor,
         residual: Tensor | None,
     ) -> None:
         """Add what a committed step sent, ``x - e`` (``taken`` from :meth:`taken`, ``e`` the
         unit's new residual; ``None``: zero, after a dense send)."""
-        parts = [None] * len(taken) if residual is None else self._sampled(residual, numels)
-        for layer, xs, e in zip(layers, taken, parts, strict=True):
-            sent = (xs if e is None else xs - e).float()
+        self._accumulate(layers, numels, self._send(taken, residual, numels))
+
+    def add_send(self, layers: Sequence[int], numels: Sequence[int], send: SampledSend) -> None:
+        """Add what a committed step sent, from :meth:`sampled_send`: the same sums as
+        :meth:`add`."""
+        self._accumulate(layers, numels, send.dense())
+
+    def _accumulate(self, layers: Sequence[int], numels: Sequence[int], send: Tensor) -> None:
+        """Add each tensor's part of a unit's sampled ``send`` to its sum."""
+        parts = send.split([sample_size(n) for n in numels])
+        for layer, part in zip(layers, parts, strict=True):
             old = self.sent.get(layer)
-            self.sent[layer] = sent if old is None else old.add_(sent)
+            self.sent[layer] = part if old is None else old.add_(part)
 
     def relayer(self, layers: Mapping[int, int]) -> None:
         """The layout changed: each sum kept moves to its tensor's new layer id (``layers``:

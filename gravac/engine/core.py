@@ -30,7 +30,7 @@ from gravac.compressors.base import (
     wire_bytes,
 )
 from gravac.control.factory import make_controller
-from gravac.control.noise import signal_fraction, signal_payload
+from gravac.control.noise import signal_fraction, signal_payload, signal_sample
 from gravac.control.norms import IntervalNorms
 from gravac.control.options import ControllerConfig
 from gravac.control.policies.base import ScalingPolicy
@@ -449,8 +449,9 @@ class Engine:
             if carry is not None:
                 e = carry if e is None else e + carry
         if plan.window_terms and self._windowed:
-            totals = step.totals if plan.signal else None
+            totals: list[Tensor] | None = [] if plan.signal else None
             window = self.windows.terms(unit.layer_ids, unit.numels, e, totals).to(x.device)
+            step.totals += [signal_sample(t) for t in totals or ()]  # held until close()
             shadows = self.shadows.terms(plan.shadows, unit.layer_ids, unit.numels)
         else:
             window = torch.zeros(3, dtype=torch.float64, device=x.device)
@@ -469,6 +470,10 @@ class Engine:
         residual = None
         if early and not _aliases(payload, x):
             residual = self.memory.settle(unit.key, x, c, payload, ctx)
+        window_send = None
+        if taken is not None and residual is not None:  # what was sent is known: held instead
+            window_send = self.windows.sampled_send(taken, residual, unit.numels)
+            taken = None
         gathered = self._send(payload, read_later=residual is None)
         nbytes = wire_bytes(payload)
         if in_flat and residual is None:  # x, in flat, is read at commit: the aggregate goes
@@ -483,6 +488,7 @@ class Engine:
             out,
             residual=residual,
             taken=taken,
+            window_send=window_send,
             shadow=shadow,
             rotate=rotate,
         )
@@ -898,6 +904,10 @@ class Engine:
         (:meth:`_sums`)"""
         if not self._sums(plan):
             self._update_memory(f, present)
+            return
+        if f.window_send is not None:  # the residual settled at launch, and the send sampled
+            self._update_memory(f, present)
+            self.windows.add_send(f.unit.layer_ids, f.unit.numels, f.window_send)
             return
         taken = f.taken if f.taken is not None else self.windows.taken(f.x, f.unit.numels)
         self._update_memory(f, present)

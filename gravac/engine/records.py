@@ -14,6 +14,7 @@ from torch.futures import Future
 from gravac.comm import Arrival
 from gravac.compressors.base import Context, Payload
 from gravac.control.records import Decision, Plan
+from gravac.control.window import SampledSend
 from gravac.engine.scalars import terms_size
 from gravac.monitor import StepRecord
 from gravac.spans import Place
@@ -152,7 +153,10 @@ class Flight:
     pieces: tuple[Piece, ...] = ()  # per-layer CFs: what each piece sent
     # the new residual, settled at launch in x's storage (Memory.settle; None: made at commit)
     residual: Tensor | None = None
-    taken: list[Tensor] | None = None  # the window's sample of x, taken before settling
+    taken: Tensor | None = None  # the window's sample of x, taken before settling
+    # what x sent, sampled for the window, once the residual was settled at launch (held in
+    # place of taken: a sparsifier's is mostly zero, and kept compact)
+    window_send: SampledSend | None = None
     shadow: Tensor | None = None  # the sampled gradient, for the plan's shadow CFs
     # x is in the front end's buffer and becomes the residual: the aggregate goes into the old
     # residual's storage at commit (out, still x's, receives a skipped step's NaN)
@@ -200,7 +204,8 @@ class Step:
         stats: each unit's (or piece's) layers and local compressor statistics, to agree with
             the scalars for the next step (compressors whose statistics may lag).
         totals: each compressed tensor's sampled window sum ``X`` (a plan with ``signal``, at
-            the step that closes a window), summed over ranks at :meth:`Engine.close`.
+            the step that closes a window), as much of it as is summed over ranks at
+            :meth:`Engine.close` (:func:`gravac.control.noise.signal_sample`).
         signal: that sum (set by :meth:`Engine.close`).
         lr: the wrapped optimizer's learning rate at the step (``None``: unknown).
     """

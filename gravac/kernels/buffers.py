@@ -15,10 +15,12 @@ buffer that an asynchronous kernel on another stream still reads has no referenc
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
-__all__ = ["POOL_DEPTH", "BufferPool"]
+__all__ = ["POOL_DEPTH", "BufferPool", "is_sole"]
 
 #: Buffers tracked per (tag, dtype, device, numel), the most recently allocated: a step holds at
 #: most two payloads of a bucket at once (the one at theta_min and the candidate's). When all are
@@ -37,6 +39,25 @@ def _uses(storage: torch.UntypedStorage) -> int:
     object (torch keeps one per storage, which the pool holds so that the count is stable)."""
     assert _USE_COUNT is not None
     return int(_USE_COUNT(storage._cdata))
+
+
+@functools.cache
+def _sole_uses() -> int:
+    """The use count of a storage that one tensor refers to (and its Python object, which
+    :func:`is_sole` holds while it counts)."""
+    probe = torch.empty(1)
+    return _uses(probe.untyped_storage())
+
+
+def is_sole(t: Tensor) -> bool:
+    """Whether ``t`` is the only tensor on its storage (no view, other tensor or NumPy array
+    shares it) and spans all of it: a caller may then take the storage over and write into it
+    without anyone else seeing. ``False`` where the torch release lacks the use count."""
+    if _USE_COUNT is None:
+        return False
+    storage = t.untyped_storage()
+    whole = t.storage_offset() == 0 and storage.nbytes() == t.numel() * t.element_size()
+    return whole and _uses(storage) == _sole_uses()
 
 
 class BufferPool:

@@ -204,6 +204,9 @@ def _run_memory(args: argparse.Namespace) -> int:
         threads=args.threads,
         width=args.width,
         front=args.front,
+        policy=args.policy,
+        cf=args.cf,
+        set_to_none=args.set_to_none,
     )
     if args.json:
         print(json.dumps([r.to_json() for r in results], indent=2, allow_nan=False))
@@ -349,9 +352,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description=(
             "For each compressor, in a fresh process: a stack of Linear(W, W) layers (W = "
             "--width) of about --params float32 parameters trains with plain SGD, then with "
-            "GravacOptimizer around it (one worker, CF 10 with a search candidate from the "
-            "first step); the peak resident memory of backward() + step() above plain SGD's "
-            "steady state, less plain SGD's own peak, in MiB and in gradients (target <= 2)."
+            "GravacOptimizer around it (one worker; by default CF 10 with a search candidate "
+            "from the first step, see --policy); the peak resident memory of backward() + "
+            "step() above plain SGD's steady state, less plain SGD's own peak, in MiB and in "
+            "gradients (target <= 2)."
         ),
     )
     mem.add_argument(
@@ -381,6 +385,25 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         type=_positive_int("--steps"),
         default=memory_bench.DEFAULT_STEPS,
         help=f"steps of each optimizer (default {memory_bench.DEFAULT_STEPS})",
+    )
+    mem.add_argument(
+        "--policy",
+        choices=memory_bench.POLICIES,
+        default="candidate",
+        help="what the optimizer sends: CF 10 with a candidate at every step (default), a "
+        "static CF (--cf), or the defaults (the adaptive search)",
+    )
+    mem.add_argument(
+        "--cf",
+        type=_cf("--cf"),
+        default=memory_bench.FIXED_CF,
+        help=f"the static CF of --policy fixed (default {memory_bench.FIXED_CF:g})",
+    )
+    mem.add_argument(
+        "--set-to-none",
+        action="store_true",
+        help="zero_grad(set_to_none=True) between steps (torch's default: each backward makes "
+        "fresh gradients); without it the gradients are zeroed in place",
     )
     _add_selection(mem)
     mem.set_defaults(func=_run_memory)

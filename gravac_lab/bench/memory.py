@@ -4,13 +4,16 @@ For each compressor, in a fresh process (so that no allocator state of another c
 remains): a stack of ``Linear(width, width, bias=False)`` layers holding about ``--params``
 float32 parameters is trained for a few steps with plain SGD, then with :class:`GravacOptimizer`
 around the same SGD (single worker, no process group: the compression, error feedback and gain
-terms all run; the collectives are the identity). The peak resident set size (Linux ``VmHWM``,
+terms all run; the collectives are the identity), under one of :data:`POLICIES`. The gradients
+are zeroed in place between steps, or set to ``None`` (``set_to_none``, ``zero_grad()``'s
+default: each backward then makes fresh gradients). The peak resident set size (Linux ``VmHWM``,
 reset through ``/proc/self/clear_refs``) of ``backward()`` and ``step()`` together, above the
 resident size of plain SGD's steady state and less plain SGD's own peak above it (activations,
 autograd's temporaries), is the compressor's extra peak memory, in MiB and as a multiple of the
 gradient's bytes (issue 9's target: at most 2, the residual plus one work buffer). Two figures:
 over the first steps (the switch from plain SGD: gradients moved into bucket buffers, residuals
-and reused buffers made) and over the steps after them (the steady state). ``front="hook"``
+and reused buffers made) and over the steps after them (the steady state); and the resident
+memory gravac holds between steps (the residuals, the search's state). ``front="hook"``
 measures the DDP comm hook instead: a one-process gloo group, plain DDP first, then a new
 ``DistributedDataParallel`` of the same model with the hook (DDP takes a hook only before its
 first backward), against plain DDP's steady state and peak.
@@ -46,7 +49,9 @@ from gravac_lab.bench.common import ELEMENT_BYTES, bench_each, format_table, jso
 __all__ = [
     "DEFAULT_PARAMS",
     "DEFAULT_STEPS",
+    "FIXED_CF",
     "FRONTS",
+    "POLICIES",
     "MemoryResult",
     "bench_memory",
     "format_memory_table",
@@ -67,6 +72,13 @@ WIDTH = 2048
 BATCH = 8
 #: The CF every compressor is asked for (GraVAC's theta_min, docs/design.md section 9.1).
 CF = 10.0
+#: What GravacOptimizer runs: Algorithm 1 from ``CF`` with a candidate at every step and
+#: ``epsilon`` 0, so that every step sends a compressed payload and a candidate (the default);
+#: a static CF (``cf``); or :class:`gravac.GravacConfig`'s defaults (the adaptive search: the
+#: exponential ladder judged by shadow), as a user who names only the compressor runs it.
+POLICIES = ("candidate", "fixed", "default")
+#: The static CF of ``policy="fixed"`` unless another is given.
+FIXED_CF = 100.0
 _KIB = 1024
 _MMAP_ENV = "MALLOC_MMAP_THRESHOLD_"
 _MIB = 2**20
@@ -83,12 +95,17 @@ class MemoryResult:
     params: int
     width: int  # the layers are width x width
     front: str  # one of FRONTS
+    policy: str  # one of POLICIES
+    cf: float  # the static CF of policy "fixed", else CF (the lowest sent)
+    set_to_none: bool  # gradients set to None between steps, not zeroed in place
     gradient_bytes: int
     sgd_peak_bytes: int  # plain SGD's (or plain DDP's) peak above its steady state
     first_bytes: int  # gravac's peak over its first steps, above SGD's steady state and peak
     steady_bytes: int  # the same over the steps after them
     first_ratio: float  # first_bytes / gradient_bytes
     ratio: float  # steady_bytes / gradient_bytes
+    held_bytes: int  # what gravac keeps resident between steps, above SGD's steady state
+    held_ratio: float  # held_bytes / gradient_bytes
 
     def to_json(self) -> dict[str, Any]:
         return json_row(self)
@@ -124,19 +141,50 @@ def _model(params: int, width: int) -> nn.Module:
     return nn.Sequential(*(nn.Linear(width, width, bias=False) for _ in range(layers)))
 
 
-def _steps(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, steps: int) -> None:
+def _steps(
+    model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, steps: int, set_to_none: bool
+) -> None:
     for _ in range(steps):
-        opt.zero_grad(set_to_none=False)
+        opt.zero_grad(set_to_none=set_to_none)
         model(x).square().mean().backward()
         opt.step()
 
 
-def _measure(
-    name: str, params: int, steps: int, threads: int, width: int, front: str, folder: str
-) -> MemoryResult:
+def _options(policy: str, cf: float) -> dict[str, Any]:
+    """The :class:`gravac.GravacConfig` fields of ``policy`` (:data:`POLICIES`)."""
+    if policy == "fixed":
+        return {"policy": "fixed", "policy_options": {"cf": cf}}
+    if policy == "default":
+        return {}
+    return {
+        "theta_min": CF,
+        "warmup_steps": 0,
+        "window": 1,
+        "epsilon": 0.0,  # every gain is enough: compressed sends, never a dense fallback
+        "search": "paper",  # a candidate compressed at every step
+    }
+
+
+@dataclass(frozen=True)
+class _Setting:
+    """What one measurement runs (the arguments of :func:`bench_memory`, but the names)."""
+
+    params: int
+    steps: int
+    threads: int
+    width: int
+    front: str
+    policy: str
+    cf: float
+    set_to_none: bool
+
+
+def _measure(name: str, setting: _Setting, folder: str) -> MemoryResult:
     """The row of ``name``, measured in this (fresh) process: through the optimizer, or
     through the DDP hook on a one-process gloo group (against plain DDP) whose rendezvous file
     goes in ``folder``."""
+    params, steps, width, front = setting.params, setting.steps, setting.width, setting.front
+    threads, set_to_none = setting.threads, setting.set_to_none
     torch.set_num_threads(threads)
     model = _model(params, width)
     x = torch.randn(BATCH, width)
@@ -146,17 +194,10 @@ def _measure(
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     # plain SGD (or DDP) until its gradients and buckets are allocated: the steady state
     net = DistributedDataParallel(model) if front == "hook" else model
-    _steps(net, sgd, x, steps)
-    sgd_peak = peak_rss_above(_steps, net, sgd, x, steps)
+    _steps(net, sgd, x, steps, set_to_none)
+    sgd_peak = peak_rss_above(_steps, net, sgd, x, steps, set_to_none)
     base = _status_kib("VmRSS") * _KIB
-    options: dict[str, Any] = {
-        "compressor": name,
-        "theta_min": CF,
-        "warmup_steps": 0,
-        "window": 1,
-        "epsilon": 0.0,  # every gain is enough: compressed sends, never a dense fallback
-        "search": "paper",  # a candidate compressed at every step
-    }
+    options = {"compressor": name, **_options(setting.policy, setting.cf)}
     opt: torch.optim.Optimizer = sgd
     if front == "hook":  # a new DDP (a hook goes in before the first backward) for the old
         del net
@@ -165,23 +206,29 @@ def _measure(
         net.register_comm_hook(GravacHookState(**options), gravac_hook)
     else:
         opt = GravacOptimizer(sgd, dense_bytes=0, **options)
-    first = peak_rss_above(_steps, net, opt, x, steps)
+    first = peak_rss_above(_steps, net, opt, x, steps, set_to_none)
     held = _status_kib("VmRSS") * _KIB - base  # what gravac keeps between steps
-    steady = held + peak_rss_above(_steps, net, opt, x, steps)
+    steady = held + peak_rss_above(_steps, net, opt, x, steps, set_to_none)
     n = sum(p.numel() for p in model.parameters())
     grad_bytes = n * ELEMENT_BYTES
     first, steady = max(0, first - sgd_peak), max(0, steady - sgd_peak)
+    held = max(0, held)
     return MemoryResult(
         name,
         n,
         width,
         front,
+        setting.policy,
+        setting.cf if setting.policy == "fixed" else CF,
+        set_to_none,
         grad_bytes,
         sgd_peak,
         first,
         steady,
         first / grad_bytes,
         steady / grad_bytes,
+        held,
+        held / grad_bytes,
     )
 
 
@@ -198,17 +245,25 @@ def bench_memory(
     threads: int | None = None,
     width: int = WIDTH,
     front: str = "optimizer",
+    policy: str = "candidate",
+    cf: float = FIXED_CF,
+    set_to_none: bool = False,
 ) -> list[MemoryResult]:
     """Measure each compressor (``None``: every registered one) in its own fresh process, on
-    layers of ``width x width`` parameters, through ``front`` (:data:`FRONTS`).
+    layers of ``width x width`` parameters, through ``front`` (:data:`FRONTS`), under
+    ``policy`` (:data:`POLICIES`; ``cf``: the static CF of ``"fixed"``), the gradients set to
+    ``None`` between steps (``set_to_none``) or zeroed in place.
 
     Raises:
-        ValueError: ``front`` is not one of :data:`FRONTS`.
+        ValueError: ``front`` is not one of :data:`FRONTS`, or ``policy`` of :data:`POLICIES`.
     """
     if front not in FRONTS:
         raise ValueError(f"front must be one of {list(FRONTS)}, got {front!r}")
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {list(POLICIES)}, got {policy!r}")
     ctx = multiprocessing.get_context("spawn")
     t = threads if threads is not None else torch.get_num_threads()
+    setting = _Setting(params, steps, t, width, front, policy, cf, set_to_none)
 
     def one(name: str) -> MemoryResult:
         before = os.environ.get(_MMAP_ENV)
@@ -218,7 +273,7 @@ def bench_memory(
                 tempfile.TemporaryDirectory(prefix="gravac-bench-memory-") as folder,
                 ctx.Pool(1) as pool,
             ):
-                return pool.apply(_measure, (name, params, steps, t, width, front, folder))
+                return pool.apply(_measure, (name, setting, folder))
         finally:
             if before is None:
                 del os.environ[_MMAP_ENV]
@@ -236,16 +291,25 @@ def format_memory_table(results: Sequence[MemoryResult]) -> str:
     layers = max(1, round(r0.params / (r0.width * r0.width)))
     plain = "plain DDP" if r0.front == "hook" else "plain SGD"
     how = "the DDP comm hook" if r0.front == "hook" else "GravacOptimizer"
+    zeroed = "set to None" if r0.set_to_none else "zeroed in place"
     header = [
         f"gravac bench memory: {r0.params:,} float32 parameters ({layers} x Linear({r0.width}, "
-        f"{r0.width})), gradient {r0.gradient_bytes / _MIB:.0f} MiB, CF {CF:g} with a candidate "
-        f"from the first step, one worker, through {how}",
+        f"{r0.width})), gradient {r0.gradient_bytes / _MIB:.0f} MiB, {_policy_text(r0)}, one "
+        f"worker, through {how}, gradients {zeroed} between steps",
         f"  extra = peak resident memory of backward() + step() above {plain}'s steady state,"
         f" less {plain}'s own peak, over the first steps and over the steps after them"
-        " (steady); ratio = extra / gradient bytes (target <= 2)",
+        " (steady); ratio = extra / gradient bytes (target <= 2); held = resident memory"
+        f" between steps (after the first steps) above {plain}'s steady state",
         f"  {plain}'s own peak: {r0.sgd_peak_bytes / _MIB:.0f} MiB",
     ]
-    headers = ["compressor", "first MiB", "first ratio", "steady MiB", "steady ratio"]
+    headers = [
+        "compressor",
+        "first MiB",
+        "first ratio",
+        "steady MiB",
+        "steady ratio",
+        "held ratio",
+    ]
     rows = [
         [
             r.name,
@@ -253,10 +317,20 @@ def format_memory_table(results: Sequence[MemoryResult]) -> str:
             _ratio(r.first_ratio),
             f"{r.steady_bytes / _MIB:.0f}",
             _ratio(r.ratio),
+            _ratio(r.held_ratio),
         ]
         for r in results
     ]
     return "\n".join([*header, "", format_table(headers, rows)])
+
+
+def _policy_text(row: MemoryResult) -> str:
+    """What ``row``'s optimizer sent, in words."""
+    if row.policy == "fixed":
+        return f"static CF {row.cf:g}"
+    if row.policy == "default":
+        return "the default adaptive search"
+    return f"CF {row.cf:g} with a candidate from the first step"
 
 
 def _ratio(ratio: float) -> str:

@@ -9,17 +9,23 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gravac.control.noise import SIGNAL_STRIDE, signal_fraction, signal_gain, signal_payload
+from gravac.control.noise import (
+    SIGNAL_STRIDE,
+    signal_fraction,
+    signal_gain,
+    signal_payload,
+    signal_sample,
+)
 
 
 def summed(xs: list[torch.Tensor]) -> torch.Tensor:
     """What the all-reduce of every rank's payload gives."""
-    return torch.stack([signal_payload([x]) for x in xs]).sum(dim=0)
+    return torch.stack([signal_payload([signal_sample(x)]) for x in xs]).sum(dim=0)
 
 
 def test_the_payload_is_every_strided_element_then_its_energy() -> None:
     a, b = torch.arange(10.0), torch.arange(7.0)
-    got = signal_payload([a, b])
+    got = signal_payload([signal_sample(a), signal_sample(b)])
     x = torch.cat([a[::SIGNAL_STRIDE], b[::SIGNAL_STRIDE]])
     assert torch.equal(got[:-1], x)
     assert got[-1] == pytest.approx(float(x @ x), rel=1e-6) and got.dtype == torch.float32

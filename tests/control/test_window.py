@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from gravac.control.window import WindowSums, sample, window_terms
+from gravac.control.window import WindowSums, sample, sample_size, window_terms
 
 
 def test_the_sums_of_the_windows_a_horizon_keeps_add_up_in_the_terms() -> None:
@@ -66,3 +66,27 @@ def test_the_terms_hand_out_what_each_tensor_had_to_send_over_the_horizon() -> N
     assert len(totals) == 2
     for t, w in zip(totals, want, strict=True):
         assert torch.allclose(t, w, atol=1e-5)
+
+
+def test_a_sparse_send_is_held_compact_and_adds_up_bit_for_bit() -> None:
+    """What a sparsifier sent, ``x - e`` (mostly +0.0), is held from launch to commit as its
+    other entries and their positions, a fraction of the sample; added, it gives the sums that
+    ``add`` gives, bit for bit (-0.0 and NaN included). A dense send is held whole."""
+    gen = torch.Generator().manual_seed(6)
+    layers, numels = (4, 5), (4096, 1000)
+    x = torch.randn(5096, generator=gen)
+    x[0], x[1] = -0.0, float("nan")  # sent as they are: x - 0
+    sent = torch.cat([torch.arange(3), torch.randperm(5096, generator=gen)[:200]])
+    e = x.clone().index_fill_(0, sent, 0.0)  # what Top-k leaves
+    held, plain = WindowSums(), WindowSums()
+    for _ in range(2):
+        send = held.sampled_send(held.taken(x, numels), e, numels)
+        assert send.positions is not None and send.size == sum(map(sample_size, numels))
+        assert 3 <= send.values.numel() < send.size // 8
+        held.add_send(layers, numels, send)
+        plain.add(layers, numels, plain.taken(x, numels), e)
+    for layer in layers:
+        got, want = held.sent[layer], plain.sent[layer]
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    dense = held.sampled_send(held.taken(x, numels), 0.5 * x, numels)
+    assert dense.positions is None and dense.values.numel() == dense.size

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from gravac.kernels.buffers import POOL_DEPTH, BufferPool
+from gravac.kernels.buffers import POOL_DEPTH, BufferPool, is_sole
 
 CPU = torch.device("cpu")
 
@@ -50,3 +50,21 @@ def test_keys_are_apart_and_at_most_depth_buffers_are_tracked() -> None:
     # the oldest two were dropped from the pool when the last two were allocated
     again = {pool.empty(64, torch.float32, CPU, "d").data_ptr() for _ in range(POOL_DEPTH)}
     assert again <= set(ptrs[-POOL_DEPTH:])
+
+
+def test_a_tensor_is_sole_while_nothing_else_shares_all_of_its_memory() -> None:
+    """``is_sole``: a fresh tensor is, until a view, another tensor on its memory or a NumPy
+    array of it exists; a slice of a larger tensor never is."""
+    t = torch.randn(6, 4)
+    assert is_sole(t)
+    view = t.view(-1)
+    assert not is_sole(t) and not is_sole(view)
+    del view
+    other = t.detach()
+    assert not is_sole(t)
+    del other
+    array = t.numpy()
+    assert not is_sole(t)
+    del array
+    assert is_sole(t)
+    assert not is_sole(torch.randn(10)[2:5].clone()[:2])

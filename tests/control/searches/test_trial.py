@@ -473,7 +473,7 @@ def test_window_sums_of_another_sampling_are_dropped_on_load() -> None:
     """A checkpoint whose sums were sampled otherwise (an older gravac) restarts the window
     rather than adding sums of other elements."""
     sums = WindowSums()
-    sums.add((3,), (512,), [torch.ones(32)], None)
+    sums.add((3,), (512,), torch.ones(32), None)
     state = sums.state_dict()
     again = WindowSums()
     again.load_state_dict(state)

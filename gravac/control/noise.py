@@ -56,10 +56,18 @@ def signal_sample(total: Tensor) -> Tensor:
 def signal_payload(samples: Sequence[Tensor]) -> Tensor:
     """What one rank adds to the all-reduce, float32: the :func:`signal_sample` of each of its
     window's sampled ``X``, then their energy ``||x||^2`` (summed in float64: the share is a
-    difference of two such energies)."""
-    x = torch.cat(list(samples))
-    energy = x.double() @ x.double()
-    return torch.cat([x, energy.float().reshape(1)])
+    difference of two such energies), written into one new tensor."""
+    n = sum(t.numel() for t in samples)
+    payload = torch.empty(n + 1, dtype=torch.float32, device=samples[0].device)
+    x = torch.cat(list(samples), out=payload[:n])
+    payload[n] = _energy(x).float()
+    return payload
+
+
+def _energy(x: Tensor) -> Tensor:
+    """``||x||^2`` summed in float64, from one float64 copy of ``x`` (freed on return)."""
+    wide = x.double()
+    return wide @ wide
 
 
 def signal_fraction(summed: Tensor, ranks: int) -> float | None:

@@ -26,12 +26,13 @@ glibc's default adaptive threshold, freed gradient-sized blocks stay resident in
 from __future__ import annotations
 
 import gc
+import itertools
 import math
 import multiprocessing
 import os
 import re
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,7 +76,8 @@ CF = 10.0
 #: What GravacOptimizer runs: Algorithm 1 from ``CF`` with a candidate at every step and
 #: ``epsilon`` 0, so that every step sends a compressed payload and a candidate (the default);
 #: a static CF (``cf``); or :class:`gravac.GravacConfig`'s defaults (the adaptive search: the
-#: exponential ladder judged by shadow), as a user who names only the compressor runs it.
+#: exponential ladder judged by shadow), as a user who names only the compressor runs it, but
+#: on a counter clock (its decisions repeat from run to run).
 POLICIES = ("candidate", "fixed", "default")
 #: The static CF of ``policy="fixed"`` unless another is given.
 FIXED_CF = 100.0
@@ -154,8 +156,8 @@ def _options(policy: str, cf: float) -> dict[str, Any]:
     """The :class:`gravac.GravacConfig` fields of ``policy`` (:data:`POLICIES`)."""
     if policy == "fixed":
         return {"policy": "fixed", "policy_options": {"cf": cf}}
-    if policy == "default":
-        return {}
+    if policy == "default":  # the CFs it sends, and so what it holds, follow its timings
+        return {"clock": _counter_clock()}
     return {
         "theta_min": CF,
         "warmup_steps": 0,
@@ -163,6 +165,13 @@ def _options(policy: str, cf: float) -> dict[str, Any]:
         "epsilon": 0.0,  # every gain is enough: compressed sends, never a dense fallback
         "search": "paper",  # a candidate compressed at every step
     }
+
+
+def _counter_clock() -> Callable[[], float]:
+    """A clock one second later at every call: the search's timing-based decisions, and so the
+    CFs it sends at each step, are the same in every run (on a loaded machine or not)."""
+    ticks = itertools.count()
+    return lambda: float(next(ticks))
 
 
 @dataclass(frozen=True)

@@ -270,10 +270,10 @@ def gather_grads(bucket: Bucket, flat: Tensor, plus: Tensor | None = None) -> Te
     autograd accumulates into the buffer itself and packing costs nothing, and the aggregate
     can be written back in place (no gradient-sized temporary). A gradient that is not such a
     view yet (a fresh one after ``zero_grad(set_to_none=True)``) is copied once; a missing
-    one counts as zeros (and stays ``None``); one of another dtype than the bucket is cast
-    into it, keeping its own tensor until the aggregate is written back. The gradients are
-    dense (:class:`gravac.GravacOptimizer` refuses sparse ones first). Every rank packs the
-    same layout.
+    one counts as zeros (and stays ``None``), and so does a sparse one, which
+    :class:`gravac.GravacOptimizer` then refuses on every rank; one of another dtype than the
+    bucket is cast into it, keeping its own tensor until the aggregate is written back. Every
+    rank packs the same layout.
 
     ``plus`` (flat, ``flat``'s size and dtype) is added in the same pass: ``flat = g + plus``
     (the error-feedback residual, :meth:`gravac.engine.Engine.addend`), where a fresh gradient
@@ -288,7 +288,7 @@ def gather_grads(bucket: Bucket, flat: Tensor, plus: Tensor | None = None) -> Te
         extras = [e for _, e in split_flat(plus, params)]
     for (p, part), e in zip(split_flat(flat, params), extras, strict=True):
         g = p.grad
-        if g is None:
+        if g is None or g.is_sparse:
             if e is None:
                 part.zero_()
             else:

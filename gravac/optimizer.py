@@ -49,7 +49,7 @@ from gravac.comm import Communicator
 from gravac.compressors.base import Compressor
 from gravac.config import GravacConfig, build_engine, learning_rate
 from gravac.control.protocol import Controller
-from gravac.engine import Engine, Given, Outcome, Step, Unit, layout_check
+from gravac.engine import Engine, Given, Outcome, SparseGradientError, Step, Unit, layout_check
 from gravac.kernels.buffers import is_sole
 from gravac.memory import Memory
 from gravac.monitor import Monitor, StepRecord
@@ -213,6 +213,7 @@ class GravacOptimizer(torch.optim.Optimizer):
         self._next = 0  # the next unit to launch
         # each launched gradient's identity and version: a change after launch is an error
         self._stamps: list[tuple[Tensor, tuple[int, int] | None]] = []
+        self._sparse = -1  # the first parameter with a sparse gradient this step (-1: none)
         self._accumulating = False  # inside no_sync(): no launches
         self._pending: Outcome | None = None  # aggregated by synchronize(), not yet stepped
         self._hooks: list[Any] = []
@@ -473,8 +474,10 @@ class GravacOptimizer(torch.optim.Optimizer):
             has_grad = [p.grad is not None for p in layout.params]
             stale = any(_stamp(p) != stamp for p, stamp in self._stamps)
             digest = self._layout_digest if self._proposal is None else self._proposal.digest
-            self.engine.close(step, has_grad, stale, layout=digest).wait()
+            self.engine.close(step, has_grad, stale, layout=digest, sparse=self._sparse).wait()
             outcome = self.engine.commit(step)
+        except SparseGradientError as exc:
+            raise self._sparse_error(exc.index, f"rank(s) {exc.ranks}") from None
         finally:
             self._step = None
         if self._proposal is not None:  # every rank changed its layout alike
@@ -555,9 +558,9 @@ class GravacOptimizer(torch.optim.Optimizer):
         index = self._run_of[self._next]
         run = self._runs[index]
         bucket = run.bucket
-        self._refuse_sparse(bucket.params)
+        self._note_sparse(bucket.params)
         buf = self._buffer(index)
-        complete = all(p.grad is not None for p in bucket.params)
+        complete = all(p.grad is not None and not p.grad.is_sparse for p in bucket.params)
         units = self._units[run.first : run.stop]
         parts = buf.split(run.sizes) if len(units) > 1 else (buf,)
         # the buffer is the engine's until commit: x = g + e is formed in it (as the gradients
@@ -602,6 +605,7 @@ class GravacOptimizer(torch.optim.Optimizer):
     def _begin(self) -> Step:
         """Start a step: join the group, check the layout, plan and decide."""
         self.engine.join_group()
+        self._sparse = -1
         self._current_layout()
         self._step = self.engine.begin(lr=learning_rate(self.optimizer))
         self._next = 0
@@ -692,12 +696,19 @@ class GravacOptimizer(torch.optim.Optimizer):
         ]
         if not extra or self.comm.world_size == 1:
             return
-        self._refuse_sparse(extra)
-        flags = [p.grad is not None for p in extra]
-        present = torch.tensor(flags, dtype=torch.float64, device=self.comm.device)
-        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in extra]
-        self.comm.all_reduce_([present, *grads])
-        for p, g, n in zip(extra, grads, present.tolist(), strict=True):
+        sparse = [p.grad is not None and p.grad.is_sparse for p in extra]
+        flags = [p.grad is not None and not s for p, s in zip(extra, sparse, strict=True)]
+        counts = torch.tensor([*flags, *sparse], dtype=torch.float64, device=self.comm.device)
+        grads = [
+            torch.zeros_like(p) if p.grad is None or s else p.grad
+            for p, s in zip(extra, sparse, strict=True)
+        ]
+        self.comm.all_reduce_([counts, *grads])
+        present, sparse_counts = counts.tolist()[: len(extra)], counts.tolist()[len(extra) :]
+        for p, n in zip(extra, sparse_counts, strict=True):
+            if n > 0:
+                raise self._sparse_error(self._index(p), f"{int(n)} rank(s)")
+        for p, g, n in zip(extra, grads, present, strict=True):
             if n == 0:
                 p.grad = None
             elif not bool(torch.isfinite(g).all()):
@@ -718,7 +729,6 @@ class GravacOptimizer(torch.optim.Optimizer):
         A parameter frozen since is left alone, residual included: updating it would undo the
         freeze. Other memory state (DGC's momentum) restarts with the new layout.
         """
-        self._refuse_sparse([p for p in old.params if p.requires_grad])
         for run in old.runs:
             if run.first >= len(old.compressed):  # the dense buckets keep no residual
                 break
@@ -731,33 +741,43 @@ class GravacOptimizer(torch.optim.Optimizer):
                     continue
                 if p.grad is None:
                     p.grad = piece.clone()
+                elif p.grad.is_sparse:  # it takes its residual densely, and the step is
+                    self._note_sparse([p])  # refused on every rank all the same
+                    p.grad = piece + p.grad
                 else:
                     p.grad = p.grad + piece
         self.memory.reset()
 
-    def _refuse_sparse(self, params: Sequence[Tensor]) -> None:
-        """Refuse a sparse gradient (``nn.Embedding(sparse=True)``) before it is packed: the
-        buckets are dense, and a densified gradient would reach the wrapped optimizer dense
-        (``SparseAdam`` refuses it) with a dense residual the size of the whole table.
-        Every rank that has the gradient raises at the same point of the step.
-
-        Raises:
-            ValueError: naming the parameter's index among the wrapped optimizer's
-                parameters, its shape and its gradient's layout, and what to do instead.
-        """
+    def _note_sparse(self, params: Sequence[Tensor]) -> None:
+        """Note the first of ``params`` with a sparse gradient (``nn.Embedding(sparse=True)``):
+        the dense buckets launch it as zeros, and the step's scalars carry its index, so that
+        :meth:`Engine.commit` refuses the step on every rank, also on a rank that had no
+        gradient for it at all (raising here alone would leave that rank waiting in the
+        step's collectives)."""
         for p in params:
-            if p.grad is None or not p.grad.is_sparse:
-                continue
-            params_in_order = (q for g in self.param_groups for q in g["params"])
-            index = next(i for i, q in enumerate(params_in_order) if q is p)
-            raise ValueError(
-                f"parameter {index} (shape {tuple(p.shape)}) has a gradient of layout "
-                f"{p.grad.layout} (nn.Embedding or nn.EmbeddingBag with sparse=True), and "
-                "GravacOptimizer takes torch.strided (dense) gradients only: make the layer "
-                "dense (sparse=False, with a dense optimizer such as Adam for SparseAdam), or "
-                "leave that parameter out of the optimizer gravac wraps (DistributedDataParallel "
-                "with gravac.ddp.gravac_hook averages sparse gradients as sparse rows)"
-            )
+            if p.grad is not None and p.grad.is_sparse:
+                index = self._index(p)
+                self._sparse = index if self._sparse < 0 else min(self._sparse, index)
+
+    def _index(self, p: Tensor) -> int:
+        """``p``'s index among the wrapped optimizer's parameters, in group order."""
+        params_in_order = (q for g in self.param_groups for q in g["params"])
+        return next(i for i, q in enumerate(params_in_order) if q is p)
+
+    def _sparse_error(self, index: int, who: str) -> ValueError:
+        """The refusal of a sparse gradient for parameter ``index``, which ``who`` had: the
+        buckets are dense, and a densified gradient would reach the wrapped optimizer dense
+        (``SparseAdam`` refuses it) with a dense residual the size of the whole table."""
+        params_in_order = [q for g in self.param_groups for q in g["params"]]
+        shape = tuple(params_in_order[index].shape)
+        return ValueError(
+            f"parameter {index} (shape {shape}) has a gradient of layout torch.sparse_coo on "
+            f"{who} (nn.Embedding or nn.EmbeddingBag with sparse=True), and GravacOptimizer "
+            "takes torch.strided (dense) gradients only: make the layer dense (sparse=False, "
+            "with a dense optimizer such as Adam for SparseAdam), or leave that parameter out "
+            "of the optimizer gravac wraps (DistributedDataParallel with "
+            "gravac.ddp.gravac_hook averages sparse gradients as sparse rows)"
+        )
 
     def _run_residual(self, layout: Layout, run: Run) -> Tensor | None:
         """The residual of ``run``'s buffer as one flat tensor (a split tensor's pieces joined,

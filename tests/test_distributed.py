@@ -222,14 +222,40 @@ def sparse_refused(rank: int, world_size: int) -> dict[str, Any]:
     opt.zero_grad()
     joined = _refusal(opt, lin(emb(idx)).sum())
     torch.distributed.barrier()
-    return {"first": first, "joined": joined, "sparse": sparse}
+    # rank 0 alone uses the embedding: rank 1 has no gradient for it at all, and must refuse
+    # the step too rather than wait in its collectives for rank 0
+    emb.weight.grad = None
+    opt.zero_grad()
+    one_sided = _refusal(opt, lin(emb(idx) if rank == 0 else torch.randn(4, 8)).sum())
+    torch.distributed.barrier()
+    opt.zero_grad()  # and the optimizer trains on
+    lin(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    after = torch.cat([p.detach().reshape(-1) for p in lin.parameters()])
+    return {
+        "first": first,
+        "joined": joined,
+        "one_sided": one_sided,
+        "sparse": sparse,
+        "after": after,
+    }
 
 
 def test_a_sparse_gradient_is_refused_on_every_rank(gloo_pools: Workers) -> None:
-    for r in gloo_pools.run(sparse_refused, 2, timeout=SPAWN_TIMEOUT):
-        assert r["first"].startswith("parameter 0 (shape (30, 8)) has a gradient of layout")
-        assert r["joined"].startswith("parameter 2 (shape (30, 8)) has a gradient of layout")
+    out = gloo_pools.run(sparse_refused, 2, timeout=SPAWN_TIMEOUT)
+    for r in out:
+        assert r["first"].startswith(
+            "parameter 0 (shape (30, 8)) has a gradient of layout torch.sparse_coo on rank(s) "
+            "[0, 1] "
+        )
+        assert r["joined"].startswith(
+            "parameter 2 (shape (30, 8)) has a gradient of layout torch.sparse_coo on 2 rank(s)"
+        )
+        assert r["one_sided"].startswith(
+            "parameter 2 (shape (30, 8)) has a gradient of layout torch.sparse_coo on rank(s) [0] "
+        )
         assert r["sparse"]
+    assert torch.equal(out[0]["after"], out[1]["after"])
 
 
 def nan_on_one_rank(

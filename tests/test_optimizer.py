@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from gravac import GravacOptimizer, TensorBoardMonitor, policies
-from gravac.buckets import DEFAULT_BUCKET_BYTES, join_flat
+from gravac.buckets import DEFAULT_BUCKET_BYTES, join_flat, split_flat
 from gravac.compressors.dense import CAST_BUCKET_BYTES
 from gravac.control.factory import make_controller
 from gravac.control.options import ControllerConfig
@@ -260,6 +260,29 @@ def test_a_sparse_gradient_is_refused_at_the_first_step(overlap: bool) -> None:
     assert torch.equal(emb.weight.detach(), before)
 
 
+@pytest.mark.parametrize("failure", ["stale", "sparse"])
+def test_an_optimizer_whose_step_failed_goes_when_dropped(failure: str) -> None:
+    """A failed step (a gradient changed after its bucket was sent; a sparse gradient) leaves
+    nothing that keeps the optimizer alive: dropped, it goes at once, without a garbage
+    collection, and its gradient hooks with it (the failed results held the raised error, and
+    through its traceback the step's frames, in torch futures, which Python's collector cannot
+    see through: the optimizer lived for good)."""
+    lin, emb = nn.Linear(4, 4), nn.Embedding(20, 4, sparse=failure == "sparse")
+    opt = GravacOptimizer(torch.optim.SGD([*emb.parameters(), *lin.parameters()], lr=0.1))
+    gc.disable()
+    try:
+        with pytest.raises((RuntimeError, ValueError), match="changed a gradient|sparse_coo"):
+            lin(emb(torch.tensor([1, 2]))).sum().backward()  # the hooks send the buckets
+            if failure == "stale":
+                lin.weight.grad.mul_(2.0)  # type: ignore[union-attr]
+            opt.step()
+        gone = weakref.ref(opt)
+        del opt
+        assert gone() is None
+    finally:
+        gc.enable()
+
+
 def test_sparse_adam_alone_is_refused() -> None:
     """The issue's case: SparseAdam would fail on a densified gradient with torch's error."""
     emb = nn.Embedding(20, 4, sparse=True)
@@ -272,22 +295,35 @@ def test_sparse_adam_alone_is_refused() -> None:
 
 def test_a_sparse_gradient_is_refused_before_a_new_layout_takes_the_residuals() -> None:
     """A layout change moves the residuals into the gradients first (_flush_residuals): a sparse
-    gradient there is refused too, not densified by the addition (and then sent dense)."""
+    gradient there takes its residual densely (none is lost), and the step is refused all the
+    same, not sent dense."""
     torch.manual_seed(0)
     lin, emb, extra = nn.Linear(8, 8, bias=False), nn.Embedding(20, 8, sparse=True), nn.Linear(8, 8)
     sgd = torch.optim.SGD([lin.weight, emb.weight, *extra.parameters()], lr=0.1)
     opt = GravacOptimizer(sgd, compressor="topk", overlap=False)
-    for step in range(2):  # the embedding unused: no gradient yet
+    for step in range(2):  # the embedding's gradient dense yet: it leaves a residual
         if step == 1:  # a new layout: proposed at this step, adopted at the next
             extra.weight.requires_grad_(False)
         opt.zero_grad()
+        emb.weight.grad = torch.randn(20, 8)
         lin(torch.randn(4, 8)).sum().backward()
         opt.step()  # the bucket holds a residual
     opt.zero_grad()
     emb(torch.tensor([1, 5])).sum().backward()
+    sparse = emb.weight.grad
+    assert sparse is not None and sparse.is_sparse
+    bucket = opt._layout.buckets[0]  # type: ignore[union-attr]
+    residual = opt.memory.residual(bucket.key)
+    assert residual is not None
+    (emb_residual,) = [e for p, e in split_flat(residual, bucket.params) if p is emb.weight]
+    assert bool(emb_residual.abs().sum() > 0)
     with pytest.raises(ValueError, match=SPARSE_REFUSED):
         opt.step()
-    assert emb.weight.grad is not None and emb.weight.grad.is_sparse
+    # the gradient took its residual densely; the refused step then formed x = g + e in the
+    # gradient's buffer and compressed it there: Top-k's selected entries (one here) are zeroed
+    taken = emb.weight.grad
+    assert not taken.is_sparse
+    assert int((taken != sparse.to_dense() + emb_residual).sum()) <= 1
 
 
 def test_mixed_dtypes_go_to_separate_buckets() -> None:

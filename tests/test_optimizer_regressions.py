@@ -393,14 +393,19 @@ def test_checkpoints_of_different_steps_raise_a_named_error_on_every_rank(
 
 def test_the_scalar_table_names_the_ranks_at_another_step_or_layout() -> None:
     """The columns every step carries (gravac.engine.scalars): a step index or a layout digest
-    that differs from rank 0's names its rank."""
+    that differs from rank 0's names its rank; a sparse gradient's index names the ranks that
+    had one and the lowest index, whichever rank had it."""
     rows = []
-    for step, layout in [(7, 11), (7, 11), (8, 11), (7, 12)]:
-        row = Row(False, False, 1.0, 0.0, 0.0, step, layout, [True], torch.zeros(8), *_EMPTY)
+    for step, layout, sparse in [(7, 11, -1), (7, 11, 5), (8, 11, -1), (7, 12, 3)]:
+        row = Row(
+            False, False, 1.0, 0.0, 0.0, step, layout, sparse, [True], torch.zeros(8), *_EMPTY
+        )
         rows.append(row.pack(torch.device("cpu")))
     table = Table(torch.stack(rows), flags=1, terms=8, values=0)
     assert table.other_step_ranks == [2] and table.steps == [7, 7, 8, 7]
     assert table.other_layout_ranks == [3]
+    assert table.sparse_ranks == [1, 3] and table.first_sparse == 3
+    assert table.present == (True,) and table.summed_terms.values.shape == (8,)
     assert layout_check("a") != layout_check("b") and 0 <= layout_check("a") < 2**52
 
 

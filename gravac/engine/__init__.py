@@ -41,7 +41,7 @@ and the table of every rank's), :mod:`gravac.engine.core` (the :class:`Engine`: 
 the stages of a step).
 """
 
-from gravac.engine.core import Engine, all_finite
+from gravac.engine.core import Engine, SparseGradientError, all_finite
 from gravac.engine.records import Given, Handover, Lent, Outcome, Step, Unit
 from gravac.engine.scalars import layout_check
 
@@ -51,6 +51,7 @@ __all__ = [
     "Handover",
     "Lent",
     "Outcome",
+    "SparseGradientError",
     "Step",
     "Unit",
     "all_finite",

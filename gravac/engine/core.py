@@ -60,7 +60,7 @@ from gravac.memory import Memory, NoMemory, ResidualMemory
 from gravac.monitor import Monitor, StepRecord, TensorBoardMonitor
 from gravac.spans import scatter_spans, spans_numel
 
-__all__ = ["MAX_SKIP_RUN", "Engine", "all_finite"]
+__all__ = ["MAX_SKIP_RUN", "Engine", "SparseGradientError", "all_finite"]
 
 #: an aggregate is known finite, without a pass over it, when the compressor bounds every value
 #: it computes (:meth:`Compressor.mean_bound`) by the dtype's largest finite value over this:
@@ -99,6 +99,24 @@ _SKIP = Outcome(skipped=True)
 MAX_SKIP_RUN = 20
 #: a gradient lent, its aggregate into a new tensor
 _LENT = Lent()
+
+
+class SparseGradientError(ValueError):
+    """Some rank had a sparse gradient, which the dense buckets cannot carry: raised by
+    :meth:`Engine.commit` on every rank alike (a front end names the parameter its own way).
+
+    Attributes:
+        index: the lowest parameter index (the front end's order) any rank had one for.
+        ranks: the ranks that had one.
+    """
+
+    def __init__(self, index: int, ranks: list[int]) -> None:
+        super().__init__(
+            f"rank(s) {ranks} had a sparse gradient for parameter {index}: gravac's buckets "
+            "carry dense (torch.strided) gradients only"
+        )
+        self.index = index
+        self.ranks = ranks
 
 
 @dataclass
@@ -581,7 +599,12 @@ class Engine:
         return out
 
     def close(
-        self, step: Step, has_grad: Sequence[bool] = (), stale: bool = False, layout: int = 0
+        self,
+        step: Step,
+        has_grad: Sequence[bool] = (),
+        stale: bool = False,
+        layout: int = 0,
+        sparse: int = -1,
     ) -> Arrival[Any]:
         """Start agreeing the step's scalars (after the last :meth:`launch`); the arrival's
         ``wait()`` returns once they and every unit's aggregate have arrived, or raises
@@ -596,6 +619,9 @@ class Engine:
             layout: the front end's layout digest (:func:`~gravac.engine.scalars.layout_check`)
                 of the parameters it trains, or will train from the next step on; :meth:`commit`
                 raises on every rank where ranks differ in it, or in the step's index.
+            sparse: the index of the first parameter this rank has a sparse gradient for
+                (-1: none), launched as zeros; :meth:`commit` then raises
+                :class:`SparseGradientError` on every rank.
         """
         now = self.clock()
         interval = -1.0 if self.last_close is None else now - self.last_close
@@ -614,6 +640,7 @@ class Engine:
             bound=float(torch.cat([b.to(device) for b in bounds]).max()) if bounds else 0.0,
             step=step.index,
             layout=layout,
+            sparse=sparse,
             has_grad=has_grad,
             terms=step.terms,
             values=values,
@@ -649,6 +676,7 @@ class Engine:
             FloatingPointError: ``nonfinite="raise"`` and some value was not finite.
             RuntimeError: some rank changed a gradient after it was launched.
             ValueError: the ranks are at different steps, or train different parameters.
+            SparseGradientError: some rank had a sparse gradient.
         """
         table, comm_seconds = self._check(step)
         if table.any_nonfinite:
@@ -669,7 +697,8 @@ class Engine:
     def _check(self, step: Step) -> tuple[Table, float]:
         """Stage 1: every rank's scalars and the seconds the step waited for them since its
         close; raise on every rank if the ranks are at different steps, train different
-        parameters, or some rank changed a gradient after it was launched."""
+        parameters, some rank had a sparse gradient, or changed a gradient after it was
+        launched."""
         if step.scalars is None or step.closed_at is None:
             raise RuntimeError("Engine.commit() needs a step closed by Engine.close()")
         rows = torch.stack(step.scalars.value()).cpu()
@@ -697,6 +726,8 @@ class Engine:
                     "step"
                 ),
             )
+        if table.sparse_ranks:
+            self._fail(step, SparseGradientError(table.first_sparse, table.sparse_ranks))
         if table.any_stale:
             self._fail(
                 step,
@@ -711,11 +742,19 @@ class Engine:
 
     def _fail(self, step: Step, error: Exception) -> NoReturn:
         """Fail ``step`` on every rank with ``error``, before it changed anything: the
-        compressor's state is as it was before the step, every unit's result fails."""
+        compressor's state is as it was before the step, every unit's result fails.
+
+        The results fail with a copy of ``error`` that holds no traceback: a torch future
+        holding the raised error would keep the failed step's frames, and with them the front
+        end and its buffers, alive for good (Python's collector cannot see through the C++
+        future), and a dropped optimizer's gradient hooks would go on firing."""
         self.compressor.load_state_dict(step.snapshot)
         for f in step.flights:
-            f.result.set_exception(error)  # type: ignore[arg-type]  # stub types it as T
-        raise error
+            f.result.set_exception(_untraced(error))  # type: ignore[arg-type]  # stub: T
+        try:
+            raise error
+        finally:
+            del error  # the traceback holds this frame: no cycle through it
 
     def _aggregate_all(self, step: Step, bound: float) -> list[Tensor] | None:
         """Stage 2: every unit's aggregate (laid into its place, where it has one); ``None``
@@ -1163,6 +1202,14 @@ def _interval_norms(state: dict[str, Any]) -> dict[str, Any]:
         return dict(state["interval_norms"])
     accordion = state.get("controller", {}).get("accordion", {})
     return {"acc": accordion.get("acc", {}), "tracked": accordion.get("tracked", [])}
+
+
+def _untraced(error: Exception) -> Exception:
+    """A copy of ``error`` (same type, arguments and attributes) without its traceback."""
+    twin = type(error).__new__(type(error))
+    twin.args = error.args
+    twin.__dict__.update(error.__dict__)
+    return twin
 
 
 def _carries(f: Flight) -> str:

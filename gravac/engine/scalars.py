@@ -3,8 +3,8 @@
 Besides its payloads, a step exchanges one float64 row per rank, all-gathered in one
 asynchronous collective (:meth:`gravac.engine.Engine.close`)::
 
-    [nonfinite, stale, interval, exposed, bound, step, layout | has_grad x F | terms x T
-     | values x V | stats]
+    [nonfinite, stale, interval, exposed, bound, step, layout, sparse | has_grad x F
+     | terms x T | values x V | stats]
 
 * ``nonfinite``: this rank saw a non-finite gradient (1) or not (0);
 * ``stale``: this rank changed a gradient after it was launched;
@@ -15,6 +15,8 @@ asynchronous collective (:meth:`gravac.engine.Engine.close`)::
   differ);
 * ``layout``: a digest of the parameter layout this rank trains, or would train from the next
   step on (:func:`layout_check`): a rank that changed its parameters alone differs;
+* ``sparse``: the index, among the front end's parameters, of the first tensor this rank has a
+  sparse gradient for (-1: none), which the dense buckets cannot carry;
 * ``has_grad``: per tensor, whether this rank has its gradient (:attr:`Unit.slots`);
 * ``terms``: the local gain terms (:class:`Terms`), summed over the compressed units;
 * ``values``: what the plan asks this rank to send for the controller (under Accordion's plans,
@@ -48,10 +50,10 @@ STEP_TERMS = 8
 #: terms each of a plan's shadow CFs adds after them (:mod:`gravac.control.replay`)
 TERMS_PER_SHADOW = 3
 #: the scalars before the has-gradient flags: nonfinite, stale, interval, exposed, bound,
-#: step, layout
-_HEAD = 7
-#: the columns of the step index and the layout digest
-_STEP, _LAYOUT = 5, 6
+#: step, layout, sparse
+_HEAD = 8
+#: the columns of the step index, the layout digest and the first sparse gradient's index
+_STEP, _LAYOUT, _SPARSE = 5, 6, 7
 #: bits of the layout digest the row carries: a float64 holds integers below 2**53 exactly
 _LAYOUT_BITS = 52
 
@@ -108,6 +110,7 @@ class Row:
     bound: float
     step: int
     layout: int
+    sparse: int
     has_grad: Sequence[bool]
     terms: Tensor
     values: Tensor
@@ -116,7 +119,7 @@ class Row:
     def pack(self, device: torch.device) -> Tensor:
         """The row as one float64 tensor on ``device``, to all-gather."""
         head = [self.nonfinite, self.stale, self.interval, self.exposed, self.bound]
-        head += [self.step, self.layout]
+        head += [self.step, self.layout, self.sparse]
         scalars = torch.tensor([*head, *self.has_grad], dtype=torch.float64)
         stats = [s.cpu() for s in self.stats]
         return torch.cat([scalars, self.terms.cpu(), self.values, *stats]).to(device)
@@ -187,6 +190,17 @@ class Table:
     def other_layout_ranks(self) -> list[int]:
         """The ranks with another parameter layout (now or from the next step) than rank 0's."""
         return self.differing(_LAYOUT)
+
+    @property
+    def sparse_ranks(self) -> list[int]:
+        """The ranks that had a sparse gradient."""
+        return [r for r in range(self.rows.shape[0]) if self.rows[r, _SPARSE] >= 0]
+
+    @property
+    def first_sparse(self) -> int:
+        """The lowest parameter index any rank had a sparse gradient for (-1: none)."""
+        found = [int(v) for v in self.rows[:, _SPARSE] if v >= 0]
+        return min(found, default=-1)
 
     @property
     def present(self) -> tuple[bool, ...]:

@@ -271,7 +271,7 @@ def test_an_optimizer_whose_step_failed_goes_when_dropped(failure: str) -> None:
     opt = GravacOptimizer(torch.optim.SGD([*emb.parameters(), *lin.parameters()], lr=0.1))
     gc.disable()
     try:
-        with pytest.raises((RuntimeError, ValueError), match="changed a gradient|sparse_coo"):
+        with pytest.raises((RuntimeError, ValueError), match=r"changed a gradient|sparse_coo"):
             lin(emb(torch.tensor([1, 2]))).sum().backward()  # the hooks send the buckets
             if failure == "stale":
                 lin.weight.grad.mul_(2.0)  # type: ignore[union-attr]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import math
 import warnings
 import weakref
@@ -114,12 +115,13 @@ def _moved_layers(old: Layout, new: Layout) -> dict[int, int]:
 class GravacOptimizer(torch.optim.Optimizer):
     """Wraps ``optimizer`` and compresses its gradients across ranks with an adaptive CF.
 
-    Each bucket's gradients are views of one flat buffer (the last aggregate), which the
-    optimizer holds only through them: ``zero_grad(set_to_none=True)`` frees it before backward
-    makes fresh gradients. A fresh gradient that fills its bucket alone (a tensor bucketed or
-    split alone, whose memory no other tensor shares) becomes the buffer as it is, uncopied:
-    a reference to it kept across :meth:`step` then sees the engine's work in it (the residual),
-    as a kept view of a buffer does.
+    Each bucket's gradients are views of one flat buffer (the last aggregate). The buffer of a
+    tensor bucketed or split alone is held only through its gradient:
+    ``zero_grad(set_to_none=True)`` frees it before backward makes the fresh gradient, which
+    (if its memory no other tensor shares) becomes the buffer as it is, uncopied: a reference
+    to it kept across :meth:`step` then sees the engine's work in it (the residual), as a kept
+    view of a buffer does. A bucket of several tensors keeps its buffer, and their fresh
+    gradients are copied into it.
 
     Args:
         optimizer: the optimizer to wrap; its ``param_groups`` are shared (LR schedulers work).
@@ -202,10 +204,12 @@ class GravacOptimizer(torch.optim.Optimizer):
         self._runs: tuple[Run, ...] = ()  # the units grouped by the buffer they share
         # per run, the flat buffer its gradients are views of: the last aggregate's, which
         # alternates with the residuals' storage (Engine.launch with Given); None: not made yet.
-        # Held weakly (the tensor that owns it, _weak), through the gradients:
-        # zero_grad(set_to_none=True) frees it, so that backward's fresh gradients are not
-        # allocated beside it (one gradient more at the peak)
-        self._flats: list[weakref.ref[Tensor] | None] = []
+        # How it is held (_hold): a tensor's own run weakly, through its gradient, which
+        # zero_grad(set_to_none=True) frees, so that backward's fresh gradient is not
+        # allocated beside it (one gradient more at the peak) but taken as the next buffer;
+        # a run of several tensors strongly, their fresh gradients copied into it and freed
+        # bucket by bucket (a new buffer at every step would fault its pages in anew)
+        self._flats: list[Callable[[], Tensor | None] | None] = []
         self._run_of: list[int] = []  # per unit, the index of its run
         self._unit_of: dict[int, list[int]] = {}  # parameter id -> indices of its units
         self._ready: list[set[int]] = []  # per unit: ids of parameters whose gradient is ready
@@ -499,7 +503,7 @@ class GravacOptimizer(torch.optim.Optimizer):
             flat = parts[0] if len(parts) == 1 else join_flat(parts)
             if flat is None:
                 flat = torch.cat(parts)
-            self._flats[i] = _weak(flat)
+            self._flats[i] = _hold(flat, run.bucket)
             scatter_grads(run.bucket, flat)
         # A parameter without a gradient on every rank keeps grad None (torch.optim leaves it
         # alone); one that has a gradient on some rank counts as zeros on the others (as DDP).
@@ -587,10 +591,10 @@ class GravacOptimizer(torch.optim.Optimizer):
 
     def _buffer(self, index: int) -> Tensor:
         """The flat buffer run ``index``'s gradients are packed into: the last aggregate's,
-        while the gradients still hold it; else a fresh gradient that fills the run's bucket
-        alone, taken as it is (:func:`_sole_gradient`: no copy beside it); else a new one,
-        made as first needed: the gradients it replaces are freed bucket by bucket, so the
-        switch never holds a second copy of them all."""
+        while held (:func:`_hold`); else a fresh gradient that fills the run's bucket alone,
+        taken as it is (:func:`_sole_gradient`: no copy beside it); else a new one, made as
+        first needed: the gradients it replaces are freed bucket by bucket, so the switch
+        never holds a second copy of them all."""
         bucket = self._runs[index].bucket
         ref = self._flats[index]
         held = None if ref is None else ref()
@@ -599,7 +603,7 @@ class GravacOptimizer(torch.optim.Optimizer):
         buf = _sole_gradient(bucket)
         if buf is None:
             buf = torch.empty(bucket.numel, dtype=bucket.dtype, device=bucket.params[0].device)
-        self._flats[index] = _weak(buf)
+        self._flats[index] = _hold(buf, bucket)
         return buf
 
     def _begin(self) -> Step:
@@ -816,11 +820,26 @@ def _stamp(p: Tensor) -> tuple[int, int] | None:
     return None if p.grad is None else (id(p.grad), p.grad._version)
 
 
-def _weak(flat: Tensor) -> weakref.ref[Tensor]:
-    """A weak reference to the tensor that owns ``flat``'s memory: ``flat``, or the tensor it is
-    a view of (a view's own object goes as soon as nobody holds it; its base lives as long as
-    any view of it does, the gradients made of it included)."""
+def _hold(flat: Tensor, bucket: Bucket) -> Callable[[], Tensor | None]:
+    """How the optimizer holds ``bucket``'s buffer ``flat`` between steps: a bucket of one
+    tensor weakly, by the tensor that owns ``flat``'s memory (``flat``, or the tensor it is a
+    view of: a view's own object goes as soon as nobody holds it, its base lives as long as
+    any view of it does, the gradient made of it included); a bucket of several strongly.
+
+    One tensor's fresh gradient (after ``zero_grad(set_to_none=True)``) is taken as the next
+    buffer uncopied (:func:`_sole_gradient`): a buffer held beside it would be one gradient
+    more at the peak. Several tensors' fresh gradients are copied into the buffer and freed
+    bucket by bucket, so holding it adds at most a bucket to the peak, where a new buffer at
+    every step would fault its pages in anew (measured: Top-k's launch 3-5 ms slower a step
+    on the vgg-digits CNN, docs/studies/2026-12-03-step-time.md)."""
+    if len(bucket.params) > 1:
+        return functools.partial(_same, flat)
     return weakref.ref(flat if flat._base is None else flat._base)
+
+
+def _same(flat: Tensor) -> Tensor:
+    """``flat`` (a strong holder's call, :func:`_hold`)."""
+    return flat
 
 
 def _sole_gradient(bucket: Bucket) -> Tensor | None:

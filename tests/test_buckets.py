@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import weakref
 
+import pytest
 import torch
 from torch import nn
 
@@ -120,21 +121,30 @@ def test_after_a_step_the_gradients_are_the_aggregate_in_the_buffers() -> None:
         assert p.grad is not None and any(f is not None and _shares(p.grad, f) for f in flats)
 
 
-def test_zero_grad_set_to_none_frees_the_gradient_buffers() -> None:
-    """The optimizer holds its gradient buffers (the last aggregates) only through the
-    gradients: once ``zero_grad(set_to_none=True)`` drops those, the buffers are freed before
-    backward makes fresh gradients (held, each was one gradient more at the peak: issue 33
-    item 10)."""
+@pytest.mark.parametrize("bucket_bytes", [1, 2**20])
+def test_zero_grad_set_to_none_frees_the_buffers_of_one_tensor(bucket_bytes: int) -> None:
+    """The optimizer holds the gradient buffer (the last aggregate) of a bucket of one tensor
+    only through its gradient: once ``zero_grad(set_to_none=True)`` drops that, the buffer is
+    freed before backward makes the fresh gradient (held, it was one gradient more at the
+    peak: issue 33 item 10), which becomes the next buffer. A bucket of several tensors keeps
+    its buffer (their fresh gradients are copied into it bucket by bucket; a new one at every
+    step would fault its pages in anew). One byte a bucket: the large tensors alone (the small
+    ones share one); 1 MiB: none alone."""
     model = tiny_model()
-    opt = GravacOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), compressor="topk")
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = GravacOptimizer(sgd, compressor="topk", bucket_bytes=bucket_bytes, dense_bytes=0)
     for step in range(2):
         train_step(model, opt, 0, step)
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    owners = [weakref.ref(g if g._base is None else g._base) for g in grads]
-    del grads
-    assert owners and all(owner() is not None for owner in owners)
+    layout = opt._layout
+    assert layout is not None
+    alone = {id(p): len(run.bucket.params) == 1 for run in layout.runs for p in run.bucket.params}
+    params = list(model.parameters())
+    owners = [weakref.ref(p.grad if p.grad._base is None else p.grad._base) for p in params]  # type: ignore[union-attr]
+    assert all(owner() is not None for owner in owners)
     opt.zero_grad(set_to_none=True)
-    assert [owner() for owner in owners] == [None] * len(owners)
+    freed = [owner() is None for owner in owners]
+    assert freed == [alone[id(p)] for p in params]
+    assert any(freed) == (bucket_bytes == 1) and not all(freed)
 
 
 def test_a_fresh_gradient_alone_in_its_bucket_becomes_the_buffer() -> None:

@@ -29,6 +29,7 @@ from gravac_lab.compare.scoreboard_plan import (
     DEFAULT_SETUPS,
     DEFAULT_TIMING_STEPS,
     SEEDS,
+    Inputs,
     parse_ladder,
     parse_setups,
     plan,
@@ -194,8 +195,9 @@ def main(args: argparse.Namespace, base: CompareConfig) -> int:
     searches = tuple(args.variants or (parse_variant(s) for s in DEFAULT_SEARCHES))
     seeds = args.seeds or SEEDS
     timing_steps = DEFAULT_TIMING_STEPS if args.timing_steps is None else args.timing_steps
-    planned = plan(base, setups, ladder, searches, seeds, timing_steps)
-    header = settings(base, setups, ladder, searches, seeds, timing_steps)
+    inputs = Inputs(base, setups, ladder, searches, seeds, timing_steps)
+    planned = plan(inputs)
+    header = settings(inputs)
     out: Path | None = args.out
 
     def store(entries: list[dict[str, Any]]) -> None:

@@ -46,6 +46,7 @@ __all__ = [
     "DEFAULT_TIMING_STEPS",
     "LOOPBACK",
     "SEEDS",
+    "Inputs",
     "PlannedStudy",
     "Setup",
     "ladder_variants",
@@ -163,26 +164,38 @@ class PlannedStudy:
     study: Study
 
 
-def plan(
-    base: CompareConfig,
-    setups: Sequence[Setup],
-    ladder: Sequence[float],
-    searches: Sequence[Variant],
-    seeds: Sequence[int],
-    timing_steps: int,
-) -> list[PlannedStudy]:
-    """Every study, in the order they run (module docstring); ``base`` holds what they share
-    (its ``steps`` is the step budget; workload, modes, link and steps are each study's).
+@dataclass(frozen=True)
+class Inputs:
+    """What a scoreboard runs: ``base`` holds what its studies share (its ``steps`` is dense's
+    step budget; workload, modes, link and steps are each study's), the setups, the static
+    ladder's CFs, the searches, the seeds and the timing runs' steps."""
+
+    base: CompareConfig
+    setups: Sequence[Setup]
+    ladder: Sequence[float]
+    searches: Sequence[Variant]
+    seeds: Sequence[int]
+    timing_steps: int
+
+
+def plan(inputs: Inputs) -> list[PlannedStudy]:
+    """Every study, in the order they run (module docstring).
 
     Raises:
         ValueError: the message names the option (``--timing-steps``, ``--variant``, or an
             option :class:`Study` checks).
     """
+    base, setups, searches, timing_steps = (
+        inputs.base,
+        inputs.setups,
+        inputs.searches,
+        inputs.timing_steps,
+    )
     if timing_steps <= base.timing_warmup:
         raise ValueError(
             f"--timing-steps ({timing_steps}) must exceed --timing-warmup ({base.timing_warmup})"
         )
-    statics = ladder_variants(ladder)
+    statics = ladder_variants(inputs.ladder)
     taken = {DENSE, *(v.label for v in statics)}
     for v in searches:
         if v.label in taken:
@@ -191,7 +204,7 @@ def plan(
                 f"({sorted(taken)}); label the search otherwise, as LABEL=..."
             )
     longer = base.steps * BUDGET_FACTOR
-    seeds = tuple(seeds)
+    seeds = tuple(inputs.seeds)
 
     def config(
         workload: str, link: str | None, modes: tuple[str, ...], steps: int, eval_every: int
@@ -225,23 +238,17 @@ def plan(
     return out
 
 
-def settings(
-    base: CompareConfig,
-    setups: Sequence[Setup],
-    ladder: Sequence[float],
-    searches: Sequence[Variant],
-    seeds: Sequence[int],
-    timing_steps: int,
-) -> dict[str, Any]:
+def settings(inputs: Inputs) -> dict[str, Any]:
     """What the scoreboard ran with, for its JSON and its table's header."""
+    base, seeds = inputs.base, inputs.seeds
     return {
-        "setups": [{"name": s.name, "workload": s.workload, "link": s.link} for s in setups],
-        "ladder": list(ladder),
-        "searches": [v.spec for v in searches],
+        "setups": [{"name": s.name, "workload": s.workload, "link": s.link} for s in inputs.setups],
+        "ladder": list(inputs.ladder),
+        "searches": [v.spec for v in inputs.searches],
         "seeds": list(seeds),
         "steps": base.steps,
         "compressed_steps": base.steps * BUDGET_FACTOR,
-        "timing_steps": timing_steps,
+        "timing_steps": inputs.timing_steps,
         "timing_seed": seeds[0],
         "hold": HOLD,
         "eval_every": base.eval_every,

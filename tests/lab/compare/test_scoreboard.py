@@ -24,6 +24,7 @@ from gravac_lab.compare.scoreboard import (
     yardstick,
 )
 from gravac_lab.compare.scoreboard_plan import (
+    Inputs,
     ladder_variants,
     parse_setups,
     plan,
@@ -102,7 +103,7 @@ def _lstm_loopback() -> list[dict[str, Any]]:
 def _stored(studies: list[dict[str, Any]], setups: str) -> dict[str, Any]:
     base = CompareConfig(steps=2 * EVERY)
     searches = (parse_variant("default=topk:exponential"),)
-    header = settings(base, parse_setups(setups), (10.0, 100.0), searches, SEEDS, 30)
+    header = settings(Inputs(base, parse_setups(setups), (10.0, 100.0), searches, SEEDS, 30))
     return {"scoreboard": header, "studies": studies}
 
 
@@ -209,7 +210,7 @@ def test_the_plan_trains_dense_and_the_ladder_once_and_the_searches_on_each_link
     base = CompareConfig(steps=20, eval_every=5, delay="1ms", bandwidth="1gbit")
     setups = parse_setups("tiny-digits@1gbit,tiny-digits@loopback,tiny-digits@100mbit")
     searches = (parse_variant("default=topk:exponential"),)
-    planned = plan(base, setups, (10.0, 100.0), searches, (0, 1), 8)
+    planned = plan(Inputs(base, setups, (10.0, 100.0), searches, (0, 1), 8))
     assert [(p.role, p.link) for p in planned] == [
         ("dense", None),
         ("ladder", None),

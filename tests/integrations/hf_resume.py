@@ -7,8 +7,8 @@ Run ``full`` trains :data:`STEPS` steps into ``OUT/full``, a checkpoint every
 :data:`SAVE_EVERY`; run ``resumed``, a new model, hook state and ``Trainer`` in the same
 processes, resumes from ``OUT/full/checkpoint-{SAVE_EVERY}`` into ``OUT/resumed``. After each
 run every rank writes ``OUT/{run}-rank{R}.pt`` (:func:`report`). The hook state's clock is a
-counter, so that the CF search decides the same in both runs (it ranks CFs by step times). No
-import of ``tests``: torchrun runs this file as a script.
+counter, so that the CF search decides the same in both runs (it ranks CFs by step times).
+torchrun runs this file as a script: the repository's root goes on ``sys.path`` for ``tests``.
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ import gravac
 from gravac.ddp import GravacHookState
 from gravac.integrations.hf import GravacCallback
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.helpers import tiny_model  # the root is on sys.path only from here
+
 #: the Trainer's steps in each run; 4 samples a rank per step, 8 steps an epoch
 STEPS = 6
 #: steps between checkpoints: the resumed run starts from the first
@@ -41,19 +44,11 @@ BATCH = 4
 
 
 class Classifier(nn.Module):
-    """A conv and two linear layers (2-D, 4-D and 1-D parameters), returning the ``loss``."""
+    """The tests' tiny model (2-D, 4-D and 1-D parameters), returning the ``loss``."""
 
     def __init__(self) -> None:
         super().__init__()
-        torch.manual_seed(0)
-        self.net = nn.Sequential(
-            nn.Conv2d(1, 4, 3, padding=1),
-            nn.ReLU(),
-            nn.Flatten(),
-            nn.Linear(4 * 8 * 8, 32),
-            nn.ReLU(),
-            nn.Linear(32, 10),
-        )
+        self.net = tiny_model(seed=0)
 
     def forward(self, x: Tensor, labels: Tensor) -> dict[str, Tensor]:
         return {"loss": nn.functional.cross_entropy(self.net(x), labels)}

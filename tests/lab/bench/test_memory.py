@@ -34,16 +34,8 @@ def test_the_instrument_sees_a_temporary_allocation() -> None:
     assert 60 * MIB <= peak < 200 * MIB
 
 
-@pytest.mark.slow  # a fresh process per measurement
-def test_a_measurement_counts_the_residual() -> None:
-    """topk keeps an error-feedback residual of the gradient's size: at least one gradient of
-    extra memory; and far from the 4-8 gradients of float64 copies and fresh temporaries that
-    issue 9 measured (resident memory on a small model is noisy: the bound is loose)."""
-    (row,) = bench_memory(names=["topk"], params=8 * MIB, steps=2, threads=1)
-    assert row.name == "topk" and row.params == 2 * 2048 * 2048
-    assert row.gradient_bytes == 4 * row.params
-    assert math.isfinite(row.ratio) and 0.9 <= row.ratio <= 4.5
-    assert "topk" in format_memory_table([row])
+#: one 128 MiB tensor (5792 x 5792 float32), measured for two steps at one thread
+LARGE = ["--params", "32M", "--width", "5792", "--steps", "2", "--threads", "1"]
 
 
 @pytest.mark.slow  # a fresh process per measurement
@@ -52,39 +44,34 @@ def test_fresh_gradients_of_one_large_tensor_are_not_held_beside_the_buffers() -
     default). The optimizer kept the last aggregate as its buffer beside backward's fresh
     gradient and copied that in: 2.13 gradients extra at static CF 100 and 2.30 under the
     adaptive search, measured before the fix; now the buffer goes with the gradient and the
-    fresh gradient becomes the buffer (1.19 and 1.61 measured after). The adaptive search
-    holds more (its payload at CF 10, its sampled state, and the selection's temporaries over
-    a piece of a sixth of the tensor): the bounds are loose, and far below the old figures."""
-    rows = {
-        policy: bench_memory(
-            names=["topk"],
-            params=32 * MIB,
-            width=5792,
-            steps=2,
-            threads=1,
-            policy=policy,
-            set_to_none=True,
-        )[0]
-        for policy in ("fixed", "default")
-    }
-    for policy, bound in (("fixed", 1.5), ("default", 1.85)):
-        row = rows[policy]
-        assert row.params == 5792 * 5792 and row.set_to_none and row.policy == policy
-        assert 0.9 <= row.first_ratio <= bound and 0.9 <= row.ratio <= bound, row
-    assert "static CF 100" in format_memory_table([rows["fixed"]])
-    assert "set to None" in format_memory_table([rows["default"]])
+    fresh gradient becomes the buffer (1.19 and 1.61 measured after). At least the residual
+    (one gradient) is counted. The adaptive search holds more (its payload at CF 10, its
+    sampled state, and the selection's temporaries over a piece of a sixth of the tensor):
+    the bounds are loose, and far below the old figures. The adaptive search is measured
+    through the command line (``--json``), the static CF through :func:`bench_memory`."""
+    cmd = [sys.executable, "-m", "gravac", "bench", "memory", *LARGE, "--compressors", "topk"]
+    cmd += ["--policy", "default", "--set-to-none", "--json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True)
+    (adaptive,) = json.loads(out.stdout)
+    (fixed,) = bench_memory(
+        names=["topk"],
+        params=32 * MIB,
+        width=5792,
+        steps=2,
+        threads=1,
+        policy="fixed",
+        set_to_none=True,
+    )
+    assert fixed.params == 5792 * 5792 and fixed.set_to_none and fixed.policy == "fixed"
+    assert fixed.gradient_bytes == 4 * fixed.params
+    assert 0.9 <= fixed.first_ratio <= 1.5 and 0.9 <= fixed.ratio <= 1.5, fixed
+    assert adaptive["name"] == "topk" and adaptive["policy"] == "default", adaptive
+    assert adaptive["params"] == fixed.params and adaptive["set_to_none"], adaptive
+    assert 0.9 <= adaptive["first_ratio"] <= 1.85 and 0.9 <= adaptive["ratio"] <= 1.85, adaptive
+    assert "static CF 100" in format_memory_table([fixed])
+    assert "set to None" in format_memory_table([fixed])
     with pytest.raises(ValueError, match="policy must be one of"):
         bench_memory(names=["topk"], policy="adaptive")
-
-
-@pytest.mark.slow  # a fresh process per measurement
-def test_the_command_line_prints_json() -> None:
-    cmd = [sys.executable, "-m", "gravac", "bench", "memory", "--params", "4M"]
-    cmd += ["--compressors", "none", "--steps", "1", "--threads", "1", "--width", "1024"]
-    out = subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=300, check=True)
-    (row,) = json.loads(out.stdout)
-    assert row["name"] == "none" and row["ratio"] >= 0.0
-    assert row["width"] == 1024 and row["params"] == 4 * 1024 * 1024  # four 1024 x 1024 layers
 
 
 @pytest.mark.slow  # a fresh process per measurement

@@ -31,11 +31,12 @@ STEPS = 4
 ENDLESS = 10**6
 
 
-def _tiny(steps: int = STEPS) -> list[str]:
-    """A tiny shaped run: the demo's CNN in one mode, an 8 MiB link test."""
+def _tiny(steps: int = STEPS, link_test_mb: int = 8) -> list[str]:
+    """A tiny shaped run: the demo's CNN in one mode, a link test of ``link_test_mb`` MiB (0:
+    none)."""
     return ["compare", "--workload", "tiny-digits", "--modes", "ddp", "--steps", str(steps),
             "--timing-warmup", "1", "--eval-every", "2", "--bandwidth", RATE,
-            "--link-test-mb", "8"]  # fmt: skip
+            "--link-test-mb", str(link_test_mb)]  # fmt: skip
 
 
 def _namespaces_can_be_made() -> str | None:
@@ -132,14 +133,14 @@ def test_bridge_network_for_more_workers_is_made_and_removed() -> None:
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_interrupted_run_kills_its_workers_and_removes_its_namespaces(signum: int) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gravac", *_tiny(ENDLESS)],
+    proc = subprocess.Popen(  # no link test: its two workers would only cost time here
+        [sys.executable, "-m", "gravac", *_tiny(ENDLESS, link_test_mb=0)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         preexec_fn=_sigint_as_from_a_terminal,
     )
     try:
-        # interrupt once a training worker runs inside its namespace (after the link test)
+        # interrupt once a training worker runs inside its namespace
         namespace = f"{netns.prefix(proc.pid)}w0"
         deadline = time.monotonic() + APPEAR_TIMEOUT
         while not (workers := _training_pids_in(namespace)):

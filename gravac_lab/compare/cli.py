@@ -39,6 +39,7 @@ from gravac_lab.compare.config import (
     QUICK_LINK_TEST_MB,
     QUICK_MODES,
     QUICK_STEPS,
+    STOP_HOLD,
     CompareConfig,
 )
 from gravac_lab.compare.export import write_csv, write_json
@@ -168,6 +169,13 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument(
         "--target", type=float, default=None, help="time-to-target accuracy (the workload's)"
+    )
+    p.add_argument(
+        "--stop-at",
+        type=float,
+        default=None,
+        help=f"stop each run once its metric meets this value at {STOP_HOLD} evaluations in a "
+        "row (accuracy: at or above; perplexity: at or below); default: train every step",
     )
     p.add_argument("--threads", type=int, default=d.threads, help="torch threads per worker")
     p.add_argument(
@@ -341,6 +349,7 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         eval_every=_pick(args.eval_every, q, QUICK_EVAL_EVERY, DEFAULT_EVAL_EVERY),
         timing_warmup=args.timing_warmup,
         target=args.target,
+        stop_at=args.stop_at,
         threads=args.threads,
         theta_min=args.theta_min,
         theta_max=args.theta_max,

@@ -29,6 +29,7 @@ __all__ = [
     "QUICK_LINK_TEST_MB",
     "QUICK_MODES",
     "QUICK_STEPS",
+    "STOP_HOLD",
     "CompareConfig",
 ]
 
@@ -46,6 +47,9 @@ DEFAULT_TIMING_WARMUP = 5
 DEFAULT_TIMEOUT = 900.0
 #: MiB all-reduced to measure a shaped link's throughput
 DEFAULT_LINK_TEST_MB = 64
+#: evaluations in a row at ``--stop-at`` that end a run: the first at the value, and the next
+#: one confirming it (the scoreboard's hold: a single lucky evaluation does not count)
+STOP_HOLD = 2
 #: ``--quick``: the modes, steps, evaluation interval and link test of a CI smoke run, on the
 #: tiny workload: 20 steps of a few milliseconds check the machinery, not the model (its test
 #: accuracy is still below 0.2)
@@ -101,6 +105,9 @@ class CompareConfig:
         bandwidth: link rate as ``tc`` writes it (``1gbit``); ``None``: loopback.
         delay: one-way link delay (``1ms``); needs ``bandwidth``.
         link_test_mb: MiB all-reduced to measure a shaped link (0: no measurement).
+        stop_at: stop a run once its metric has met this value (at or above an accuracy, at or
+            below a perplexity) at :data:`STOP_HOLD` evaluations in a row, as a user who
+            trains to a quality would; ``None``: every run trains all its steps.
         timeout: seconds one job may take before its workers are killed.
         seed: offsets the seeds of the initial weights and of every rank's batches (runs
             with different seeds measure the spread; a study's ``--seeds`` set it per job).
@@ -131,6 +138,7 @@ class CompareConfig:
     bandwidth: str | None = None
     delay: str | None = None
     link_test_mb: int = DEFAULT_LINK_TEST_MB
+    stop_at: float | None = None
     timeout: float = DEFAULT_TIMEOUT
     seed: int = 0
 
@@ -158,7 +166,9 @@ class CompareConfig:
         if not 0 <= _finite("--momentum", self.momentum) < 1:
             raise ValueError(f"--momentum must be in [0, 1), got {self.momentum}")
         if self.target is not None:
-            _check_target(self.target, workloads.get(self.workload))
+            _check_target("--target", self.target, workloads.get(self.workload))
+        if self.stop_at is not None:
+            _check_target("--stop-at", self.stop_at, workloads.get(self.workload))
         if _finite("--timeout", self.timeout) <= 0:
             raise ValueError(f"--timeout must be > 0, got {self.timeout}")
         for option, value in (
@@ -209,17 +219,18 @@ class CompareConfig:
         return cls(**json.loads(text))
 
 
-def _check_target(target: float, workload: workloads.Workload) -> None:
-    """A target the workload's metric can reach: an accuracy in (0, 1], a perplexity > 1.
+def _check_target(option: str, target: float, workload: workloads.Workload) -> None:
+    """A value of the workload's metric that ``option`` gives: an accuracy in (0, 1], a
+    perplexity > 1.
 
     Raises:
-        ValueError: naming ``--target``, the value and the metric's range.
+        ValueError: naming ``option``, the value and the metric's range.
     """
-    _finite("--target", target)
+    _finite(option, target)
     accuracy = workload.higher_is_better
     if (accuracy and not 0 < target <= 1) or (not accuracy and target <= 1):
         allowed = "an accuracy in (0, 1]" if accuracy else "a perplexity > 1"
         raise ValueError(
-            f"--target must be {allowed} for {workload.name}'s {workload.metric_name}, "
+            f"{option} must be {allowed} for {workload.name}'s {workload.metric_name}, "
             f"got {target:g}"
         )

@@ -260,11 +260,13 @@ def format_table(summary: dict[str, Any]) -> str:
     timed_from = {r["mode"]: r["timed_from"] for r in summary["runs"]}
     timed = ", ".join(f"{mode} from step {step}" for mode, step in timed_from.items())
     target = f"{workload['target']:g}"
+    stop_at = cfg.get("stop_at")  # absent from the JSON of older runs
+    until = "" if stop_at is None else f" (at most: a run stops once it holds {stop_at:g})"
     lines = [
         f"- workload: {workload['name']} ({workload['summary']}, {workload['parameters']:,} "
         f"parameters); {cfg['workers']} workers x batch {cfg['batch_size']}, {cfg['steps']} "
-        f"steps, SGD lr {cfg['lr']:g} momentum {cfg['momentum']:g}, {cfg['threads']} torch "
-        "thread(s) per worker",
+        f"steps{until}, SGD lr {cfg['lr']:g} momentum {cfg['momentum']:g}, {cfg['threads']} "
+        "torch thread(s) per worker",
         f"- network: {link}",
         f"- host: {host['cpus']} CPUs, 1-minute load average {host['load_before']:.2f} before "
         f"the run and {host['load_after']:.2f} after it (its own workers included): other "

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gravac_lab.compare import workloads
+from gravac_lab.compare.config import STOP_HOLD
 
 __all__ = [
     "ACCURACY_POINT",
@@ -64,7 +65,7 @@ ACCURACY_POINT = 0.01
 #: the bar on perplexity: dense's final perplexity plus 3% of it
 PERPLEXITY_SHARE = 0.03
 #: evaluations in a row at the bar that reach it: the first, and the next one confirming it
-HOLD = 2
+HOLD = STOP_HOLD
 #: compressed runs (static CFs and searches) may train up to this many times dense's budget
 BUDGET_FACTOR = 2
 #: the static CFs (Top-k) the yardstick is chosen from unless told

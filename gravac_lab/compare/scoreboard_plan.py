@@ -25,6 +25,12 @@ from the clock), only their step times do: they train once per seed on loopback 
 on each link by a short run (:mod:`gravac_lab.compare.scoreboard` reads their time to the bar
 off both). The searches read the link, so they train on each. :func:`run_plan` runs the studies
 and returns what :func:`gravac_lab.compare.scoreboard.score` reads.
+
+A ladder's or a search's run stops once it holds the bar (``--stop-at`` set to the bar that
+the workload's dense study gives, :data:`gravac_lab.compare.scoreboard.HOLD` evaluations in a
+row), as a user who trains to a quality would: its time to the bar is the same, and the steps
+after it would cost time and tell the scoreboard nothing. A CF that never reaches the bar
+still trains its whole budget.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from gravac_lab.compare import workloads
 from gravac_lab.compare.config import CompareConfig
 from gravac_lab.compare.netns import parse_rate
 from gravac_lab.compare.runner import run_compare
-from gravac_lab.compare.scoreboard import BUDGET_FACTOR, DENSE, HOLD
+from gravac_lab.compare.scoreboard import BUDGET_FACTOR, DENSE, HOLD, bar
 from gravac_lab.compare.study import Study, Variant, parse_variant
 
 __all__ = [
@@ -57,6 +63,8 @@ __all__ = [
     "settings",
 ]
 
+#: the roles whose runs stop once they hold the bar (the timing runs are timed, not judged)
+_STOPPED = ("ladder", "searches")
 #: the link of a setup on loopback
 LOOPBACK = "loopback"
 #: issue 34's setups: the three workloads at 1 Gbit/s and 100 Mbit/s, and the CNN on loopback
@@ -270,8 +278,16 @@ def run_plan(
         gravac_lab.compare.netns.NetworkError: shaped links could not be made or removed.
     """
     entries: list[dict[str, Any]] = []
+    bars: dict[str, float] = {}  # by workload, from its dense study
     for p in planned:
-        summary = run_compare(p.study)
+        study = p.study
+        if p.role in _STOPPED and p.workload in bars:
+            study = replace(study, config=replace(study.config, stop_at=bars[p.workload]))
+        summary = run_compare(study)
+        if p.role == "dense":
+            w = workloads.get(p.workload)
+            finals = [r["final_metric"] for r in summary["runs"]]
+            bars[p.workload] = bar(finals, w.higher_is_better)
         entries.append({"role": p.role, "workload": p.workload, "link": p.link, "summary": summary})
         if on_study is not None:
             on_study(entries)

@@ -19,9 +19,10 @@ After training, every rank times forward and backward of a bare copy of the mode
 hooks, the trained weights) on the same kind of batches, all ranks at once as in training:
 ``compute_seconds``, the compute a step cannot avoid, measured apart from any communication.
 
-Rank 0 evaluates every ``eval_every`` steps and after the last; every rank waits at a barrier
-meanwhile, so evaluation stays off every rank's clock. :func:`link_throughput` all-reduces a
-large tensor to measure what a shaped link really moves.
+Rank 0 evaluates every ``eval_every`` steps and after the last; every rank waits for its word
+meanwhile (a broadcast), so evaluation stays off every rank's clock, and with ``stop_at`` every
+rank stops alike once rank 0's evaluations have met it :data:`STOP_HOLD` times in a row.
+:func:`link_throughput` all-reduces a large tensor to measure what a shaped link really moves.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from gravac_lab.compare import modes, workloads
-from gravac_lab.compare.config import CompareConfig
+from gravac_lab.compare.config import STOP_HOLD, CompareConfig
 
 __all__ = [
     "COMPUTE_PROBE_STEPS",
@@ -128,6 +129,7 @@ def train_mode(
         )
     }
     clock = 0.0  # training seconds so far, evaluation excluded
+    held = 0  # evaluations in a row at cfg.stop_at (rank 0's count)
     dist.barrier()
     for step in range(1, cfg.steps + 1):
         idx = torch.randint(0, len(train_y), (cfg.batch_size,), generator=gen)
@@ -152,6 +154,7 @@ def train_mode(
         out["gain_shadow"].append(figures.gain_shadow)
         out["signal"].append(figures.signal)
         if step % cfg.eval_every == 0 or step == cfg.steps:
+            stop = torch.zeros(1)
             if rank == 0:
                 value = workload.metric(model, test_x, test_y)
                 out["evaluations"].append((step, clock, value))
@@ -162,7 +165,13 @@ def train_mode(
                     file=sys.stderr,
                     flush=True,
                 )
-            dist.barrier()  # evaluation stays off every rank's clock
+                at = cfg.stop_at is not None and workload.reached(value, cfg.stop_at)
+                held = held + 1 if at else 0
+                stop[0] = float(held >= STOP_HOLD)
+            # rank 0's decision on every rank; evaluation stays off every rank's clock
+            dist.broadcast(stop, 0)
+            if stop.item():
+                break
     session.close()
     compute = _compute_probe(workload, model, train_x, train_y, cfg)
     return {

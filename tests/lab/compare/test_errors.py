@@ -34,6 +34,8 @@ from gravac.cli import main
         (["--seeds", "a"], "--seeds"),
         (["--target", "5"], "--target must be an accuracy in (0, 1] for vgg-digits"),
         (["--workload", "lstm-text", "--target", "0.9"], "--target must be a perplexity > 1"),
+        (["--stop-at", "1.5"], "--stop-at must be an accuracy in (0, 1] for vgg-digits"),
+        (["--workload", "lstm-text", "--stop-at", "1"], "--stop-at must be a perplexity > 1"),
         (["--out", "no/such/folder/x.json"], "no/such/folder/x.json: its folder"),
         (["--csv", "no/such/folder/x.csv"], "no/such/folder/x.csv: its folder"),
     ],

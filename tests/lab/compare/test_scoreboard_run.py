@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from gravac_lab.compare.scoreboard import HOLD, bar, bar_evaluation
 from tests.background import Background
 from tests.helpers import run_compare
 
@@ -59,12 +60,22 @@ def test_it_trains_dense_the_ladder_and_the_search_on_loopback(
     ]
     dense, ladder, searches = (s["summary"]["runs"] for s in studies)
     assert [(r["mode"], r["steps"]) for r in dense] == [("ddp", STEPS)]
-    assert [(r["variant"], r["steps"]) for r in ladder] == [
-        ("cf10", 2 * STEPS),
-        ("cf100", 2 * STEPS),
-    ]
-    assert [(r["variant"], r["steps"]) for r in searches] == [("default", 2 * STEPS)]
+    assert [r["variant"] for r in ladder] == ["cf10", "cf100"]
+    assert [r["variant"] for r in searches] == ["default"]
     assert stored["scoreboard"]["ladder"] == [10.0, 100.0]
+    # the compressed runs train twice dense's budget, or stop once they hold dense's bar
+    bar_value = bar([r["final_metric"] for r in dense], higher_is_better=True)
+    for study in studies[1:]:
+        assert study["summary"]["config"]["stop_at"] == bar_value
+    for run in [*ladder, *searches]:
+        metrics = [e[2] for e in run["evaluations"]]
+        held = bar_evaluation(metrics, bar_value, higher_is_better=True)
+        if held is None:
+            assert run["steps"] == 2 * STEPS, run["variant"]
+        else:  # stopped at the evaluation that confirmed the bar: the last one
+            assert held + HOLD == len(metrics), run["variant"]
+            assert run["steps"] == run["evaluations"][-1][0] <= 2 * STEPS
+    assert any(r["steps"] < 2 * STEPS for r in [*ladder, *searches])  # one did stop
 
 
 def test_it_prints_the_table_and_rebuilds_it_from_the_json_without_training(

@@ -22,8 +22,10 @@ from tests.helpers import torchrun_command
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_digits.py"
 #: clean torchrun exits each front end must show: before the fixes, 2 of 6 runs aborted at
-#: exit (the optimizer), and 5 of 37 (the DDP hook: gravac.release_group)
-EXIT_RUNS = 5
+#: exit (the optimizer), and 5 of 37 (the DDP hook: gravac.release_group); since, no gravac
+#: code runs on gloo's threads at all (gravac.comm), and tests/test_faults.py checks the exit
+#: of a rank whose peer failed
+EXIT_RUNS = 4
 #: the optimizer front end's exit runs use THC (the training run, Top-k, counts as one)
 OPT_EXIT = ("--compressor", "thc")
 HOOK = ("--ddp-hook",)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 import math
 import warnings
 import weakref
@@ -629,7 +628,7 @@ class GravacOptimizer(torch.optim.Optimizer):
         one's digest with its scalars (:meth:`Engine.close`), where every rank compares it; the
         next step adopts it if every rank changed alike, and raises on every rank if not.
         """
-        params = [p for g in self.param_groups for p in g["params"]]
+        params = self._params()
         sig = tuple((id(p), p.requires_grad) for p in params)
         if self._layout is None or not self._checked:
             self._check_agreement(params)
@@ -692,12 +691,7 @@ class GravacOptimizer(torch.optim.Optimizer):
         that is not finite is left out of the step on every rank (``grad = None``), with a
         warning: the rest of the step is committed already."""
         covered = {id(p) for p in layout.params}
-        extra = [
-            p
-            for g in self.param_groups
-            for p in g["params"]
-            if p.requires_grad and id(p) not in covered
-        ]
+        extra = [p for p in self._params() if p.requires_grad and id(p) not in covered]
         if not extra or self.comm.world_size == 1:
             return
         sparse = [p.grad is not None and p.grad.is_sparse for p in extra]
@@ -708,7 +702,8 @@ class GravacOptimizer(torch.optim.Optimizer):
             for p, s in zip(extra, sparse, strict=True)
         ]
         self.comm.all_reduce_([counts, *grads])
-        present, sparse_counts = counts.tolist()[: len(extra)], counts.tolist()[len(extra) :]
+        summed = counts.tolist()
+        present, sparse_counts = summed[: len(extra)], summed[len(extra) :]
         for p, n in zip(extra, sparse_counts, strict=True):
             if n > 0:
                 raise self._sparse_error(self._index(p), f"{int(n)} rank(s)")
@@ -763,17 +758,19 @@ class GravacOptimizer(torch.optim.Optimizer):
                 index = self._index(p)
                 self._sparse = index if self._sparse < 0 else min(self._sparse, index)
 
+    def _params(self) -> list[Tensor]:
+        """The wrapped optimizer's parameters, in group order."""
+        return [p for g in self.param_groups for p in g["params"]]
+
     def _index(self, p: Tensor) -> int:
-        """``p``'s index among the wrapped optimizer's parameters, in group order."""
-        params_in_order = (q for g in self.param_groups for q in g["params"])
-        return next(i for i, q in enumerate(params_in_order) if q is p)
+        """``p``'s index among :meth:`_params`."""
+        return next(i for i, q in enumerate(self._params()) if q is p)
 
     def _sparse_error(self, index: int, who: str) -> ValueError:
         """The refusal of a sparse gradient for parameter ``index``, which ``who`` had: the
         buckets are dense, and a densified gradient would reach the wrapped optimizer dense
         (``SparseAdam`` refuses it) with a dense residual the size of the whole table."""
-        params_in_order = [q for g in self.param_groups for q in g["params"]]
-        shape = tuple(params_in_order[index].shape)
+        shape = tuple(self._params()[index].shape)
         return ValueError(
             f"parameter {index} (shape {shape}) has a gradient of layout torch.sparse_coo on "
             f"{who} (nn.Embedding or nn.EmbeddingBag with sparse=True), and GravacOptimizer "
@@ -833,13 +830,8 @@ def _hold(flat: Tensor, bucket: Bucket) -> Callable[[], Tensor | None]:
     every step would fault its pages in anew (measured: Top-k's launch 3-5 ms slower a step
     on the vgg-digits CNN, docs/studies/2026-12-03-step-time.md)."""
     if len(bucket.params) > 1:
-        return functools.partial(_same, flat)
+        return lambda: flat
     return weakref.ref(flat if flat._base is None else flat._base)
-
-
-def _same(flat: Tensor) -> Tensor:
-    """``flat`` (a strong holder's call, :func:`_hold`)."""
-    return flat
 
 
 def _sole_gradient(bucket: Bucket) -> Tensor | None:

@@ -52,6 +52,7 @@ __all__ = [
     "SetupScore",
     "bar",
     "bar_evaluation",
+    "dense_bar",
     "ratios",
     "reach",
     "score",
@@ -86,6 +87,11 @@ def bar(final_metrics: Sequence[float], higher_is_better: bool) -> float:
         raise ValueError("the bar needs dense DDP's final metric on at least one seed")
     dense = statistics.median(final_metrics)
     return dense - ACCURACY_POINT if higher_is_better else dense * (1 + PERPLEXITY_SHARE)
+
+
+def dense_bar(runs: Sequence[Mapping[str, Any]], workload: str) -> float:
+    """The bar of ``workload`` from dense DDP's stored ``runs`` (one per seed)."""
+    return bar([r["final_metric"] for r in runs], workloads.get(workload).higher_is_better)
 
 
 def bar_evaluation(
@@ -297,7 +303,7 @@ def score_setup(
     searches_summary = _entry(studies, "searches", workload, link)
     searches = _by_label(searches_summary["runs"])
     timed = _step_seconds(None if link is None else _entry(studies, "timing", workload, link))
-    bar_value = bar([r["final_metric"] for r in dense], w.higher_is_better)
+    bar_value = dense_bar(dense, workload)
 
     def reaches(
         label: str, runs: Sequence[Mapping[str, Any]], timed_here: bool

@@ -43,7 +43,7 @@ from gravac_lab.compare import workloads
 from gravac_lab.compare.config import CompareConfig
 from gravac_lab.compare.netns import parse_rate
 from gravac_lab.compare.runner import run_compare
-from gravac_lab.compare.scoreboard import BUDGET_FACTOR, DENSE, HOLD, bar
+from gravac_lab.compare.scoreboard import BUDGET_FACTOR, DENSE, HOLD, dense_bar
 from gravac_lab.compare.study import Study, Variant, parse_variant
 
 __all__ = [
@@ -285,9 +285,7 @@ def run_plan(
             study = replace(study, config=replace(study.config, stop_at=bars[p.workload]))
         summary = run_compare(study)
         if p.role == "dense":
-            w = workloads.get(p.workload)
-            finals = [r["final_metric"] for r in summary["runs"]]
-            bars[p.workload] = bar(finals, w.higher_is_better)
+            bars[p.workload] = dense_bar(summary["runs"], p.workload)
         entries.append({"role": p.role, "workload": p.workload, "link": p.link, "summary": summary})
         if on_study is not None:
             on_study(entries)

@@ -106,7 +106,8 @@ class SparseCompressor(Compressor):
     def residual_(self, x: Tensor, payload: Payload, ctx: Context) -> Tensor:
         """The values sent are ``x`` at the indices: the residual is ``x`` with them zeroed,
         bit for bit ``x - D(payload)``, in place."""
-        x.view(-1).index_fill_(0, cast(SparsePayload, payload).indices.long(), 0)
+        indices = cast(SparsePayload, payload).indices  # int32 where they fit: no int64 copy
+        x.view(-1).index_put_((indices,), x.new_zeros(()))
         return x
 
     def mean_bound(self, ctx: Context, world_size: int, x_bound: float) -> float:

@@ -132,7 +132,11 @@ def sample_index(numels: Sequence[int], stride: int, device: torch.device) -> Te
 def window_terms(sent: Tensor, residual: Tensor) -> Tensor:
     """``[<S, X>, ||S||^2, ||X||^2]`` for ``X = S + e``, in float64: the terms of
     :func:`gravac.gain.gain_from_terms` for the window that sent ``S`` and ends holding ``e``."""
-    total = sent + residual
+    return _terms(sent, sent + residual)
+
+
+def _terms(sent: Tensor, total: Tensor) -> Tensor:
+    """:func:`window_terms` of ``S = sent`` and ``X = total``."""
     return torch.stack([inner(sent, total), inner(sent, sent), inner(total, total)])
 
 
@@ -199,15 +203,13 @@ class WindowSums:
         parts = [None] * len(numels) if residual is None else _split(residual, numels)
         total = torch.zeros(3, dtype=torch.float64)
         for layer, n, e in zip(layers, numels, parts, strict=True):
-            es = torch.zeros(sample_size(n)) if e is None else sample(e).float()
-            s = torch.zeros_like(es)
-            for sums in (*self.earlier, self.sent):
-                if layer in sums:
-                    s = s.to(sums[layer].device) + sums[layer]
-            es = es.to(s.device)
-            total = total.to(s.device) + window_terms(s, es)
+            held = [sums[layer] for sums in (*self.earlier, self.sent) if layer in sums]
+            x = torch.zeros(sample_size(n)) if e is None else sample(e).float()
+            s = sum(held[1:], held[0]) if held else torch.zeros_like(x)
+            x = x.to(s.device).add_(s)  # X = S + e, in the sample's own copy
+            total = total.to(s.device) + _terms(s, x)
             if totals is not None:
-                totals.append(s + es)
+                totals.append(x)
         return total
 
     def taken(self, x: Tensor, numels: Sequence[int]) -> Tensor:
@@ -216,8 +218,10 @@ class WindowSums:
         return self._sampled(x, numels)
 
     def _send(self, taken: Tensor, residual: Tensor | None, numels: Sequence[int]) -> Tensor:
-        """``x - e`` over the sample, in float32 (``e``: zero where ``residual`` is ``None``)."""
-        return (taken if residual is None else taken - self._sampled(residual, numels)).float()
+        """``x - e`` over the sample, in float32 (``e``: zero where ``residual`` is ``None``),
+        in ``taken`` itself where it is float32 (it is this object's copy: :meth:`taken`)."""
+        send = taken.float()
+        return send if residual is None else send.sub_(self._sampled(residual, numels))
 
     def sampled_send(
         self, taken: Tensor, residual: Tensor | None, numels: Sequence[int]
@@ -230,7 +234,7 @@ class WindowSums:
         if send.device.type != "cpu":
             return SampledSend(send, None, send.numel())
         kept = send.view(torch.int32) != 0  # +0.0 is the one float32 with no bit set
-        if int(kept.sum()) > _SPARSE_FRACTION * send.numel():
+        if int(torch.count_nonzero(kept)) > _SPARSE_FRACTION * send.numel():
             return SampledSend(send, None, send.numel())
         positions = kept.nonzero().view(-1)
         values = send.index_select(0, positions)

@@ -253,4 +253,4 @@ def scatter_add(
         dense = cupy_sparse.scatter_add(numel, indices, values)
         return dense if out is None else out.copy_(dense)
     out = torch.zeros(numel, dtype=values.dtype, device=values.device) if out is None else out
-    return out.zero_().index_add_(0, indices.reshape(-1).long(), values.reshape(-1))
+    return out.zero_().index_add_(0, indices.reshape(-1), values.reshape(-1))  # int32 or int64

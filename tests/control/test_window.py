@@ -38,6 +38,9 @@ def test_the_sums_of_the_windows_a_horizon_keeps_add_up_in_the_terms() -> None:
         sums.add(layers, numels, sums.taken(sent[0], numels), None)
     assert torch.allclose(kept.terms(layers, numels, residual), want(sent[2] + sent[0]))
     assert torch.allclose(plain.terms(layers, numels, residual), want(sent[0]))
+    before = {k: v.clone() for k, v in plain.sent.items()}  # the terms leave the sums as they are
+    assert torch.equal(plain.terms(layers, numels, residual), plain.terms(layers, numels, residual))
+    assert all(torch.equal(plain.sent[k], v) for k, v in before.items())
     again = WindowSums()
     again.load_state_dict(kept.state_dict())
     assert torch.equal(again.terms(layers, numels, residual), kept.terms(layers, numels, residual))

@@ -8,6 +8,7 @@ cast), with 16x headroom; a larger jump is clamped and the excess kept in the re
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 
@@ -16,8 +17,9 @@ import torch
 
 from gravac import GravacOptimizer, compressors
 from gravac.compressors.base import Round
+from gravac.compressors.sparse import BREAK_EVEN_CF
 from gravac.config import build_engine
-from gravac.control.records import Decision
+from gravac.control.records import Decision, Plan
 from gravac.engine import Engine, Given, Lent, Step, Unit
 
 #: fp16's largest finite value
@@ -333,3 +335,97 @@ def test_a_place_of_another_size_is_refused() -> None:
     step = engine.begin()
     with pytest.raises(ValueError, match=r"spans of the unit's 32 elements, got \(\(0, 31\),\)"):
         engine.launch(step, unit, torch.zeros(32), Given(place=(torch.zeros(40), ((0, 31),))))
+
+
+def _one_step(engine: Engine, unit: Unit, g: torch.Tensor, plan: Plan | None = None) -> Step:
+    """Launch, close and commit one step of ``unit`` with gradient ``g`` (``plan``: in place of
+    the controller's); the step, its flights kept."""
+    step = engine.begin()
+    if plan is not None:
+        step.plan = plan
+    engine.launch(step, unit, g.clone())
+    engine.close(step).wait()
+    engine.finish(engine.commit(step))
+    return step
+
+
+@pytest.mark.parametrize("compressor", ["topk", "dgc", "redsync"])
+@pytest.mark.parametrize("cf", [1.0, 1.5, 2.0, 2.5])
+def test_a_sparsifier_at_or_below_its_break_even_sends_the_tensor_dense(
+    compressor: str, cf: float
+) -> None:
+    """Values and int32 indices of float32 gradients are no fewer bytes than the tensor at a CF
+    of 2 or less: such a CF is planned, sent and logged as CF 1, the tensor all-reduced as it
+    is, nothing kept in the residual. Above it, the payload is sparse."""
+    engine = build_engine(compressor=compressor, policy="fixed", policy_options={"cf": cf})
+    unit = Unit(key=0, shapes=(torch.Size([16, 8]),), compressed=True)
+    g = torch.randn(128, generator=torch.Generator().manual_seed(0))
+    engine.memory.compensate(0, torch.zeros(128))  # a residual of zeros: the step's x is g
+    step = _one_step(engine, unit, g)
+    (flight,) = step.flights
+    record = engine.last_record
+    assert record is not None
+    if cf <= BREAK_EVEN_CF:
+        assert step.plan.cf == 1.0 and step.decision == Decision(cf=1.0, which="dense")
+        assert flight.dense and flight.wire_bytes == 4 * 128
+        assert torch.equal(flight.result.value().reshape(-1), g)
+        residual = engine.memory.residual(0)
+        assert residual is None or not residual.any()
+        assert (record.cf_sent, record.sent, record.wire_bytes) == (1.0, "dense", 4 * 128)
+    else:
+        assert step.plan.cf == cf and not flight.dense
+        assert flight.wire_bytes == 8 * round(128 / cf)
+        assert record.cf_sent == cf and record.sent == "min"
+
+
+def test_a_layer_at_or_below_the_break_even_is_a_dense_piece_beside_sparse_ones() -> None:
+    """Per-layer CFs (Accordion's regimes): the tensors planned at CF 1 under a sparsifier go
+    dense through the all-reduce, the others as Top-k pieces; each piece's residual follows
+    what it sent (zero for the dense one), bit for bit."""
+    engine = build_engine(compressor="topk", policy="accordion")
+    unit = Unit(key=0, shapes=(torch.Size([8, 4]), torch.Size([10, 10])), compressed=True)
+    first, second = unit.layer_ids
+    g = torch.randn(132, generator=torch.Generator().manual_seed(1))
+    plan = engine.begin().plan
+    per_layer = dataclasses.replace(plan, layer_cfs={first: 1.0, second: 10.0}, per_layer=True)
+    step = _one_step(engine, unit, g, per_layer)
+    (flight,) = step.flights
+    dense, sparse = flight.pieces
+    assert isinstance(dense.by, compressors.create("none").__class__)
+    assert dense.by.collective == "allreduce" and sparse.by is engine.compressor
+    assert flight.wire_bytes == 4 * 32 + 8 * 10
+    aggregate = flight.result.value().reshape(-1)
+    assert torch.equal(aggregate[:32], g[:32])
+    kept = aggregate[32:] != 0
+    assert int(kept.sum()) == 10 and torch.equal(aggregate[32:][kept], g[32:][kept])
+    residual = engine.memory.residual(0)
+    assert residual is not None
+    assert not residual[:32].any()
+    assert torch.equal(residual[32:] + aggregate[32:], g[32:])
+
+
+def test_accordion_sends_powersgd_at_one_rank_per_regime_whatever_the_shapes() -> None:
+    """Accordion with PowerSGD plans ranks, not CFs (4 critical, 1 otherwise, by default, as the
+    GraVAC paper ran it): every layer of a regime at its rank, layers of different shapes and
+    regimes in pieces of their own; before any regime is known, the whole unit at rank 4."""
+    engine = build_engine(compressor="powersgd", policy="accordion")
+    shapes = (torch.Size([32, 16]), torch.Size([24, 40]), torch.Size([16, 16]))
+    unit = Unit(key=0, shapes=shapes, compressed=True)
+    a, b, c = unit.layer_ids
+    g = torch.randn(unit.numel, generator=torch.Generator().manual_seed(2))
+    step = _one_step(engine, unit, g)
+    (flight,) = step.flights
+    assert flight.sent is not None and not flight.pieces
+    assert [p.rank for p in flight.sent[1].plans] == [4, 4, 4]
+    plan = engine.begin().plan
+    assert plan.rank == 4 and plan.per_layer
+    regimes = dataclasses.replace(plan, layer_ranks={a: 4, b: 1, c: 1})
+    (flight,) = _one_step(engine, unit, g, regimes).flights
+    assert [[p.rank for p in piece.ctx.plans] for piece in flight.pieces] == [[4], [1, 1]]
+    record = engine.last_record
+    assert record is not None and record.cf_sent == record.cf_achieved > 1.0
+
+
+def test_accordion_ranks_are_refused_for_a_compressor_that_sends_at_none() -> None:
+    with pytest.raises(ValueError, match="low_rank and high_rank need a compressor that sends at"):
+        build_engine(compressor="topk", policy="accordion", policy_options={"low_rank": 4})

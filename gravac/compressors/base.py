@@ -88,6 +88,9 @@ class Round:
             Compressors that work per matrix (PowerSGD) read it.
         stale: ``agreed`` holds the previous step's statistics, not this step's (only for a
             compressor whose :attr:`StatsRule.may_lag`).
+        ranks: per tensor of the layout, the rank it is sent at in place of the CF's (a
+            compressor that :attr:`Compressor.takes_ranks`: Accordion's per-layer ranks);
+            ``None``: the CF decides.
     """
 
     step: int = 0
@@ -96,12 +99,15 @@ class Round:
     agreed: Tensor | None = None
     layout: tuple[torch.Size, ...] | None = None
     stale: bool = False
+    ranks: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.step < 0:
             raise ValueError(f"Round.step must be >= 0, got {self.step}")
         if self.world_size < 1:
             raise ValueError(f"Round.world_size must be >= 1, got {self.world_size}")
+        if self.ranks is not None and any(r < 1 for r in self.ranks):
+            raise ValueError(f"Round.ranks must be integers >= 1, got {self.ranks}")
 
 
 @dataclass(frozen=True)
@@ -168,6 +174,14 @@ class Compressor(ABC):
     #: compressor when its caller does not choose (``bucket_bytes=None``), raised for a large
     #: model (:func:`gravac.buckets.default_bucket_bytes`); ``None``: DDP's 25 MiB
     bucket_bytes: ClassVar[int | None] = None
+    #: whether a tensor planned at CF 1 (:meth:`deliverable_cf` snaps CFs at or below the
+    #: compressor's break-even to 1) is sent as it is, through the all-reduce, with no
+    #: residual: a sparsifier's payload at CF 1 would be every value and its index, twice the
+    #: dense bytes through an all-gather
+    dense_at_one: ClassVar[bool] = False
+    #: whether it sends a tensor at a rank given in :attr:`Round.ranks` (a low-rank compressor:
+    #: a rank is one knob across shapes, where one CF is a different rank per shape)
+    takes_ranks: ClassVar[bool] = False
 
     def deliverable_cf(self, cf: float, world_size: int = 1) -> float:
         """The CF this compressor actually delivers, in wire bits, when asked for ``cf``.

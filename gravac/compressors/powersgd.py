@@ -342,6 +342,7 @@ class PowerSGDCompressor(Compressor):
 
     name: ClassVar[str] = "powersgd"
     collective: Collective = "allreduce"
+    takes_ranks: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -378,6 +379,18 @@ class PowerSGDCompressor(Compressor):
     def rank_for(self, shape: torch.Size, cf: float) -> int:
         """Rank a tensor of ``shape`` is sent at for CF ``cf``; 0 means dense."""
         return int(self._ranks(shape, np.array([check_cf(cf)]))[0])
+
+    def rank_given(self, shape: torch.Size, rank: int) -> int:
+        """Rank a tensor of ``shape`` is sent at when ``rank`` is asked for
+        (:attr:`Round.ranks`): ``rank``, or 0 (dense) where the CF rule sends it dense (too
+        few dimensions or elements, or a rate ``mn / (r (m + n))`` below
+        ``min_compression_rate``, as every rank above ``min(m, n)`` has: the rate is then
+        below 1)."""
+        numel = math.prod(shape)
+        if len(shape) < 2 or numel == 0 or numel < self.min_numel:
+            return 0
+        m, n = _matrix_view(shape)
+        return rank if m * n / (rank * (m + n)) >= self.min_compression_rate else 0
 
     def _ranks(self, shape: torch.Size, cfs: np.ndarray) -> np.ndarray:
         """:meth:`rank_for` over an array of CFs (the same floating-point operations as
@@ -462,9 +475,17 @@ class PowerSGDCompressor(Compressor):
         stored = self._stored(rnd.key, layout)
         plans: list[TensorPlan] = []
         start = n_factor = n_dense = 0
+        if rnd.ranks is not None and len(rnd.ranks) != len(layout):
+            raise ValueError(
+                f"Round.ranks must give a rank for each of the layout's {len(layout)} tensors, "
+                f"got {rnd.ranks}"
+            )
         for index, shape in enumerate(layout):
             rows, cols = _matrix_view(shape)
-            rank = self.rank_for(shape, cf)
+            if rnd.ranks is None:
+                rank = self.rank_for(shape, cf)
+            else:
+                rank = self.rank_given(shape, rnd.ranks[index])
             if rank == 0:
                 plans.append(TensorPlan(index, start, rows, cols, 0, LEFT, None, n_dense))
                 n_dense += rows * cols

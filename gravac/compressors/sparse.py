@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import ClassVar, cast
 
 import torch
 from torch import Tensor
@@ -29,7 +29,12 @@ from gravac.gain import kept_terms
 from gravac.kernels import index_dtype, scatter_add, topk_indices
 from gravac.spans import Place, place_indices
 
-__all__ = ["PLACE_RATIO", "SparseCompressor", "SparsePayload"]
+__all__ = ["BREAK_EVEN_CF", "PLACE_RATIO", "SparseCompressor", "SparsePayload"]
+
+#: the CF at or below which a sparsifier's payload is no smaller than the dense tensor: a float32
+#: value and its int32 index (8 bytes) for every CF float32 elements (4 bytes each); such a
+#: tensor is sent dense (:attr:`SparseCompressor.dense_at_one`)
+BREAK_EVEN_CF = 2.0
 
 #: the gathered indices are moved into a bucket's spans (not the aggregate copied there) while
 #: indices x span boundaries <= numel / PLACE_RATIO: one thread moved an index across a
@@ -50,6 +55,12 @@ class SparseCompressor(Compressor):
     """Base of the sparsifiers that send values and indices through an all-gather."""
 
     collective: Collective = "allgather"
+    dense_at_one: ClassVar[bool] = True
+
+    def deliverable_cf(self, cf: float, world_size: int = 1) -> float:
+        """``cf``, or 1 (the tensor sent dense) at or below :data:`BREAK_EVEN_CF`, where values
+        and indices would be no fewer bytes than the dense tensor."""
+        return 1.0 if check_cf(cf) <= BREAK_EVEN_CF else cf
 
     @abstractmethod
     def select(self, values: Tensor, k: int, rnd: Round) -> Tensor:

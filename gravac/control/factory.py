@@ -59,6 +59,7 @@ def make_controller(
     snap: Callable[[float], float] | None = None,
     *,
     replayable: bool = False,
+    ranked: bool = False,
     sender: str = "this compressor",
 ) -> Controller:
     """The controller that runs ``policy`` under ``config`` for ``world_size`` workers.
@@ -68,12 +69,20 @@ def make_controller(
         replayable: the compressor's sends can be replayed on a sample under plain error
             feedback (:class:`gravac.compressors.base.Replayable` and a
             :class:`gravac.memory.ResidualMemory`).
+        ranked: the compressor sends a tensor at a rank given per layer
+            (:attr:`gravac.compressors.Compressor.takes_ranks`).
         sender: the compressor and its memory, as the messages name them.
 
     Raises:
         ValueError: the config asks for the search by shadow, or for an option only it takes,
-            and the sends are not ``replayable`` or the ladder runs another search.
+            and the sends are not ``replayable`` or the ladder runs another search; Accordion's
+            ranks are given for a compressor that sends at none.
     """
+    if isinstance(policy, AccordionPolicy) and policy.ranks_given and not ranked:
+        raise ValueError(
+            f"accordion policy options low_rank and high_rank need a compressor that sends at "
+            f"ranks (powersgd), got {sender}; give low_cf and high_cf instead"
+        )
     kind = _kind(policy, config, replayable)
     if kind is ShadowController and not replayable:
         raise ValueError(
@@ -89,4 +98,4 @@ def make_controller(
             f"sends can be replayed under plain error feedback: {_REPLAYABLE}); leave horizon "
             "at 1 and noise unset"
         )
-    return kind(Setting(config, policy, world_size, snapper(snap)))
+    return kind(Setting(config, policy, world_size, snapper(snap), ranked))

@@ -58,6 +58,9 @@ class Plan:
         layer_cfs: CFs by layer (a tensor's stable id, :attr:`gravac.engine.Unit.layer_ids`),
             sent instead of ``cf``; ``per_layer``: the plan decides per layer, so the CF sent is
             reported as the one achieved.
+        rank: for a compressor that takes ranks (:attr:`gravac.compressors.Compressor.takes_ranks`),
+            the rank every compressed tensor is sent at (but the layers of ``layer_ranks``), in
+            place of its CF's; ``None``: the CFs decide.
         window_terms: the step carries the gain of the window that ended before it
             (:mod:`gravac.control.window`) and starts the next window.
         shadows: CFs whose window gains are measured without sending them
@@ -77,6 +80,8 @@ class Plan:
     measure: bool = True
     layer_cfs: Mapping[int, float] = field(default_factory=dict)
     per_layer: bool = False
+    rank: int | None = None
+    layer_ranks: Mapping[int, int] = field(default_factory=dict)
     window_terms: bool = False
     shadows: tuple[float, ...] = ()
     signal: bool = False
@@ -87,6 +92,12 @@ class Plan:
     def cfs_for(self, layers: tuple[int, ...]) -> tuple[float, ...]:
         """The CF of each of ``layers``."""
         return tuple(self.layer_cfs.get(k, self.cf) for k in layers)
+
+    def ranks_for(self, layers: tuple[int, ...]) -> tuple[int, ...] | None:
+        """The rank of each of ``layers``; ``None`` where the plan gives no ranks."""
+        if self.rank is None:
+            return None
+        return tuple(self.layer_ranks.get(k, self.rank) for k in layers)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from torch.futures import Future
 from gravac.comm import Arrival, Communicator, collect
 from gravac.compressors.base import (
     Agreeing,
+    Collective,
     Compressor,
     Multilevel,
     Payload,
@@ -29,6 +30,7 @@ from gravac.compressors.base import (
     stats_rule,
     wire_bytes,
 )
+from gravac.compressors.dense import NoneCompressor
 from gravac.control.factory import make_controller
 from gravac.control.noise import signal_fraction, signal_payload, signal_sample
 from gravac.control.norms import IntervalNorms
@@ -66,6 +68,11 @@ __all__ = ["MAX_SKIP_RUN", "Engine", "SparseGradientError", "all_finite"]
 #: it computes (:meth:`Compressor.mean_bound`) by the dtype's largest finite value over this:
 #: the bounds leave out rounding (a factor ``1 + 2^-24`` per addition in float32, far from 2)
 _BOUND_MARGIN = 2.0
+#: what sends a piece of a unit planned at CF 1 under a compressor that sends such a tensor as
+#: it is (:attr:`Compressor.dense_at_one`): the tensor itself, all-reduced
+_DENSE_PIECE = NoneCompressor()
+#: a tensor's CF and rank under a plan (:func:`_settings`)
+_Setting = tuple[float, int | None]
 
 
 def all_finite(tensors: Sequence[Tensor]) -> bool:
@@ -277,6 +284,7 @@ class Engine:
             world,
             lambda cf: c.deliverable_cf(cf, world),
             replayable=isinstance(c, Replayable) and type(self.memory) is ResidualMemory,
+            ranked=c.takes_ranks,
             sender=f"{c.name!r} with {type(self.memory).__name__}",
         )
 
@@ -302,7 +310,13 @@ class Engine:
         plan = self.controller.plan()
         snapshot = copy.deepcopy(self.compressor.state_dict())
         terms = torch.zeros(terms_size(len(plan.shadows)), dtype=torch.float64)
-        return Step(self.steps, plan, plan.send, snapshot, terms=terms, lr=lr)
+        send = DENSE if not plan.per_layer and self._dense_at(plan.send.cf) else plan.send
+        return Step(self.steps, plan, send, snapshot, terms=terms, lr=lr)
+
+    def _dense_at(self, cf: float) -> bool:
+        """Whether a tensor planned at ``cf`` is sent as it is, through the all-reduce: at CF 1
+        for a compressor whose payload would be larger (:attr:`Compressor.dense_at_one`)."""
+        return cf == DENSE.cf and self.compressor.dense_at_one
 
     def launch(
         self,
@@ -392,7 +406,7 @@ class Engine:
         """Whether :meth:`launch` may take ``unit`` packed (see :meth:`addend`)."""
         if not unit.compressed or not complete or carry or step.plan.norms:
             return False
-        return len(set(step.plan.cfs_for(unit.layer_ids))) == 1
+        return len(set(_settings(step.plan, unit))) == 1
 
     def _launch_compressed(
         self,
@@ -411,8 +425,8 @@ class Engine:
         # every tensor has a gradient here: nothing reads x after the send (the residual update
         # is settled now, or a dense send zeroes it), so the window's sample is taken first
         early = settle and carry is None
-        layer_cfs = plan.cfs_for(unit.layer_ids)
-        per_layer = len(set(layer_cfs)) > 1
+        settings = _settings(plan, unit)
+        per_layer = len(set(settings)) > 1
         if given is not None and given.packed:
             x: Tensor | None = flat
         else:
@@ -422,20 +436,24 @@ class Engine:
         if x is None:
             x = self.memory.compensate(unit.key, flat if carry is None else flat + carry)
         if per_layer:
-            return self._launch_layers(step, unit, x, layer_cfs, out)
-        cf_min = layer_cfs[0]
+            return self._launch_layers(step, unit, x, settings, out)
+        cf_min, rank = settings[0]
         world = self.comm.world_size
-        base = Round(step=step.index, key=unit.key, world_size=world, layout=unit.shapes)
-        multilevel = c if isinstance(c, Multilevel) else None
+        ranks = None if rank is None else (rank,) * len(unit.shapes)
+        base = Round(step.index, unit.key, world, layout=unit.shapes, ranks=ranks)
+        # at CF 1 a compressor that sends such a tensor as it is has x itself as its payload
+        c_min = _DENSE_PIECE if self._dense_at(cf_min) else c
+        multilevel = c if isinstance(c, Multilevel) and c_min is c else None
         direct = plan.candidate is not None and multilevel is None
-        cfs = [cf_min]
+        cfs = [cf_min] if c_min is c else []
         if direct and plan.candidate is not None:
             cfs.append(plan.candidate)
-        r_min, *r_c = self._agree_stats(step, x, cfs, base, unit.layer_ids)
-        p_min, ctx_min = c.compress(x, cf_min, r_min)
+        rounds = self._agree_stats(step, x, cfs, base, unit.layer_ids)
+        r_min, r_c = (rounds[0], rounds[1:]) if c_min is c else (base, rounds)
+        p_min, ctx_min = c_min.compress(x, cf_min, r_min)
         chosen = (p_min, ctx_min)
         zero = torch.zeros((), dtype=torch.float64, device=x.device)
-        terms = [*c.sent_terms(x, p_min, ctx_min)] if plan.measure else [zero, zero]
+        terms = [*c_min.sent_terms(x, p_min, ctx_min)] if plan.measure else [zero, zero]
         if plan.candidate is not None:
             if multilevel is None:
                 p_c, ctx_c = c.compress(x, plan.candidate, r_c[0])
@@ -478,7 +496,8 @@ class Engine:
         step.terms = step.terms.to(x.device) + torch.cat(local)
         taken = self.windows.taken(x, unit.numels) if early and self._sums(plan) else None
         shadow = self.shadows.gradient(x, e, unit.numels) if plan.shadows else None
-        if step.decision.which == "dense":
+        # a per-layer plan's unit whose every tensor is at CF 1 is sent as it is, too
+        if step.decision.which == "dense" or (c_min is not c and step.decision.which == "min"):
             total = x if early else x.clone()  # all-reduced in place
             reduced = self.comm.all_reduce_async(total)
             flight = Flight(unit, x, None, reduced, _nbytes(total), out, taken=taken)
@@ -511,12 +530,15 @@ class Engine:
             rotate=rotate,
         )
 
-    def _send(self, payload: Payload, *, read_later: bool = True) -> Arrival[Any]:
-        """Start the compressor's collective of ``payload``; an all-reduce sums into the payload
-        itself unless the residual update still reads it at commit (``read_later``, under error
-        feedback)."""
+    def _send(
+        self, payload: Payload, *, read_later: bool = True, collective: Collective | None = None
+    ) -> Arrival[Any]:
+        """Start the compressor's collective (or ``collective``) of ``payload``; an all-reduce
+        sums into the payload itself unless the residual update still reads it at commit
+        (``read_later``, under error feedback)."""
         in_place = not read_later or isinstance(self.memory, NoMemory)
-        return self.comm.send_payload(payload, self.compressor.collective, in_place=in_place)
+        how = self.compressor.collective if collective is None else collective
+        return self.comm.send_payload(payload, how, in_place=in_place)
 
     def _sums(self, plan: Plan) -> bool:
         """Whether what a unit sends this step is added to the window's sums (not at the step
@@ -524,21 +546,28 @@ class Engine:
         return self._windowed and not plan.window_terms and not plan.per_layer
 
     def _launch_layers(
-        self, step: Step, unit: Unit, x: Tensor, cfs: tuple[float, ...], out: Tensor | None
+        self, step: Step, unit: Unit, x: Tensor, settings: Sequence[_Setting], out: Tensor | None
     ) -> Flight:
-        """Send a unit whose tensors have CFs of their own (per-layer decisions): each run of
-        adjacent tensors at one CF is a piece, a view of ``x`` compressed and sent on its own.
-        No gains are measured (a per-layer policy reads none)."""
-        c, world = self.compressor, self.comm.world_size
+        """Send a unit whose tensors have CFs (or ranks) of their own (per-layer decisions):
+        each run of adjacent tensors at one setting is a piece, a view of ``x`` compressed and
+        sent on its own. No gains are measured (a per-layer policy reads none)."""
+        world = self.comm.world_size
         step.ends.append(_ends(x))
         pieces = []
-        for first, last, start, end in _runs(unit.shapes, cfs):
+        for first, last, start, end in _runs(unit.shapes, settings):
             key = PIECE_KEY_BASE + unit.key * PIECE_KEY_STRIDE + first
-            base = Round(step.index, key, world, layout=unit.shapes[first:last])
-            piece = x[start:end]
-            (rnd,) = self._agree_stats(step, piece, [cfs[first]], base, unit.layer_ids[first:last])
-            payload, ctx = c.compress(piece, cfs[first], rnd)
-            pieces.append(Piece(start, end, payload, ctx, self._send(payload)))
+            cf, rank = settings[first]
+            ranks = None if rank is None else (rank,) * (last - first)
+            base = Round(step.index, key, world, layout=unit.shapes[first:last], ranks=ranks)
+            piece, c = x[start:end], self.compressor
+            if self._dense_at(cf):  # sent as it is (the residual of its span: zero)
+                rnd, c = base, _DENSE_PIECE
+            else:
+                layers = unit.layer_ids[first:last]
+                (rnd,) = self._agree_stats(step, piece, [cf], base, layers)
+            payload, ctx = c.compress(piece, cf, rnd)
+            arrived = self._send(payload, collective=c.collective)
+            pieces.append(Piece(start, end, payload, ctx, arrived, c))
         arrived = collect([p.arrived for p in pieces])
         nbytes = sum(wire_bytes(p.payload) for p in pieces)
         return Flight(unit, x, None, arrived, nbytes, out, pieces=tuple(pieces))
@@ -895,7 +924,7 @@ class Engine:
         if f.pieces:
             total = out if out is not None else torch.empty_like(f.x.reshape(-1))
             for p, payloads in zip(f.pieces, arrived, strict=True):
-                c.combine_mean(payloads, p.ctx, n, out=total[p.start : p.end])
+                p.by.combine_mean(payloads, p.ctx, n, out=total[p.start : p.end])
             return total
         if f.sent is None:
             total = arrived if out is None or out is arrived else out.copy_(arrived)
@@ -993,7 +1022,7 @@ class Engine:
             return self.compressor.decompress(*f.sent)
         dense = torch.empty_like(f.x.reshape(-1))
         for p in f.pieces:
-            self.compressor.decompress_into(p.payload, p.ctx, dense[p.start : p.end])
+            p.by.decompress_into(p.payload, p.ctx, dense[p.start : p.end])
         return dense
 
     @staticmethod
@@ -1237,14 +1266,23 @@ def _achieved_cf(flights: Sequence[Flight]) -> float:
     return numel / sent if sent > 0 else 1.0
 
 
-def _runs(shapes: Sequence[torch.Size], cfs: Sequence[float]) -> list[tuple[int, int, int, int]]:
-    """The runs of adjacent tensors at one CF: ``(first, last)`` tensor indices (``last``
-    excluded) and the ``(start, end)`` elements they span."""
+def _settings(plan: Plan, unit: Unit) -> tuple[_Setting, ...]:
+    """Each of ``unit``'s tensors' CF and rank (``None``: the CF decides) under ``plan``."""
+    cfs = plan.cfs_for(unit.layer_ids)
+    ranks = plan.ranks_for(unit.layer_ids)
+    return tuple(zip(cfs, ranks or (None,) * len(cfs), strict=True))
+
+
+def _runs(
+    shapes: Sequence[torch.Size], settings: Sequence[_Setting]
+) -> list[tuple[int, int, int, int]]:
+    """The runs of adjacent tensors at one setting (CF and rank): ``(first, last)`` tensor
+    indices (``last`` excluded) and the ``(start, end)`` elements they span."""
     runs: list[tuple[int, int, int, int]] = []
     offset = 0
-    for i, (shape, cf) in enumerate(zip(shapes, cfs, strict=True)):
+    for i, (shape, setting) in enumerate(zip(shapes, settings, strict=True)):
         end = offset + math.prod(shape)
-        if runs and cfs[runs[-1][0]] == cf:
+        if runs and settings[runs[-1][0]] == setting:
             first, _, start, _ = runs[-1]
             runs[-1] = (first, i + 1, start, end)
         else:

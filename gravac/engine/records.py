@@ -12,7 +12,7 @@ from torch import Tensor
 from torch.futures import Future
 
 from gravac.comm import Arrival
-from gravac.compressors.base import Context, Payload
+from gravac.compressors.base import Compressor, Context, Payload
 from gravac.control.records import Decision, Plan
 from gravac.control.window import SampledSend
 from gravac.engine.scalars import terms_size
@@ -137,6 +137,7 @@ class Piece:
     payload: Payload
     ctx: Context
     arrived: Arrival[Any]  # every rank's payload
+    by: Compressor  # what compressed it: the engine's, or NoneCompressor where sent dense
 
 
 @dataclass

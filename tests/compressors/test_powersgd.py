@@ -282,6 +282,22 @@ def test_several_tensors_in_one_bucket() -> None:
     assert _rel_err(out1[522:618], b.reshape(-1)) < EXACT_RTOL
 
 
+def test_ranks_given_replace_the_cf_per_tensor() -> None:
+    """``Round.ranks`` (Accordion's per-layer ranks) sends each matrix at its rank whatever the
+    CF; a vector and a matrix whose rate at that rank is below ``min_compression_rate`` go
+    dense as under a CF; a rank for each tensor, >= 1."""
+    layout = (torch.Size([32, 16]), torch.Size([10]), torch.Size([8, 12]), torch.Size([6, 6]))
+    x = torch.randn(sum(s.numel() for s in layout), generator=torch.Generator().manual_seed(3))
+    c = _psgd(min_numel=0, min_compression_rate=1.0)
+    _, ctx = c.compress(x, 1000.0, Round(layout=layout, ranks=(4, 4, 2, 4)))
+    assert [p.rank for p in ctx.plans] == [4, 0, 2, 0]  # 6 x 6 at rank 4: a rate of 0.75
+    assert ctx.achieved_cf == x.numel() / (32 * 4 + 10 + 8 * 2 + 36)  # the left factors
+    with pytest.raises(ValueError, match="a rank for each of the layout's 4 tensors"):
+        c.compress(x, 4.0, Round(layout=layout, ranks=(4, 1)))
+    with pytest.raises(ValueError, match=r"Round\.ranks must be integers >= 1"):
+        Round(layout=layout, ranks=(4, 0, 1, 1))
+
+
 def test_new_layout_resets_the_key() -> None:
     x = torch.randn(1200, generator=torch.Generator().manual_seed(11))
     c = _psgd()

@@ -11,7 +11,8 @@ front end's stable id, taken in launch order, identical on every rank)::
                   n[layer] = mean over ranks of ||acc[layer]||     (agreed with the step's scalars)
                   critical[layer] = no previous n, or |prev - n| / prev >= eta
                   prev = n; acc = 0
-    each step sends every critical layer at low_cf, every other one at high_cf.
+    each step sends every critical layer at low_cf, every other one at high_cf (with a
+    compressor that sends at ranks, PowerSGD: at low_rank and high_rank).
 
 A learning-rate decay (the rate below :data:`LR_DECAY_FRACTION` of the previous step's, on any
 rank) makes every layer critical from the next step to the end of the interval. Decisions read
@@ -86,6 +87,8 @@ class AccordionController:
         self.smoothed = setting.smoothed()
         self.low = self.snap(policy.low_cf)  # sent by critical layers
         self.high = self.snap(policy.high_cf)  # sent by the others
+        # with a compressor that sends at ranks: the ranks of the two regimes, in place of CFs
+        self.ranks = (policy.low_rank, policy.high_rank) if setting.ranked else None
         self.window_step = 0  # steps into the interval
         self.window_index = 0  # intervals completed
         self._norms: dict[int, float] = {}  # layer -> the last interval's agreed norm
@@ -104,15 +107,23 @@ class AccordionController:
 
     # ----------------------------------------------------------------- per step
     def plan(self) -> Plan:
-        """Each layer at its regime's CF; the gradients summed, and their norms sent at the
-        interval's last step."""
-        layers = {k: self.low if c else self.high for k, c in self._critical.items()}
+        """Each layer at its regime's CF (or rank); the gradients summed, and their norms sent
+        at the interval's last step."""
+        if self.ranks is None:
+            cfs = {k: self.low if c else self.high for k, c in self._critical.items()}
+            rank, ranks = None, {}
+        else:
+            low, high = self.ranks
+            cfs, rank = {}, low
+            ranks = {k: low if c else high for k, c in self._critical.items()}
         return Plan(
             self.low,
             Decision(cf=self.low, which="min"),
             measure=False,
-            layer_cfs=layers,
+            layer_cfs=cfs,
             per_layer=True,
+            rank=rank,
+            layer_ranks=ranks,
             norms=True,
             norms_due=self.window_step == self.policy.interval - 1,
         )

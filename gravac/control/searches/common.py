@@ -28,12 +28,15 @@ class Setting:
             (:func:`gravac.control.tables.snapper` of the compressor's
             :meth:`gravac.compressors.Compressor.deliverable_cf`): every CF a search plans,
             keeps as a key and sends is a snapped one.
+        ranked: the compressor sends a tensor at a rank given per layer
+            (:attr:`gravac.compressors.Compressor.takes_ranks`), which Accordion plans.
     """
 
     config: ControllerConfig
     policy: ScalingPolicy
     world_size: int
     snap: Callable[[float], float]
+    ranked: bool = False
 
     @property
     def theta_min(self) -> float:

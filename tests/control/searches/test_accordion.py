@@ -26,7 +26,7 @@ from gravac.ddp import GravacHookState, gravac_hook
 from tests.helpers import batch, counter_clock, through_torch_save, tiny_model, train_step
 from tests.workers import Workers
 
-LOW, HIGH = 2.0, 20.0
+LOW, HIGH = 4.0, 20.0  # above a sparsifier's break-even (CF 2): sent sparse
 #: two layers (stable ids) of three elements each, in one unit
 LAYERS = (7, 3)
 NUMELS = (3, 3)
@@ -190,6 +190,10 @@ def test_state_dict_resumes_the_same_decisions() -> None:
         ({"eta": math.nan}, "eta must be a finite number > 0"),
         ({"eta": True}, "eta must be a finite number > 0"),
         ({"rank": 4}, "rank"),
+        ({"low_rank": 0}, "low_rank must be an integer >= 1, got 0"),
+        ({"high_rank": True}, "high_rank must be an integer >= 1, got True"),
+        ({"low_rank": 2.0}, "low_rank must be an integer >= 1, got 2.0"),
+        ({"low_rank": 2, "high_rank": 3}, "high_rank must be <= low_rank \\(2\\)"),
     ],
 )
 def test_bad_options_name_the_option(options: dict[str, Any], match: str) -> None:
@@ -230,7 +234,7 @@ def mixed(opt: GravacOptimizer) -> list[int]:
 
 def test_layers_at_their_own_cfs_keep_the_error_feedback_identity() -> None:
     """g + e_old == D(sent) + e_new exactly, with each layer's piece at its own CF: the
-    critical layers keep half their values, the others a fiftieth."""
+    critical layers keep a quarter of their values, the others a fiftieth."""
     model = tiny_model()
     opt = accordion(model, interval=1000)
     x, y = batch(0, 0)

@@ -429,31 +429,3 @@ def test_accordion_sends_powersgd_at_one_rank_per_regime_whatever_the_shapes() -
 def test_accordion_ranks_are_refused_for_a_compressor_that_sends_at_none() -> None:
     with pytest.raises(ValueError, match="low_rank and high_rank need a compressor that sends at"):
         build_engine(compressor="topk", policy="accordion", policy_options={"low_rank": 4})
-
-
-def test_a_dense_send_advances_powersgd_bases_as_its_own_round_would() -> None:
-    """A step sent dense in PowerSGD's place (a search's dense fallback) moves the shared
-    bases as PowerSGD's own all-reduced round would have: the factor of the aggregate against
-    the basis of the step, orthonormalised, the side flipped (on one process, bit for bit)."""
-    engine = build_engine(compressor="powersgd", policy="fixed", policy_options={"cf": 4})
-    unit = Unit(key=0, shapes=(torch.Size([32, 16]),), compressed=True)
-    gen = torch.Generator().manual_seed(3)
-    _one_step(engine, unit, torch.randn(512, generator=gen))
-    before = engine.compressor.state_dict()
-    residual = engine.memory.residual(0)
-    assert residual is not None
-    g = torch.randn(512, generator=gen)
-    own = compressors.create("powersgd")
-    own.load_state_dict(before)
-    payload, ctx = own.compress(g + residual, 4.0, Round(step=1, key=0, layout=unit.shapes))
-    own.combine([payload], ctx)
-    step = engine.begin()
-    step.decision = Decision(cf=1.0, which="dense")
-    engine.launch(step, unit, g.clone())
-    engine.close(step).wait()
-    engine.finish(engine.commit(step))
-    assert step.flights[0].dense
-    after, expected = engine.compressor.state_dict()["keys"][0], own.state_dict()["keys"][0]
-    assert after["sides"] == expected["sides"] != before["keys"][0]["sides"]
-    assert torch.equal(after["bases"][0], expected["bases"][0])
-    assert not torch.equal(after["bases"][0], before["keys"][0]["bases"][0])

@@ -182,10 +182,6 @@ class Compressor(ABC):
     #: whether it sends a tensor at a rank given in :attr:`Round.ranks` (a low-rank compressor:
     #: a rank is one knob across shapes, where one CF is a different rank per shape)
     takes_ranks: ClassVar[bool] = False
-    #: whether it keeps state shared by the ranks that a round sent dense in its place must
-    #: advance (:meth:`follow`: PowerSGD's bases), so that a search falling back to dense
-    #: judges it on a state that still follows the gradient
-    follows_dense: ClassVar[bool] = False
 
     def deliverable_cf(self, cf: float, world_size: int = 1) -> float:
         """The CF this compressor actually delivers, in wire bits, when asked for ``cf``.
@@ -200,13 +196,6 @@ class Compressor(ABC):
         """The shapes of every tensor this compressor will compress (the engine calls it when
         the layout is known or changes), for compressors whose deliverable CFs depend on them
         (PowerSGD's integer ranks). The default ignores them."""
-        return None
-
-    def follow(self, aggregate: Tensor, ctx: Context) -> None:
-        """A round compressed into ``ctx`` was sent dense instead, and ``aggregate`` (the
-        mean over ranks, the same on every rank) arrived: advance any state shared by the
-        ranks as the compressor's own send would have (called once a round, for compressors
-        that declare :attr:`follows_dense`). The default keeps no such state."""
         return None
 
     def forget(self, key: int) -> None:

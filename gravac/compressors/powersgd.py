@@ -316,17 +316,6 @@ def _project(m: Tensor, plan: TensorPlan, out: Tensor) -> None:
         out.view(plan.cols, plan.rank).copy_((plan.basis.t() @ m).t())
 
 
-def _project_all(flat: Tensor, plans: Sequence[TensorPlan], factors: Tensor) -> None:
-    """Write the factor of every compressed matrix of the flat unit ``flat`` (:func:`_project`)
-    into its place in ``factors``, computed in ``factors``' dtype."""
-    for plan in plans:
-        if plan.basis is None:
-            continue
-        seg = flat[plan.start : plan.start + plan.numel].view(plan.rows, plan.cols)
-        size = plan.factor_rows * plan.rank
-        _project(seg.to(factors.dtype), plan, factors[plan.offset : plan.offset + size])
-
-
 def _matrix_view(shape: torch.Size) -> tuple[int, int]:
     numel = math.prod(shape)
     rows = shape[0] if len(shape) else 1
@@ -354,7 +343,6 @@ class PowerSGDCompressor(Compressor):
     name: ClassVar[str] = "powersgd"
     collective: Collective = "allreduce"
     takes_ranks: ClassVar[bool] = True
-    follows_dense: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -514,10 +502,13 @@ class PowerSGDCompressor(Compressor):
             factors=flat.new_empty(n_factor, dtype=dtype), dense=flat.new_empty(n_dense)
         )
         for plan in plans:
+            seg = flat[plan.start : plan.start + plan.numel]
             if plan.basis is None:
-                seg = flat[plan.start : plan.start + plan.numel]
                 payload.dense[plan.offset : plan.offset + plan.numel].copy_(seg)
-        _project_all(flat, plans, payload.factors)
+            else:
+                size = plan.factor_rows * plan.rank
+                out = payload.factors[plan.offset : plan.offset + size]
+                _project(seg.view(plan.rows, plan.cols).to(dtype), plan, out)
         sent = n_factor + n_dense
         achieved = flat.numel() / sent if sent else 1.0
         ctx = PowerSGDContext(
@@ -609,26 +600,6 @@ class PowerSGDCompressor(Compressor):
         if self.warm_start:
             self._advance(total, c)
         return out
-
-    def follow(self, aggregate: Tensor, ctx: Context) -> None:
-        """Advance the shared bases from a round sent dense in this compressor's place, as its
-        own send would have: the summed factor is linear in the gradient, ``sum_i M_i Q =
-        (sum_i M_i) Q``, so the factor of the dense aggregate, the same on every rank, gives
-        the basis the all-reduced factors would have given (up to the scale, which the
-        orthonormalisation removes). Without it a search that sends dense (Algorithm 1's
-        fallback, docs/design.md section 9.1) would judge PowerSGD on a basis that stopped
-        following the gradient; nothing moves without warm start."""
-        if not self.warm_start:
-            return
-        c = cast(PowerSGDContext, ctx)
-        flat = aggregate.detach().reshape(-1)
-        factors = sum(p.factor_rows * p.rank for p in c.plans if p.basis is not None)
-        payload = PowerSGDPayload(
-            factors=flat.new_empty(factors, dtype=_compute_dtype(flat.dtype)),
-            dense=flat.new_empty(0),
-        )
-        _project_all(flat, c.plans, payload.factors)
-        self._advance(payload, c)
 
     def _advance(self, total: PowerSGDPayload, ctx: PowerSGDContext) -> None:
         old = self._state.get(ctx.key)

@@ -502,7 +502,6 @@ class Engine:
             reduced = self.comm.all_reduce_async(total)
             flight = Flight(unit, x, None, reduced, _nbytes(total), out, taken=taken)
             flight.shadow = shadow
-            flight.follow = ctx_min if c_min is c and c.follows_dense else None
             return flight
         payload, ctx = chosen
         residual = None
@@ -929,10 +928,7 @@ class Engine:
             return total
         if f.sent is None:
             total = arrived if out is None or out is arrived else out.copy_(arrived)
-            total = total.div_(n) if n > 1 else total
-            if f.follow is not None:
-                c.follow(total, f.follow)
-            return total
+            return total.div_(n) if n > 1 else total
         return c.combine_mean(arrived, f.sent[1], n, out=out).reshape(-1)
 
     def _lay(self, f: Flight, target: Tensor | None, checked: Tensor | None) -> Tensor:

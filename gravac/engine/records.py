@@ -159,9 +159,6 @@ class Flight:
     # place of taken: a sparsifier's is mostly zero, and kept compact)
     window_send: SampledSend | None = None
     shadow: Tensor | None = None  # the sampled gradient, for the plan's shadow CFs
-    # sent dense in the place of a compressor that follows dense rounds: its compression of
-    # x, whose shared state the aggregate advances (Compressor.follow)
-    follow: Context | None = None
     # x is in the front end's buffer and becomes the residual: the aggregate goes into the old
     # residual's storage at commit (out, still x's, receives a skipped step's NaN)
     rotate: bool = False

@@ -27,6 +27,12 @@ the setup's link). The definitions (issue 34):
   seed.
 
 Bytes are reported, not judged: the MB a rank sent until the bar was reached.
+
+With the baselines (``--baselines``; issue 35) the dense study also trains DDP with PyTorch's
+fp16 hook (:data:`FP16`, timed on each link as DDP is) and the searches' study Accordion as the
+GraVAC paper ran it (:data:`ACCORDION`: PowerSGD at rank 4 in critical regimes, 1 otherwise;
+its step time changes with its regimes, so it trains on each link). Their rows are of kind
+``"baseline"``, and :func:`versus` sets the default search against each of them, seed by seed.
 """
 
 from __future__ import annotations
@@ -41,9 +47,12 @@ from gravac_lab.compare import workloads
 from gravac_lab.compare.config import STOP_HOLD
 
 __all__ = [
+    "ACCORDION",
     "ACCURACY_POINT",
+    "BASELINES",
     "BUDGET_FACTOR",
     "DENSE",
+    "FP16",
     "HOLD",
     "LADDER",
     "PERPLEXITY_SHARE",
@@ -58,6 +67,7 @@ __all__ = [
     "score",
     "score_setup",
     "spread",
+    "versus",
     "yardstick",
 ]
 
@@ -75,6 +85,12 @@ LADDER = (10.0, 20.0, 40.0, 100.0, 160.0, 1000.0)
 _MB = 1e6
 #: the label of dense DDP's runs and row
 DENSE = "ddp"
+#: the label of DDP with PyTorch's fp16 compression hook (a baseline: its mode's name)
+FP16 = "ddp-fp16"
+#: Accordion as the GraVAC paper ran it (PowerSGD, ranks 4 and 1 by regime), a baseline
+ACCORDION = "accordion=powersgd:accordion"
+#: the labels of the baselines' rows
+BASELINES = (FP16, ACCORDION.partition("=")[0])
 
 
 def bar(final_metrics: Sequence[float], higher_is_better: bool) -> float:
@@ -90,8 +106,10 @@ def bar(final_metrics: Sequence[float], higher_is_better: bool) -> float:
 
 
 def dense_bar(runs: Sequence[Mapping[str, Any]], workload: str) -> float:
-    """The bar of ``workload`` from dense DDP's stored ``runs`` (one per seed)."""
-    return bar([r["final_metric"] for r in runs], workloads.get(workload).higher_is_better)
+    """The bar of ``workload`` from dense DDP's stored ``runs`` (one per seed; the runs of
+    other modes of its study, the fp16 hook's, are left out)."""
+    dense = [r["final_metric"] for r in runs if r["mode"] == DENSE]
+    return bar(dense, workloads.get(workload).higher_is_better)
 
 
 def bar_evaluation(
@@ -190,13 +208,30 @@ def ratios(run: Sequence[Reach], yard: Sequence[Reach]) -> list[float]:
     return out
 
 
+def versus(run: Sequence[Reach], other: Sequence[Reach]) -> list[float]:
+    """Per seed of ``run``, its time to the bar over ``other``'s on the same seed: ``inf``
+    where only ``other`` reached the bar, ``0`` where only ``run`` did, ``nan`` where neither
+    did or ``other`` did not run the seed."""
+    other_seconds = {r.seed: r.seconds for r in other}
+    out = []
+    for r in run:
+        base = other_seconds.get(r.seed)
+        if r.seconds is None:
+            out.append(math.nan if base is None else math.inf)
+        elif base is None:
+            out.append(0.0 if r.seed in other_seconds else math.nan)
+        else:
+            out.append(r.seconds / base)
+    return out
+
+
 @dataclass(frozen=True)
 class Row:
     """One configuration of a setup over the seeds.
 
     Attributes:
-        label: ``ddp``, a static CF's label or a search's.
-        kind: ``"dense"``, ``"static"`` or ``"search"``.
+        label: ``ddp``, a static CF's label, a search's or a baseline's.
+        kind: ``"dense"``, ``"static"``, ``"search"`` or ``"baseline"``.
         reaches: each seed's :class:`Reach`, in seed order.
         ratios: each seed's ratio to the yardstick (``None``: no yardstick).
     """
@@ -228,7 +263,7 @@ class SetupScore:
         bar: the quality bar.
         yardstick: the yardstick's label (``None``: no static CF reached the bar on every seed).
         network: how the searches' link was made (its description).
-        rows: dense DDP, then the static CFs, then the searches.
+        rows: dense DDP, then the static CFs, then the searches, then the baselines.
     """
 
     setup: str
@@ -266,10 +301,11 @@ def _entry(studies: Sequence[Mapping[str, Any]], role: str, workload: str, link:
 
 
 def _by_label(runs: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
-    """Runs grouped by label (``ddp`` for DDP, else the variant), in order, each by seed."""
+    """Runs grouped by label (the variant of a gravac run, the mode of another: ``ddp``,
+    ``ddp-fp16``), in order, each by seed."""
     out: dict[str, list[Mapping[str, Any]]] = {}
     for r in runs:
-        out.setdefault(r["variant"] or DENSE, []).append(r)
+        out.setdefault(r["variant"] or r["mode"], []).append(r)
     return {label: sorted(group, key=lambda r: int(r["seed"])) for label, group in out.items()}
 
 
@@ -298,7 +334,8 @@ def score_setup(
         ValueError: a study or a timing run the setup needs is missing.
     """
     w = workloads.get(workload)
-    dense = _by_label(_entry(studies, "dense", workload, None)["runs"])[DENSE]
+    dense_study = _by_label(_entry(studies, "dense", workload, None)["runs"])
+    dense = dense_study.pop(DENSE)
     statics = _by_label(_entry(studies, "ladder", workload, None)["runs"])
     searches_summary = _entry(studies, "searches", workload, link)
     searches = _by_label(searches_summary["runs"])
@@ -318,6 +355,10 @@ def score_setup(
     dense_reaches = reaches(DENSE, dense, True)
     static_reaches = {label: reaches(label, runs, True) for label, runs in statics.items()}
     search_reaches = {label: reaches(label, runs, False) for label, runs in searches.items()}
+    baseline_reaches = {
+        **{label: reaches(label, runs, True) for label, runs in dense_study.items()},
+        **{label: search_reaches.pop(label) for label in BASELINES if label in search_reaches},
+    }
     yard = yardstick(static_reaches)
 
     def row(label: str, kind: str, rs: tuple[Reach, ...]) -> Row:
@@ -336,6 +377,7 @@ def score_setup(
             row(DENSE, "dense", dense_reaches),
             *(row(label, "static", rs) for label, rs in static_reaches.items()),
             *(row(label, "search", rs) for label, rs in search_reaches.items()),
+            *(row(label, "baseline", rs) for label, rs in baseline_reaches.items()),
         ),
     )
 

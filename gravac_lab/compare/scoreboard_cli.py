@@ -47,6 +47,7 @@ _SCOREBOARD_ONLY = (
     ("--ladder", "ladder"),
     ("--timing-steps", "timing_steps"),
     ("--from-json", "from_json"),
+    ("--baselines", "baselines"),
 )
 #: ``gravac compare``'s options that the scoreboard replaces: (option, attribute)
 _REPLACED = (
@@ -70,6 +71,7 @@ _TRAINING = (
     ("--setups", "setups"),
     ("--ladder", "ladder"),
     ("--timing-steps", "timing_steps"),
+    ("--baselines", "baselines"),
     ("--variant", "variants"),
     ("--seeds", "seeds"),
     ("--workers", "workers"),
@@ -125,6 +127,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="steps of the run that times dense DDP and each static CF on a shaped link "
         f"(default {DEFAULT_TIMING_STEPS})",
+    )
+    g.add_argument(
+        "--baselines",
+        action="store_true",
+        help="also train DDP with PyTorch's fp16 hook and Accordion as the GraVAC paper ran it "
+        "(PowerSGD, ranks 4 and 1), and set the default search against them",
     )
     g.add_argument(
         "--from-json",
@@ -195,7 +203,7 @@ def main(args: argparse.Namespace, base: CompareConfig) -> int:
     searches = tuple(args.variants or (parse_variant(s) for s in DEFAULT_SEARCHES))
     seeds = args.seeds or SEEDS
     timing_steps = DEFAULT_TIMING_STEPS if args.timing_steps is None else args.timing_steps
-    inputs = Inputs(base, setups, ladder, searches, seeds, timing_steps)
+    inputs = Inputs(base, setups, ladder, searches, seeds, timing_steps, args.baselines)
     planned = plan(inputs)
     header = settings(inputs)
     out: Path | None = args.out

@@ -26,6 +26,11 @@ on each link by a short run (:mod:`gravac_lab.compare.scoreboard` reads their ti
 off both). The searches read the link, so they train on each. :func:`run_plan` runs the studies
 and returns what :func:`gravac_lab.compare.scoreboard.score` reads.
 
+With the baselines (``Inputs.baselines``, ``--baselines``) the dense studies and the timing
+runs also train DDP with PyTorch's fp16 hook (it decides nothing from the clock either), and
+every setup's searches Accordion as the GraVAC paper ran it
+(:data:`gravac_lab.compare.scoreboard.ACCORDION`), whose step time follows its regimes.
+
 A ladder's or a search's run stops once it holds the bar (``--stop-at`` set to the bar that
 the workload's dense study gives, :data:`gravac_lab.compare.scoreboard.HOLD` evaluations in a
 row), as a user who trains to a quality would: its time to the bar is the same, and the steps
@@ -43,7 +48,7 @@ from gravac_lab.compare import workloads
 from gravac_lab.compare.config import CompareConfig
 from gravac_lab.compare.netns import parse_rate
 from gravac_lab.compare.runner import run_compare
-from gravac_lab.compare.scoreboard import BUDGET_FACTOR, DENSE, HOLD, dense_bar
+from gravac_lab.compare.scoreboard import ACCORDION, BUDGET_FACTOR, DENSE, FP16, HOLD, dense_bar
 from gravac_lab.compare.study import Study, Variant, parse_variant
 
 __all__ = [
@@ -88,8 +93,6 @@ DEFAULT_SEARCHES = (
 SEEDS = (0, 1, 2)
 #: steps of a timing run on a shaped link: past the timing warm-up, enough for a median step
 DEFAULT_TIMING_STEPS = 30
-#: the modes of a timing run: dense DDP and the static CFs (gravac)
-_TIMED_MODES = ("ddp", "gravac")
 #: the setups' syntax, for messages and ``--help``
 _SETUP_SYNTAX = f"WORKLOAD@LINK, LINK {LOOPBACK} or a tc rate (1gbit, 100mbit)"
 
@@ -176,7 +179,8 @@ class PlannedStudy:
 class Inputs:
     """What a scoreboard runs: ``base`` holds what its studies share (its ``steps`` is dense's
     step budget; workload, modes, link and steps are each study's), the setups, the static
-    ladder's CFs, the searches, the seeds and the timing runs' steps."""
+    ladder's CFs, the searches, the seeds, the timing runs' steps and whether the baselines
+    train too (the module docstring)."""
 
     base: CompareConfig
     setups: Sequence[Setup]
@@ -184,6 +188,7 @@ class Inputs:
     searches: Sequence[Variant]
     seeds: Sequence[int]
     timing_steps: int
+    baselines: bool = False
 
 
 def plan(inputs: Inputs) -> list[PlannedStudy]:
@@ -204,11 +209,12 @@ def plan(inputs: Inputs) -> list[PlannedStudy]:
             f"--timing-steps ({timing_steps}) must exceed --timing-warmup ({base.timing_warmup})"
         )
     statics = ladder_variants(inputs.ladder)
-    taken = {DENSE, *(v.label for v in statics)}
+    accordion = (parse_variant(ACCORDION),) if inputs.baselines else ()
+    taken = {DENSE, FP16, *(v.label for v in (*statics, *accordion))}
     for v in searches:
         if v.label in taken:
             raise ValueError(
-                f"--variant label {v.label!r} is taken by the ladder or dense DDP "
+                f"--variant label {v.label!r} is taken by the ladder, dense DDP or a baseline "
                 f"({sorted(taken)}); label the search otherwise, as LABEL=..."
             )
     longer = base.steps * BUDGET_FACTOR
@@ -228,20 +234,22 @@ def plan(inputs: Inputs) -> list[PlannedStudy]:
         )
 
     every = base.eval_every
+    dense_modes = (DENSE, FP16) if inputs.baselines else (DENSE,)
+    timed_modes = (*dense_modes, "gravac")  # the dense modes and the static CFs
     out: list[PlannedStudy] = []
     for workload in dict.fromkeys(s.workload for s in setups):
-        dense = config(workload, None, ("ddp",), base.steps, every)
+        dense = config(workload, None, dense_modes, base.steps, every)
         ladder_cfg = config(workload, None, ("gravac",), longer, every)
         out.append(PlannedStudy("dense", workload, None, Study(dense, (), seeds)))
         out.append(PlannedStudy("ladder", workload, None, Study(ladder_cfg, statics, seeds)))
         for link in dict.fromkeys(s.link for s in setups if s.workload == workload and s.link):
             # one evaluation, at the end: only a timing run's step times are read
-            timed = config(workload, link, _TIMED_MODES, timing_steps, timing_steps)
+            timed = config(workload, link, timed_modes, timing_steps, timing_steps)
             out.append(PlannedStudy("timing", workload, link, Study(timed, statics, seeds[:1])))
         for s in setups:
             if s.workload == workload:
                 searching = config(workload, s.link, ("gravac",), longer, every)
-                study = Study(searching, tuple(searches), seeds)
+                study = Study(searching, (*searches, *accordion), seeds)
                 out.append(PlannedStudy("searches", workload, s.link, study))
     return out
 
@@ -262,6 +270,7 @@ def settings(inputs: Inputs) -> dict[str, Any]:
         "eval_every": base.eval_every,
         "workers": base.workers,
         "batch_size": base.batch_size,
+        "baselines": inputs.baselines,
     }
 
 

@@ -7,17 +7,20 @@ after training and the one rebuilt from the JSON (``--from-json``) are the same 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gravac_lab.compare.scoreboard import (
     ACCURACY_POINT,
+    DENSE,
     PERPLEXITY_SHARE,
     Row,
     SetupScore,
     score,
     spread,
+    versus,
 )
 
 __all__ = ["format_scoreboard"]
@@ -89,7 +92,15 @@ def _header(settings: Mapping[str, Any]) -> list[str]:
         "The searches, whose decisions read the link, trained on each link, timed by their own "
         "clock",
         "- MB: what a rank sent until the bar (median over the seeds that reached it)",
-    ]
+    ] + (_BASELINE_HEADER if settings.get("baselines") else [])
+
+
+#: the header's line on the baselines, where they trained
+_BASELINE_HEADER = [
+    "- baselines: DDP with PyTorch's fp16 hook (`ddp-fp16`, trained and timed as dense DDP), "
+    "and Accordion as the GraVAC paper ran it (`accordion`: PowerSGD at rank 4 in critical "
+    "regimes, 1 otherwise; trained on each link, as the searches)",
+]
 
 
 def _summary(scores: Sequence[SetupScore]) -> list[str]:
@@ -111,6 +122,58 @@ def _summary(scores: Sequence[SetupScore]) -> list[str]:
             cells.append(f"{_ratio(row)}, {_reached(row)}")
         lines.append(f"| {s.setup} | {_bar(s)} | {_yardstick(s)} | " + " | ".join(cells) + " |")
     return lines
+
+
+#: the search set against the baselines
+_DEFAULT = "default"
+
+
+def _versus_cell(values: Sequence[float]) -> str:
+    """Ratios over the seeds where both runs ran and one reached the bar (``0``: only the
+    search did; ``–``: none)."""
+    known = [v for v in values if not math.isnan(v)]
+    return _spread_cell(known, 2) if known else "–"
+
+
+def _baselines(scores: Sequence[SetupScore]) -> list[str]:
+    """The default search's time to the bar over each baseline's (DDP's too), seed by seed,
+    and the MB the faithful Accordion sent to the bar over the default's; empty where no
+    setup has both."""
+    shown = [s for s in scores if any(r.kind == "baseline" for r in s.rows)]
+    if not shown or not all(_has(s, _DEFAULT) for s in shown):
+        return []
+    baselines = dict.fromkeys(r.label for s in shown for r in s.rows if r.kind == "baseline")
+    others = [DENSE, *baselines]
+    lines = [
+        "**The default search against the baselines**: its time to the bar over each one's "
+        "on the same seed (median, range; 0 where only the search reached it), and the MB "
+        "the baseline sent to the bar over the search's.",
+        "",
+        "| setup | " + " | ".join(f"time vs {o} | MB, {o} / default" for o in others) + " |",
+        "|---|" + "--:|--:|" * len(others),
+    ]
+    for s in shown:
+        mine = s.row(_DEFAULT)
+        cells = []
+        for o in others:
+            if not _has(s, o):
+                cells += ["", ""]
+                continue
+            theirs = s.row(o)
+            cells.append(_versus_cell(versus(mine.reaches, theirs.reaches)))
+            cells.append(_versus_cell(versus(_mb_reaches(theirs), _mb_reaches(mine))))
+        lines.append(f"| {s.setup} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _has(s: SetupScore, label: str) -> bool:
+    return any(r.label == label for r in s.rows)
+
+
+def _mb_reaches(row: Row) -> list[Any]:
+    """``row``'s reaches with their MB to the bar in place of their seconds (for
+    :func:`versus`)."""
+    return [dataclasses.replace(r, seconds=r.mb) for r in row.reaches]
 
 
 def _detail(s: SetupScore) -> list[str]:
@@ -140,6 +203,9 @@ def format_scoreboard(stored: Mapping[str, Any]) -> str:
     if unfinished:
         lines.append(f"- not finished (their studies are not all stored): {', '.join(unfinished)}")
     lines += ["", *_summary(scores)]
+    versus_lines = _baselines(scores)
+    if versus_lines:
+        lines += ["", *versus_lines]
     for s in scores:
         lines += ["", *_detail(s)]
     return "\n".join(lines)

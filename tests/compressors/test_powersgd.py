@@ -532,34 +532,3 @@ def test_factors_and_reconstruction_are_the_matrix_products() -> None:
             assert torch.equal(out[plan.start : plan.start + plan.numel].view_as(m), approx)
     for out, kept in held:
         assert torch.equal(out, kept)
-
-
-@pytest.mark.parametrize("warm_start", [True, False])
-def test_following_a_dense_mean_gives_the_bases_of_the_all_reduced_factors(
-    warm_start: bool,
-) -> None:
-    """Over 3 ranks: ``follow`` with the mean of the ranks' matrices (a round sent dense) gives
-    the bases that ``combine`` of their factors gives (the factor is linear in the matrix; the
-    scale goes in the orthonormalisation), round after round; without warm start it keeps
-    nothing."""
-    gen = torch.Generator().manual_seed(8)
-    layout = (torch.Size([30, 20]), torch.Size([7]), torch.Size([16, 2, 8]))
-    sent, followed = (
-        _psgd(min_numel=0, warm_start=warm_start),
-        _psgd(min_numel=0, warm_start=warm_start),
-    )
-    for step in range(4):
-        xs = [torch.randn(30 * 20 + 7 + 16 * 16, generator=gen) for _ in range(3)]
-        rnd = Round(step=step, key=2, world_size=3, layout=layout)
-        compressed = [sent.compress(x, 6.0, rnd) for x in xs]
-        sent.combine([p for p, _ in compressed], compressed[0][1])
-        _, ctx = followed.compress(xs[0], 6.0, rnd)
-        followed.follow(torch.stack(xs).mean(0), ctx)
-        if not warm_start:
-            assert followed.state_dict() == {"keys": {}}
-            continue
-        mine, theirs = _bases(followed, 2), _bases(sent, 2)
-        assert sorted(mine) == sorted(theirs) == [0, 2]
-        for i, (basis, side) in mine.items():
-            assert side == theirs[i][1]
-            torch.testing.assert_close(basis, theirs[i][0], rtol=0, atol=1e-5)

@@ -13,6 +13,7 @@ import pytest
 from gravac.cli import main
 from gravac_lab.compare.config import CompareConfig
 from gravac_lab.compare.scoreboard import (
+    ACCORDION,
     PERPLEXITY_SHARE,
     Reach,
     bar,
@@ -21,6 +22,7 @@ from gravac_lab.compare.scoreboard import (
     reach,
     score,
     score_setup,
+    versus,
     yardstick,
 )
 from gravac_lab.compare.scoreboard_plan import (
@@ -39,11 +41,16 @@ SEEDS = (0, 1, 2)
 
 
 def _run(
-    variant: str | None, seed: int, metrics: list[float], step_seconds: float = 0.1
+    variant: str | None,
+    seed: int,
+    metrics: list[float],
+    step_seconds: float = 0.1,
+    mode: str = "ddp",
 ) -> dict[str, Any]:
-    """A stored run evaluated every EVERY steps, each step ``step_seconds`` and 1 MB."""
+    """A stored run evaluated every EVERY steps, each step ``step_seconds`` and 1 MB (a run of
+    ``mode`` where ``variant`` is ``None``, else of gravac)."""
     return {
-        "mode": "ddp" if variant is None else "gravac",
+        "mode": mode if variant is None else "gravac",
         "variant": variant,
         "seed": seed,
         "evaluations": [
@@ -258,3 +265,65 @@ def test_bad_scoreboard_option_exits_2_naming_it(
         main(["compare", *argv])
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def _vgg_1gbit_with_baselines() -> list[dict[str, Any]]:
+    """:func:`_vgg_1gbit` with the baselines: the fp16 hook in the dense study (0.3 s a step on
+    the link, at the bar from step 20: 6 s) and Accordion among the searches (its own clock:
+    0.25 s a step, at the bar from step 30 on seeds 0 and 1, never on seed 2)."""
+    good = 0.985
+    studies = _vgg_1gbit()
+    dense, _, timing, searches = (s["summary"]["runs"] for s in studies)
+    dense += [_run(None, s, [0.9, 0.99, 0.98], mode="ddp-fp16") for s in SEEDS]
+    timing.append(_run(None, 0, [0.5], 0.3, mode="ddp-fp16"))
+    searches += [_run("accordion", s, [0.9, 0.9, good, good], 0.25) for s in (0, 1)]
+    searches.append(_run("accordion", 2, [0.9, 0.9, 0.9, 0.9], 0.25))
+    return studies
+
+
+def test_the_baselines_are_rows_of_their_own_and_leave_the_bar_to_dense() -> None:
+    s = score_setup(_vgg_1gbit_with_baselines(), "vgg-digits", "1gbit")
+    assert s.bar == pytest.approx(0.98)  # dense DDP's alone: the fp16 hook ends at 0.98
+    kinds = [(r.label, r.kind) for r in s.rows]
+    assert kinds[-2:] == [("ddp-fp16", "baseline"), ("accordion", "baseline")]
+    assert ("paper", "search") in kinds and ("default", "search") in kinds
+    fp16, accordion, default = s.row("ddp-fp16"), s.row("accordion"), s.row("default")
+    assert [r.seconds for r in fp16.reaches] == [pytest.approx(6.0)] * 3  # timed on the link
+    assert [r.seconds for r in accordion.reaches] == [pytest.approx(7.5)] * 2 + [None]
+    # the default (3 s a seed) against them, seed by seed; 0 where only it reached the bar
+    assert versus(default.reaches, fp16.reaches) == pytest.approx([0.5] * 3)
+    assert versus(default.reaches, accordion.reaches) == pytest.approx([0.4, 0.4, 0.0])
+    assert versus(accordion.reaches, default.reaches)[2] == math.inf
+    missing = [Reach(5, 1.0, 10, 1.0, 0.99), Reach(2, None, None, None, 0.9)]
+    assert all(math.isnan(v) for v in versus(missing, accordion.reaches))
+
+
+def test_the_table_sets_the_default_against_the_baselines() -> None:
+    studies = _vgg_1gbit_with_baselines()
+    searches = (parse_variant("default=topk:exponential"),)
+    inputs = Inputs(CompareConfig(steps=2 * EVERY), parse_setups("vgg-digits@1gbit"), (10.0, 100.0),
+                    searches, SEEDS, 30, baselines=True)  # fmt: skip
+    table = format_scoreboard({"scoreboard": settings(inputs), "studies": studies})
+    assert "- baselines: DDP with PyTorch's fp16 hook" in table
+    header = "| setup | time vs ddp | MB, ddp / default | time vs ddp-fp16 | MB, ddp-fp16 / default"
+    assert header in table
+    # ddp: 10 s, 20 MB; fp16: 6 s, 20 MB; accordion: 7.5 s and 30 MB on two seeds of three
+    assert (
+        "| vgg-digits@1gbit | 0.30 | 1.00 | 0.50 | 1.00 | 0.40 (0.00-0.40) | 1.50 (1.50-–) |"
+        in table
+    )
+    assert "| accordion | baseline | 7.5 (7.5-–) | 1.88 (1.88-–) | no (2/3) |" in table
+
+
+def test_the_plan_with_the_baselines() -> None:
+    base = CompareConfig(steps=20, eval_every=5, bandwidth="1gbit")
+    searches = (parse_variant("default=topk:exponential"),)
+    inputs = Inputs(base, parse_setups("tiny-digits@1gbit"), (10.0,), searches, (0,), 8, True)
+    dense, _, timing, searching = (p.study for p in plan(inputs))
+    assert dense.config.modes == ("ddp", "ddp-fp16")
+    assert timing.config.modes == ("ddp", "ddp-fp16", "gravac")
+    assert searching.variants == (*searches, parse_variant(ACCORDION))
+    assert settings(inputs)["baselines"] is True
+    taken = (parse_variant("accordion=topk:exponential"),)
+    with pytest.raises(ValueError, match="label 'accordion' is taken by the ladder, dense DDP or"):
+        plan(Inputs(base, parse_setups("tiny-digits@1gbit"), (10.0,), taken, (0,), 8, True))

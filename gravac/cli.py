@@ -19,6 +19,7 @@ Subcommands:
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 
@@ -62,6 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # as given, for stored results
     try:
         return int(args.func(args))
     except ValueError as exc:  # bad option values found past argparse: a usage error

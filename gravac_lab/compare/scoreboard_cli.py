@@ -22,6 +22,7 @@ from gravac.argtypes import argtype
 from gravac_lab.compare.config import DEFAULT_STEPS, CompareConfig
 from gravac_lab.compare.export import write_json
 from gravac_lab.compare.netns import NetworkError
+from gravac_lab.compare.provenance import command_line, source_commit
 from gravac_lab.compare.runner import CompareError
 from gravac_lab.compare.scoreboard import LADDER
 from gravac_lab.compare.scoreboard_plan import (
@@ -205,7 +206,11 @@ def main(args: argparse.Namespace, base: CompareConfig) -> int:
     timing_steps = DEFAULT_TIMING_STEPS if args.timing_steps is None else args.timing_steps
     inputs = Inputs(base, setups, ladder, searches, seeds, timing_steps, args.baselines)
     planned = plan(inputs)
-    header = settings(inputs)
+    header = {
+        **settings(inputs),
+        "command": command_line(args.argv),
+        "commit": source_commit(),
+    }
     out: Path | None = args.out
 
     def store(entries: list[dict[str, Any]]) -> None:

@@ -71,7 +71,7 @@ def _yardstick(s: SetupScore) -> str:
 def _header(settings: Mapping[str, Any]) -> list[str]:
     seeds = ", ".join(map(str, settings["seeds"]))
     ladder = ", ".join(f"{cf:g}" for cf in settings["ladder"])
-    return [
+    lines = [
         f"- setups: {', '.join(s['name'] for s in settings['setups'])}; "
         f"{settings['workers']} workers x batch {settings['batch_size']}; seeds {seeds}",
         f"- the bar: dense DDP's final metric after {settings['steps']} steps (median over the "
@@ -92,7 +92,19 @@ def _header(settings: Mapping[str, Any]) -> list[str]:
         "The searches, whose decisions read the link, trained on each link, timed by their own "
         "clock",
         "- MB: what a rank sent until the bar (median over the seeds that reached it)",
-    ] + (_BASELINE_HEADER if settings.get("baselines") else [])
+    ]
+    if settings.get("baselines"):
+        lines += _BASELINE_HEADER
+    return lines + _provenance(settings)
+
+
+def _provenance(settings: Mapping[str, Any]) -> list[str]:
+    """The header's line on the command and commit that trained it, where stored (a
+    scoreboard stored before they were has neither)."""
+    if "command" not in settings:
+        return []
+    commit = settings["commit"] or "not a git checkout"
+    return [f"- made by: `{settings['command']}` (commit {commit})"]
 
 
 #: the header's line on the baselines, where they trained

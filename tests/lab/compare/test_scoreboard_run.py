@@ -63,6 +63,9 @@ def test_it_trains_dense_the_ladder_and_the_search_on_loopback(
     assert [r["variant"] for r in ladder] == ["cf10", "cf100"]
     assert [r["variant"] for r in searches] == ["default"]
     assert stored["scoreboard"]["ladder"] == [10.0, 100.0]
+    header = stored["scoreboard"]
+    assert header["command"].startswith("gravac compare --scoreboard --setups tiny-digits@loopback")
+    assert header["commit"] is not None  # the tests run from a checkout
     # the compressed runs train twice dense's budget, or stop once they hold dense's bar
     bar_value = bar([r["final_metric"] for r in dense], higher_is_better=True)
     for study in studies[1:]:
@@ -84,6 +87,7 @@ def test_it_prints_the_table_and_rebuilds_it_from_the_json_without_training(
     stored, stdout, out = scoreboard
     assert stdout.strip() == stored["table"]
     assert "| tiny-digits@loopback | test accuracy >= " in stdout
+    assert f"- made by: `{stored['scoreboard']['command']}` (commit " in stdout
     for row in (
         "| ddp | dense |",
         "| cf10 | static |",

@@ -363,7 +363,7 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         timeout=args.timeout,
         **_single_variant(args),
     )
-    _check_outputs(args.out, args.csv)
+    _check_outputs(args.out, args.csv, args.report)
     if args.scoreboard:
         return scoreboard_cli.main(args, cfg)
     study = Study(cfg, tuple(args.variants or ()), args.seeds or ())

@@ -58,6 +58,7 @@ __all__ = [
     "PERPLEXITY_SHARE",
     "Reach",
     "Row",
+    "SetupRuns",
     "SetupScore",
     "bar",
     "bar_evaluation",
@@ -66,6 +67,7 @@ __all__ = [
     "reach",
     "score",
     "score_setup",
+    "setup_runs",
     "spread",
     "versus",
     "yardstick",
@@ -144,21 +146,14 @@ class Reach:
     final_metric: float
 
 
-def reach(
-    run: Mapping[str, Any],
-    bar_value: float,
-    higher_is_better: bool,
-    step_seconds: float | None = None,
-) -> Reach:
-    """``run`` (a :class:`gravac_lab.compare.report.ModeSummary` as stored) against the bar;
-    with ``step_seconds`` its time is the step reached times that (a run timed on another link),
-    else the run's own training clock at that evaluation."""
+def reach(run: Mapping[str, Any], bar_value: float, higher_is_better: bool) -> Reach:
+    """``run`` (a :class:`gravac_lab.compare.report.ModeSummary` as stored, its evaluations'
+    clocks on the setup's link: :func:`setup_runs`) against the bar."""
     evaluations = run["evaluations"]
     i = bar_evaluation([e[2] for e in evaluations], bar_value, higher_is_better)
     if i is None:
         return Reach(run["seed"], None, None, None, run["final_metric"])
-    step, clock = int(evaluations[i][0]), float(evaluations[i][1])
-    seconds = clock if step_seconds is None else step * step_seconds
+    step, seconds = int(evaluations[i][0]), float(evaluations[i][1])
     mb = sum(run["wire_bytes_by_step"][:step]) / _MB
     return Reach(run["seed"], seconds, step, mb, run["final_metric"])
 
@@ -309,20 +304,69 @@ def _by_label(runs: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, 
     return {label: sorted(group, key=lambda r: int(r["seed"])) for label, group in out.items()}
 
 
-def _step_seconds(timing: Mapping[str, Any] | None) -> dict[str, float]:
-    """Each label's median step seconds in the timing study (empty: none, loopback)."""
-    if timing is None:
-        return {}
-    return {
-        label: float(group[0]["step_seconds"]) for label, group in _by_label(timing["runs"]).items()
-    }
-
-
 def _network(summary: Mapping[str, Any]) -> str:
     """How a study's link was made, and why it was not shaped where it was not."""
     network = summary["network"]
     note = network.get("note")
     return str(network["description"]) + (f"; {note}" if note else "")
+
+
+@dataclass(frozen=True)
+class SetupRuns:
+    """A setup's stored runs by label, each label's runs in seed order, every evaluation's
+    clock the time it stands for on the setup's link: dense DDP's and the static CFs' (trained
+    on loopback) their step times that link's timing run (see the module docstring), the
+    searches' their own.
+
+    Attributes:
+        dense: DDP's runs, and with the baselines DDP with the fp16 hook's, by mode.
+        statics: the static CFs' runs, by label.
+        searches: the searches' runs (with the baselines, Accordion's too), by label.
+        timing: each label's run in the short timing study on the link (empty on loopback).
+        network: how the searches' link was made (its description).
+    """
+
+    dense: dict[str, list[Mapping[str, Any]]]
+    statics: dict[str, list[Mapping[str, Any]]]
+    searches: dict[str, list[Mapping[str, Any]]]
+    timing: dict[str, Mapping[str, Any]]
+    network: str
+
+
+def _retimed(run: Mapping[str, Any], step_seconds: float) -> dict[str, Any]:
+    """``run`` with each evaluation's clock its step times ``step_seconds``."""
+    evaluations = [[step, step * step_seconds, metric] for step, _, metric in run["evaluations"]]
+    return {**run, "evaluations": evaluations}
+
+
+def setup_runs(studies: Sequence[Mapping[str, Any]], workload: str, link: str | None) -> SetupRuns:
+    """The runs of ``workload`` on ``link`` (``None``: loopback) in the stored studies.
+
+    Raises:
+        ValueError: a study or a timing run the setup needs is missing.
+    """
+    searches_summary = _entry(studies, "searches", workload, link)
+    timing = [] if link is None else _entry(studies, "timing", workload, link)["runs"]
+    timed = {label: group[0] for label, group in _by_label(timing).items()}
+
+    def on_link(runs: dict[str, list[Mapping[str, Any]]]) -> dict[str, list[Mapping[str, Any]]]:
+        if link is None:
+            return runs
+        missing = [label for label in runs if label not in timed]
+        if missing:
+            raise ValueError(f"the stored timing study of {workload} on {link} has no {missing[0]}")
+        seconds = {label: float(timed[label]["step_seconds"]) for label in runs}
+        return {
+            label: [_retimed(r, seconds[label]) for r in group] for label, group in runs.items()
+        }
+
+    return SetupRuns(
+        dense=on_link(_by_label(_entry(studies, "dense", workload, None)["runs"])),
+        statics=on_link(_by_label(_entry(studies, "ladder", workload, None)["runs"])),
+        searches=_by_label(searches_summary["runs"]),
+        timing=timed,
+        network=_network(searches_summary),
+    )
 
 
 def score_setup(
@@ -334,29 +378,16 @@ def score_setup(
         ValueError: a study or a timing run the setup needs is missing.
     """
     w = workloads.get(workload)
-    dense_study = _by_label(_entry(studies, "dense", workload, None)["runs"])
-    dense = dense_study.pop(DENSE)
-    statics = _by_label(_entry(studies, "ladder", workload, None)["runs"])
-    searches_summary = _entry(studies, "searches", workload, link)
-    searches = _by_label(searches_summary["runs"])
-    timed = _step_seconds(None if link is None else _entry(studies, "timing", workload, link))
-    bar_value = dense_bar(dense, workload)
+    runs = setup_runs(studies, workload, link)
+    bar_value = dense_bar(runs.dense[DENSE], workload)
 
-    def reaches(
-        label: str, runs: Sequence[Mapping[str, Any]], timed_here: bool
-    ) -> tuple[Reach, ...]:
-        seconds = None
-        if timed_here and link is not None:
-            if label not in timed:
-                raise ValueError(f"the stored timing study of {workload} on {link} has no {label}")
-            seconds = timed[label]
-        return tuple(reach(r, bar_value, w.higher_is_better, seconds) for r in runs)
+    def reaches(group: Sequence[Mapping[str, Any]]) -> tuple[Reach, ...]:
+        return tuple(reach(r, bar_value, w.higher_is_better) for r in group)
 
-    dense_reaches = reaches(DENSE, dense, True)
-    static_reaches = {label: reaches(label, runs, True) for label, runs in statics.items()}
-    search_reaches = {label: reaches(label, runs, False) for label, runs in searches.items()}
+    static_reaches = {label: reaches(group) for label, group in runs.statics.items()}
+    search_reaches = {label: reaches(group) for label, group in runs.searches.items()}
     baseline_reaches = {
-        **{label: reaches(label, runs, True) for label, runs in dense_study.items()},
+        **{label: reaches(group) for label, group in runs.dense.items() if label != DENSE},
         **{label: search_reaches.pop(label) for label in BASELINES if label in search_reaches},
     }
     yard = yardstick(static_reaches)
@@ -372,9 +403,9 @@ def score_setup(
         higher_is_better=w.higher_is_better,
         bar=bar_value,
         yardstick=yard,
-        network=_network(searches_summary),
+        network=runs.network,
         rows=(
-            row(DENSE, "dense", dense_reaches),
+            row(DENSE, "dense", reaches(runs.dense[DENSE])),
             *(row(label, "static", rs) for label, rs in static_reaches.items()),
             *(row(label, "search", rs) for label, rs in search_reaches.items()),
             *(row(label, "baseline", rs) for label, rs in baseline_reaches.items()),

@@ -7,7 +7,8 @@ links, its ladder and searches the variants, its bar the target), and with ``--f
 option of training. :func:`main` plans and runs the studies
 (:mod:`gravac_lab.compare.scoreboard_plan`), writing the JSON after each when ``--out`` is given,
 and prints the table (:mod:`gravac_lab.compare.scoreboard_table`); with ``--from-json`` it only
-rebuilds the table from that JSON.
+rebuilds the tables from those JSONs. With ``--report`` it also writes the results page
+(:mod:`gravac_lab.compare.results_page`).
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from gravac.argtypes import argtype
+from gravac_lab.compare import plots
 from gravac_lab.compare.config import DEFAULT_STEPS, CompareConfig
 from gravac_lab.compare.export import write_json
 from gravac_lab.compare.netns import NetworkError
 from gravac_lab.compare.provenance import command_line, source_commit
+from gravac_lab.compare.results_page import PLOTS, write_page
 from gravac_lab.compare.runner import CompareError
 from gravac_lab.compare.scoreboard import LADDER
 from gravac_lab.compare.scoreboard_plan import (
@@ -49,6 +52,7 @@ _SCOREBOARD_ONLY = (
     ("--timing-steps", "timing_steps"),
     ("--from-json", "from_json"),
     ("--baselines", "baselines"),
+    ("--report", "report"),
 )
 #: ``gravac compare``'s options that the scoreboard replaces: (option, attribute)
 _REPLACED = (
@@ -138,9 +142,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--from-json",
         type=Path,
+        nargs="+",
         default=None,
         metavar="PATH",
-        help="print the table of a scoreboard's --out JSON, without training",
+        help="print the table of each scoreboard's --out JSON given, without training",
+    )
+    g.add_argument(
+        "--report",
+        type=Path,
+        default=None,
+        metavar="PAGE",
+        help="also write the results page (markdown) at PAGE from the scoreboard trained or "
+        f"the --from-json ones, its figures under {PLOTS}/ beside it (needs matplotlib)",
     )
 
 
@@ -178,7 +191,7 @@ def check_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
             )
 
 
-def _rebuild(path: Path) -> int:
+def _load(path: Path) -> dict[str, Any]:
     try:
         stored = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
@@ -190,15 +203,29 @@ def _rebuild(path: Path) -> int:
             f"--from-json {str(path)!r} is not a scoreboard's JSON (gravac compare --scoreboard "
             "--out)"
         )
-    print(format_scoreboard(stored))
-    return 0
+    return stored
+
+
+def _report(stored: list[dict[str, Any]], page: Path | None) -> None:
+    """Write the results page at ``page`` from ``stored``, where asked, naming its files."""
+    if page is None:
+        return
+    for path in write_page(stored, page):
+        print(f"gravac compare: wrote {path}", file=sys.stderr)
 
 
 def main(args: argparse.Namespace, base: CompareConfig) -> int:
     """Run the scoreboard with ``base`` (the shared options, ``steps`` dense's budget), or
     rebuild its table (``--from-json``); the exit status."""
     if args.from_json is not None:
-        return _rebuild(args.from_json)
+        boards = [_load(path) for path in args.from_json]
+        if args.report is not None:
+            plots.check_available()
+        print("\n\n".join(format_scoreboard(b) for b in boards))
+        _report(boards, args.report)
+        return 0
+    if args.report is not None:
+        plots.check_available()  # before anything trains
     setups = args.setups or parse_setups(",".join(DEFAULT_SETUPS))
     ladder = args.ladder or LADDER
     searches = tuple(args.variants or (parse_variant(s) for s in DEFAULT_SEARCHES))
@@ -227,4 +254,5 @@ def main(args: argparse.Namespace, base: CompareConfig) -> int:
     if out is not None:
         write_json({**stored, "table": table}, out)
     print(table)
+    _report([stored], args.report)
     return 0

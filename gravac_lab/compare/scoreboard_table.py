@@ -23,7 +23,15 @@ from gravac_lab.compare.scoreboard import (
     versus,
 )
 
-__all__ = ["format_scoreboard"]
+__all__ = [
+    "bar_text",
+    "format_scoreboard",
+    "mb_reaches",
+    "seconds_cell",
+    "setup_detail",
+    "versus_cell",
+    "yardstick_text",
+]
 
 #: percent in a fraction
 _PERCENT = 100
@@ -39,7 +47,7 @@ def _spread_cell(values: Sequence[float], digits: int) -> str:
     return median if low == high else f"{median} ({low}-{high})"
 
 
-def _seconds(row: Row) -> str:
+def seconds_cell(row: Row) -> str:
     return _spread_cell([math.inf if r.seconds is None else r.seconds for r in row.reaches], 1)
 
 
@@ -57,15 +65,15 @@ def _mb(row: Row) -> str:
     return _spread_cell(known, 1) if known else "–"
 
 
-def _bar(s: SetupScore) -> str:
+def bar_text(s: SetupScore) -> str:
     direction = ">=" if s.higher_is_better else "<="
     return f"{s.metric} {direction} {s.bar:.4f}"
 
 
-def _yardstick(s: SetupScore) -> str:
+def yardstick_text(s: SetupScore) -> str:
     if s.yardstick is None:
         return "none reached the bar on every seed"
-    return f"{s.yardstick}, {_seconds(s.row(s.yardstick))} s"
+    return f"{s.yardstick}, {seconds_cell(s.row(s.yardstick))} s"
 
 
 def _header(settings: Mapping[str, Any]) -> list[str]:
@@ -132,7 +140,9 @@ def _summary(scores: Sequence[SetupScore]) -> list[str]:
                 cells.append("")
                 continue
             cells.append(f"{_ratio(row)}, {_reached(row)}")
-        lines.append(f"| {s.setup} | {_bar(s)} | {_yardstick(s)} | " + " | ".join(cells) + " |")
+        lines.append(
+            f"| {s.setup} | {bar_text(s)} | {yardstick_text(s)} | " + " | ".join(cells) + " |"
+        )
     return lines
 
 
@@ -140,7 +150,7 @@ def _summary(scores: Sequence[SetupScore]) -> list[str]:
 _DEFAULT = "default"
 
 
-def _versus_cell(values: Sequence[float]) -> str:
+def versus_cell(values: Sequence[float]) -> str:
     """Ratios over the seeds where both runs ran and one reached the bar (``0``: only the
     search did; ``–``: none)."""
     known = [v for v in values if not math.isnan(v)]
@@ -172,8 +182,8 @@ def _baselines(scores: Sequence[SetupScore]) -> list[str]:
                 cells += ["", ""]
                 continue
             theirs = s.row(o)
-            cells.append(_versus_cell(versus(mine.reaches, theirs.reaches)))
-            cells.append(_versus_cell(versus(_mb_reaches(theirs), _mb_reaches(mine))))
+            cells.append(versus_cell(versus(mine.reaches, theirs.reaches)))
+            cells.append(versus_cell(versus(mb_reaches(theirs), mb_reaches(mine))))
         lines.append(f"| {s.setup} | " + " | ".join(cells) + " |")
     return lines
 
@@ -182,17 +192,16 @@ def _has(s: SetupScore, label: str) -> bool:
     return any(r.label == label for r in s.rows)
 
 
-def _mb_reaches(row: Row) -> list[Any]:
+def mb_reaches(row: Row) -> list[Any]:
     """``row``'s reaches with their MB to the bar in place of their seconds (for
     :func:`versus`)."""
     return [dataclasses.replace(r, seconds=r.mb) for r in row.reaches]
 
 
-def _detail(s: SetupScore) -> list[str]:
+def setup_detail(s: SetupScore) -> list[str]:
+    """A setup's bar, yardstick and link, then one table row a run, as markdown lines."""
     lines = [
-        f"### {s.setup}",
-        "",
-        f"Bar: {_bar(s)}. Yardstick: {_yardstick(s)}. Searches' link: {s.network}.",
+        f"Bar: {bar_text(s)}. Yardstick: {yardstick_text(s)}. Searches' link: {s.network}.",
         "",
         f"| run | kind | time to bar (s) | ratio | bar every seed | MB to bar | final {s.metric} |",
         "|---|---|--:|--:|--:|--:|--:|",
@@ -200,7 +209,7 @@ def _detail(s: SetupScore) -> list[str]:
     for row in s.rows:
         final = _spread_cell([r.final_metric for r in row.reaches], 4)
         lines.append(
-            f"| {row.label} | {row.kind} | {_seconds(row)} | {_ratio(row)} | {_reached(row)} "
+            f"| {row.label} | {row.kind} | {seconds_cell(row)} | {_ratio(row)} | {_reached(row)} "
             f"| {_mb(row)} | {final} |"
         )
     return lines
@@ -219,5 +228,5 @@ def format_scoreboard(stored: Mapping[str, Any]) -> str:
     if versus_lines:
         lines += ["", *versus_lines]
     for s in scores:
-        lines += ["", *_detail(s)]
+        lines += ["", f"### {s.setup}", "", *setup_detail(s)]
     return "\n".join(lines)

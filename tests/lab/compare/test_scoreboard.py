@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -22,6 +21,7 @@ from gravac_lab.compare.scoreboard import (
     reach,
     score,
     score_setup,
+    setup_runs,
     versus,
     yardstick,
 )
@@ -34,84 +34,15 @@ from gravac_lab.compare.scoreboard_plan import (
 )
 from gravac_lab.compare.scoreboard_table import format_scoreboard
 from gravac_lab.compare.study import parse_variant
-
-#: steps between the made-up runs' evaluations
-EVERY = 10
-SEEDS = (0, 1, 2)
-
-
-def _run(
-    variant: str | None,
-    seed: int,
-    metrics: list[float],
-    step_seconds: float = 0.1,
-    mode: str = "ddp",
-) -> dict[str, Any]:
-    """A stored run evaluated every EVERY steps, each step ``step_seconds`` and 1 MB (a run of
-    ``mode`` where ``variant`` is ``None``, else of gravac)."""
-    return {
-        "mode": mode if variant is None else "gravac",
-        "variant": variant,
-        "seed": seed,
-        "evaluations": [
-            (EVERY * (i + 1), step_seconds * EVERY * (i + 1), m) for i, m in enumerate(metrics)
-        ],
-        "final_metric": metrics[-1],
-        "wire_bytes_by_step": [1_000_000] * (EVERY * len(metrics)),
-        "step_seconds": step_seconds,
-    }
-
-
-def _study(
-    role: str, workload: str, link: str | None, runs: list[dict[str, Any]]
-) -> dict[str, Any]:
-    network = {"description": "loopback (not shaped)" if link is None else f"{link} veth"}
-    return {
-        "role": role,
-        "workload": workload,
-        "link": link,
-        "summary": {"runs": runs, "network": {**network, "note": None}},
-    }
-
-
-def _vgg_1gbit() -> list[dict[str, Any]]:
-    """vgg-digits on 1gbit: dense ends at 0.985 / 0.99 / 0.995 (bar 0.98); cf100 is the faster
-    static but misses the bar on seed 2; the search 'default' beats cf10, 'paper' misses seed 2."""
-    good = 0.985
-    dense = [_run(None, s, [0.9, 0.99, 0.985 + s / 200]) for s in SEEDS]
-    cf10 = [_run("cf10", s, [0.9, good, good, good]) for s in SEEDS]
-    cf100 = [_run("cf100", s, [good, good, 0.9, good]) for s in (0, 1)]
-    cf100.append(_run("cf100", 2, [good, 0.9, good, 0.9]))  # never two in a row
-    timing = [_run(None, 0, [0.5], 0.5), _run("cf10", 0, [0.5], 0.2), _run("cf100", 0, [0.5], 0.1)]
-    default = [_run("default", s, [0.9, good, good, good], 0.15) for s in SEEDS]
-    paper = [_run("paper", s, [0.9, 0.9, good, good], 0.2) for s in (0, 1)]
-    paper.append(_run("paper", 2, [0.9, 0.9, 0.9, good], 0.2))  # reached only at the last
-    return [
-        _study("dense", "vgg-digits", None, dense),
-        _study("ladder", "vgg-digits", None, cf10 + cf100),
-        _study("timing", "vgg-digits", "1gbit", timing),
-        _study("searches", "vgg-digits", "1gbit", default + paper),
-    ]
-
-
-def _lstm_loopback() -> list[dict[str, Any]]:
-    """lstm-text on loopback: dense ends at 5.0 (bar 5.15); cf100 never gets within 3%."""
-    dense = [_run(None, s, [9.0, 5.0]) for s in SEEDS]
-    cf10 = [_run("cf10", s, [9.0, 5.1, 5.1, 5.0], 0.2) for s in SEEDS]
-    cf100 = [_run("cf100", s, [6.0, 5.5, 5.3, 5.2], 0.05) for s in SEEDS]
-    default = [_run("default", s, [9.0, 6.0, 5.1, 5.1], 0.1) for s in SEEDS]
-    return [
-        _study("dense", "lstm-text", None, dense),
-        _study("ladder", "lstm-text", None, cf10 + cf100),
-        _study("searches", "lstm-text", None, default),
-    ]
-
-
-def _stored(studies: list[dict[str, Any]], setups: str) -> dict[str, Any]:
-    base = CompareConfig(steps=2 * EVERY)
-    searches = (parse_variant("default=topk:exponential"),)
-    header = settings(Inputs(base, parse_setups(setups), (10.0, 100.0), searches, SEEDS, 30))
-    return {"scoreboard": header, "studies": studies}
+from tests.lab.compare.scoreboard_made_up import (
+    EVERY,
+    SEEDS,
+    lstm_loopback,
+    made_run,
+    stored_scoreboard,
+    vgg_1gbit,
+    vgg_1gbit_with_baselines,
+)
 
 
 def test_the_bar_is_dense_s_median_less_a_point_or_plus_3_percent_perplexity() -> None:
@@ -131,13 +62,11 @@ def test_the_bar_holds_for_two_evaluations_in_a_row() -> None:
     assert bar_evaluation([9.0, 5.2, 5.1], 5.15, False) is None
 
 
-def test_time_to_the_bar_by_the_run_s_clock_or_by_a_step_time() -> None:
-    run = _run("cf10", 1, [0.5, 0.97, 0.98], step_seconds=0.1)
-    own = reach(run, 0.96, True)
+def test_time_to_the_bar_by_the_run_s_clock() -> None:
+    one = made_run("cf10", 1, [0.5, 0.97, 0.98], step_seconds=0.1)
+    own = reach(one, 0.96, True)
     assert (own.seed, own.step, own.seconds, own.mb) == (1, 20, pytest.approx(2.0), 20.0)
-    timed = reach(run, 0.96, True, step_seconds=0.5)
-    assert timed.seconds == pytest.approx(10.0)
-    missed = reach(run, 0.99, True)
+    missed = reach(one, 0.99, True)
     assert (missed.seconds, missed.step, missed.mb, missed.final_metric) == (None, None, None, 0.98)
 
 
@@ -158,7 +87,7 @@ def test_ratios_are_per_seed_and_a_miss_is_infinite() -> None:
 
 
 def test_a_setup_on_a_shaped_link() -> None:
-    s = score_setup(_vgg_1gbit(), "vgg-digits", "1gbit")
+    s = score_setup(vgg_1gbit(), "vgg-digits", "1gbit")
     assert s.setup == "vgg-digits@1gbit"
     assert s.bar == pytest.approx(0.98)
     # cf100 (1 s a seed where reached) misses seed 2: cf10 (20 steps x 0.2 s) is the yardstick
@@ -174,10 +103,17 @@ def test_a_setup_on_a_shaped_link() -> None:
     assert paper.ratios == pytest.approx((1.5, 1.5, math.inf))
     assert not paper.reached_every_seed
     assert [r.kind for r in s.rows] == ["dense", "static", "static", "search", "search"]
+    # the runs behind it, every clock on the link: the ladder's by its timing run's step time
+    runs = setup_runs(vgg_1gbit(), "vgg-digits", "1gbit")
+    assert [e[1] for e in runs.statics["cf10"][0]["evaluations"]] == pytest.approx([2, 4, 6, 8])
+    assert [e[1] for e in runs.searches["default"][0]["evaluations"]] == pytest.approx(
+        [1.5, 3.0, 4.5, 6.0]
+    )  # its own clock
+    assert runs.timing["ddp"]["step_seconds"] == 0.5
 
 
 def test_lstm_perplexity_lower_is_better_on_loopback() -> None:
-    s = score_setup(_lstm_loopback(), "lstm-text", None)
+    s = score_setup(lstm_loopback(), "lstm-text", None)
     assert s.bar == pytest.approx(5.15)
     assert not s.higher_is_better
     assert s.row("cf100").reached == 0  # fastest, never within 3% of dense's perplexity
@@ -188,10 +124,10 @@ def test_lstm_perplexity_lower_is_better_on_loopback() -> None:
 
 
 def test_a_missing_study_names_it_and_unfinished_setups_are_left_out() -> None:
-    studies = _vgg_1gbit()
+    studies = vgg_1gbit()
     with pytest.raises(ValueError, match="no timing study of vgg-digits on 1gbit"):
         score_setup([s for s in studies if s["role"] != "timing"], "vgg-digits", "1gbit")
-    stored = _stored(studies, "vgg-digits@1gbit,vgg-digits@100mbit")
+    stored = stored_scoreboard(studies, "vgg-digits@1gbit,vgg-digits@100mbit")
     assert [s.setup for s in score(stored)] == ["vgg-digits@1gbit"]
     table = format_scoreboard(stored)
     assert "- not finished (their studies are not all stored): vgg-digits@100mbit" in table
@@ -199,7 +135,7 @@ def test_a_missing_study_names_it_and_unfinished_setups_are_left_out() -> None:
 
 
 def test_the_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    stored = _stored(_vgg_1gbit() + _lstm_loopback(), "vgg-digits@1gbit,lstm-text@loopback")
+    stored = stored_scoreboard(vgg_1gbit() + lstm_loopback(), "vgg-digits@1gbit,lstm-text@loopback")
     table = format_scoreboard(stored)
     assert "| vgg-digits@1gbit | test accuracy >= 0.9800 | cf10, 4.0 s |" in table
     assert "| lstm-text@loopback | test perplexity <= 5.1500 | cf10, 4.0 s |" in table
@@ -241,6 +177,7 @@ def test_the_plan_trains_dense_and_the_ladder_once_and_the_searches_on_each_link
     [
         (["--setups", "vgg-digits@1gbit"], "--setups applies only with --scoreboard"),
         (["--from-json", "x.json"], "--from-json applies only with --scoreboard"),
+        (["--report", "x.md"], "--report applies only with --scoreboard"),
         (
             ["--scoreboard", "--workload", "lstm-text"],
             "--workload does not apply with --scoreboard",
@@ -267,22 +204,8 @@ def test_bad_scoreboard_option_exits_2_naming_it(
     assert message in capsys.readouterr().err
 
 
-def _vgg_1gbit_with_baselines() -> list[dict[str, Any]]:
-    """:func:`_vgg_1gbit` with the baselines: the fp16 hook in the dense study (0.3 s a step on
-    the link, at the bar from step 20: 6 s) and Accordion among the searches (its own clock:
-    0.25 s a step, at the bar from step 30 on seeds 0 and 1, never on seed 2)."""
-    good = 0.985
-    studies = _vgg_1gbit()
-    dense, _, timing, searches = (s["summary"]["runs"] for s in studies)
-    dense += [_run(None, s, [0.9, 0.99, 0.98], mode="ddp-fp16") for s in SEEDS]
-    timing.append(_run(None, 0, [0.5], 0.3, mode="ddp-fp16"))
-    searches += [_run("accordion", s, [0.9, 0.9, good, good], 0.25) for s in (0, 1)]
-    searches.append(_run("accordion", 2, [0.9, 0.9, 0.9, 0.9], 0.25))
-    return studies
-
-
 def test_the_baselines_are_rows_of_their_own_and_leave_the_bar_to_dense() -> None:
-    s = score_setup(_vgg_1gbit_with_baselines(), "vgg-digits", "1gbit")
+    s = score_setup(vgg_1gbit_with_baselines(), "vgg-digits", "1gbit")
     assert s.bar == pytest.approx(0.98)  # dense DDP's alone: the fp16 hook ends at 0.98
     kinds = [(r.label, r.kind) for r in s.rows]
     assert kinds[-2:] == [("ddp-fp16", "baseline"), ("accordion", "baseline")]
@@ -299,7 +222,7 @@ def test_the_baselines_are_rows_of_their_own_and_leave_the_bar_to_dense() -> Non
 
 
 def test_the_table_sets_the_default_against_the_baselines() -> None:
-    studies = _vgg_1gbit_with_baselines()
+    studies = vgg_1gbit_with_baselines()
     searches = (parse_variant("default=topk:exponential"),)
     inputs = Inputs(CompareConfig(steps=2 * EVERY), parse_setups("vgg-digits@1gbit"), (10.0, 100.0),
                     searches, SEEDS, 30, baselines=True)  # fmt: skip

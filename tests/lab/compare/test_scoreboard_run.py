@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from gravac_lab.compare.results_page import PLOTS
 from gravac_lab.compare.scoreboard import HOLD, bar, bar_evaluation
 from tests.background import Background
 from tests.helpers import run_compare
@@ -99,3 +100,19 @@ def test_it_prints_the_table_and_rebuilds_it_from_the_json_without_training(
     assert rebuilt.returncode == 0, rebuilt.stderr[-2000:]
     assert rebuilt.stdout == stdout
     assert "gravac compare:" not in rebuilt.stderr  # no study ran
+
+
+def test_the_results_page_from_the_json(
+    scoreboard: tuple[dict[str, Any], str, Path], tmp_path: Path
+) -> None:
+    _, _, out = scoreboard
+    page = tmp_path / "RESULTS.md"
+    done = run_compare("--scoreboard", "--from-json", str(out), "--report", str(page))
+    assert done.returncode == 0, done.stderr[-2000:]
+    text = page.read_text()
+    assert "| tiny-digits@loopback, 2 workers | test accuracy >= " in text
+    assert "Trained by `gravac compare --scoreboard --setups tiny-digits@loopback" in text
+    figures = tmp_path / PLOTS / "tiny-digits-loopback-2w"
+    assert sorted(p.name for p in figures.iterdir()) == [
+        "cf_density.png", "cf_steps.png", "metric_bytes.png", "metric_time.png",
+    ]  # fmt: skip

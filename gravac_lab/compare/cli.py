@@ -60,6 +60,21 @@ def _mode_list(text: str) -> tuple[str, ...]:
     return names
 
 
+def _milestones(text: str) -> tuple[int, ...]:
+    """A ``--lr-milestones`` value: increasing steps >= 1, comma-separated (``150,250``).
+
+    Raises:
+        ValueError: naming ``--lr-milestones``, quoting ``text``, saying what is allowed.
+    """
+    parts = [p.strip() for p in text.split(",")]
+    steps = [int(p) if p.isascii() and p.isdigit() else 0 for p in parts]
+    if min(steps) < 1 or steps != sorted(set(steps)):
+        raise ValueError(
+            f"--lr-milestones must be increasing steps >= 1, comma-separated, got {text!r}"
+        )
+    return tuple(steps)
+
+
 def _json_object(option: str) -> Callable[[str], dict[str, Any]]:
     def parse(text: str) -> dict[str, Any]:
         try:
@@ -153,6 +168,20 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="samples per worker")
     p.add_argument(
         "--lr", type=float, default=None, help="SGD learning rate (default: the workload's)"
+    )
+    p.add_argument(
+        "--lr-milestones",
+        type=argtype(_milestones),
+        default=(),
+        metavar="STEPS",
+        help="comma-separated steps after which the learning rate is multiplied by --lr-gamma "
+        "(a step decay, torch's MultiStepLR); default: constant",
+    )
+    p.add_argument(
+        "--lr-gamma",
+        type=float,
+        default=d.lr_gamma,
+        help=f"the factor of each decay at --lr-milestones (default {d.lr_gamma:g})",
     )
     p.add_argument("--momentum", type=float, default=d.momentum, help="SGD momentum")
     p.add_argument(
@@ -345,6 +374,8 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         steps=_pick(args.steps, q, QUICK_STEPS, DEFAULT_STEPS),
         batch_size=args.batch_size,
         lr=args.lr,
+        lr_milestones=args.lr_milestones,
+        lr_gamma=args.lr_gamma,
         momentum=args.momentum,
         eval_every=_pick(args.eval_every, q, QUICK_EVAL_EVERY, DEFAULT_EVAL_EVERY),
         timing_warmup=args.timing_warmup,

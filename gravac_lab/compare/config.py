@@ -20,6 +20,7 @@ from gravac_lab.compare.netns import parse_delay, parse_rate
 __all__ = [
     "DEFAULT_EVAL_EVERY",
     "DEFAULT_LINK_TEST_MB",
+    "DEFAULT_LR_GAMMA",
     "DEFAULT_MODES",
     "DEFAULT_STEPS",
     "DEFAULT_TIMEOUT",
@@ -57,6 +58,9 @@ QUICK_MODES = ("ddp", "ddp-fp16", "gravac")
 QUICK_STEPS = 20
 QUICK_EVAL_EVERY = 10
 QUICK_LINK_TEST_MB = 8
+#: the factor of each learning-rate decay at a milestone (``--lr-gamma``): a tenth, as the
+#: step decays of ResNet's and VGG's training recipes
+DEFAULT_LR_GAMMA = 0.1
 #: torch's PowerSGD needs ``start_powerSGD_iter`` > 1 with error feedback or warm start (on)
 MIN_POWERSGD_START = 2
 
@@ -83,6 +87,10 @@ class CompareConfig:
         steps: training steps of every mode.
         batch_size: samples per worker per step.
         lr: SGD's learning rate (``None``: the workload's, :attr:`Workload.lr`).
+        lr_milestones: steps after which the learning rate is multiplied by ``lr_gamma`` (a
+            step decay, :class:`torch.optim.lr_scheduler.MultiStepLR`), increasing; empty: a
+            constant rate.
+        lr_gamma: the factor of each decay, in (0, 1].
         momentum: SGD's.
         eval_every: steps between test evaluations on rank 0 (the last step always is one).
         timing_warmup: first steps left out of the per-step medians.
@@ -119,6 +127,8 @@ class CompareConfig:
     steps: int = DEFAULT_STEPS
     batch_size: int = 32
     lr: float | None = None
+    lr_milestones: tuple[int, ...] = ()
+    lr_gamma: float = DEFAULT_LR_GAMMA
     momentum: float = 0.9
     eval_every: int = DEFAULT_EVAL_EVERY
     timing_warmup: int = DEFAULT_TIMING_WARMUP
@@ -144,6 +154,7 @@ class CompareConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "modes", tuple(self.modes))  # a list, coming from JSON
+        object.__setattr__(self, "lr_milestones", tuple(self.lr_milestones))
         if not self.modes:
             raise ValueError("--modes must name at least one mode")
         duplicates = sorted({m for m in self.modes if self.modes.count(m) > 1})
@@ -163,6 +174,12 @@ class CompareConfig:
             )
         if self.lr is not None and _finite("--lr", self.lr) <= 0:
             raise ValueError(f"--lr must be > 0, got {self.lr}")
+        for m in self.lr_milestones:
+            _positive_int("--lr-milestones", m)
+        if list(self.lr_milestones) != sorted(set(self.lr_milestones)):
+            raise ValueError(f"--lr-milestones must increase, got {list(self.lr_milestones)}")
+        if not 0 < _finite("--lr-gamma", self.lr_gamma) <= 1:
+            raise ValueError(f"--lr-gamma must be in (0, 1], got {self.lr_gamma}")
         if not 0 <= _finite("--momentum", self.momentum) < 1:
             raise ValueError(f"--momentum must be in [0, 1), got {self.momentum}")
         if self.target is not None:

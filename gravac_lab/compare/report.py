@@ -78,8 +78,8 @@ class ModeSummary:
         gain_shadow_by_step: the shadow window gains by CF (``gravac.control.replay``), per step
             (``None`` where not measured).
         signal_by_step: the signal share of the window's gradient (``gravac.control.noise``), per
-        step
-            (``None`` where not measured).
+            step (``None`` where not measured).
+        lr_by_step: the learning rate each step trained at (``--lr-milestones`` decay it).
     """
 
     mode: str
@@ -112,6 +112,7 @@ class ModeSummary:
     gain_window_by_step: list[float | None] = field(default_factory=list)
     gain_shadow_by_step: list[dict[str, float] | None] = field(default_factory=list)
     signal_by_step: list[float | None] = field(default_factory=list)
+    lr_by_step: list[float] = field(default_factory=list)
 
 
 def _median(values: Sequence[float | None]) -> float | None:
@@ -184,6 +185,7 @@ def summarise(
         gain_window_by_step=list(raw.get("gain_window", [])),
         gain_shadow_by_step=list(raw.get("gain_shadow", [])),
         signal_by_step=list(raw.get("signal", [])),
+        lr_by_step=[float(v) for v in raw.get("lr", [])],
     )
 
 

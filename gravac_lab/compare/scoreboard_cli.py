@@ -83,6 +83,8 @@ _TRAINING = (
     ("--steps", "steps"),
     ("--batch-size", "batch_size"),
     ("--lr", "lr"),
+    ("--lr-milestones", "lr_milestones"),
+    ("--lr-gamma", "lr_gamma"),
     ("--momentum", "momentum"),
     ("--eval-every", "eval_every"),
     ("--timing-warmup", "timing_warmup"),

@@ -270,6 +270,8 @@ def settings(inputs: Inputs) -> dict[str, Any]:
         "eval_every": base.eval_every,
         "workers": base.workers,
         "batch_size": base.batch_size,
+        "lr_milestones": list(base.lr_milestones),
+        "lr_gamma": base.lr_gamma,
         "baselines": inputs.baselines,
     }
 

@@ -79,9 +79,16 @@ def yardstick_text(s: SetupScore) -> str:
 def _header(settings: Mapping[str, Any]) -> list[str]:
     seeds = ", ".join(map(str, settings["seeds"]))
     ladder = ", ".join(f"{cf:g}" for cf in settings["ladder"])
+    milestones = settings.get("lr_milestones") or []
+    schedule = (
+        f"; the learning rate x {settings['lr_gamma']:g} after steps "
+        f"{', '.join(map(str, milestones))}"
+        if milestones
+        else ""
+    )
     lines = [
         f"- setups: {', '.join(s['name'] for s in settings['setups'])}; "
-        f"{settings['workers']} workers x batch {settings['batch_size']}; seeds {seeds}",
+        f"{settings['workers']} workers x batch {settings['batch_size']}; seeds {seeds}{schedule}",
         f"- the bar: dense DDP's final metric after {settings['steps']} steps (median over the "
         f"seeds) less {ACCURACY_POINT * _PERCENT:g} point of accuracy, or plus "
         f"{PERPLEXITY_SHARE * _PERCENT:g}% of perplexity. Time to the bar: training seconds "

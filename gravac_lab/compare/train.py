@@ -11,6 +11,9 @@ Per step, with :func:`time.perf_counter` around each part:
   during backward and waits for the last bucket at its end; gravac compresses during backward
   (with overlap) and finishes in ``step()``. Evaluation and data selection are off this clock.
 * ``forward_backward_seconds``: ``zero_grad``, forward and backward only.
+* ``lr``: the learning rate of the step, decayed after each of ``lr_milestones`` by a
+  :class:`torch.optim.lr_scheduler.MultiStepLR` on the mode's optimizer (gravac's
+  :class:`gravac.GravacOptimizer` itself, as a user would schedule it), off the clock.
 * the mode's :class:`gravac_lab.compare.modes.StepFigures`: wire bytes; compression and
   communication seconds where the mode measures them; the CF sent and achieved where the mode
   decides one (gravac's).
@@ -110,6 +113,7 @@ def train_mode(
     model = workload.model()
     session = mode.open(model, cfg)
     opt = session.optimizer
+    schedule = torch.optim.lr_scheduler.MultiStepLR(opt, list(cfg.lr_milestones), cfg.lr_gamma)
     gen = torch.Generator().manual_seed(BATCH_SEED + cfg.seed + rank)
     out: dict[str, list[Any]] = {
         key: []
@@ -125,6 +129,7 @@ def train_mode(
             "gain_window",
             "gain_shadow",
             "signal",
+            "lr",
             "evaluations",
         )
     }
@@ -142,6 +147,8 @@ def train_mode(
         t2 = time.perf_counter()
         figures = session.after_step()
         clock += t2 - t0
+        out["lr"].append(opt.param_groups[0]["lr"])  # the rate this step trained at
+        schedule.step()
         out["step_seconds"].append(t2 - t0)
         out["forward_backward_seconds"].append(t1 - t0)
         out["wire_bytes"].append(figures.wire_bytes)

@@ -38,6 +38,12 @@ from gravac.cli import main
         (["--workload", "lstm-text", "--stop-at", "1"], "--stop-at must be a perplexity > 1"),
         (["--out", "no/such/folder/x.json"], "no/such/folder/x.json: its folder"),
         (["--csv", "no/such/folder/x.csv"], "no/such/folder/x.csv: its folder"),
+        (["--lr-milestones", "20,10"], "--lr-milestones must be increasing steps >= 1"),
+        (["--lr-milestones", "0"], "--lr-milestones must be increasing steps >= 1"),
+        (["--lr-milestones", "a"], "--lr-milestones must be increasing steps >= 1"),
+        (["--lr-gamma", "0"], "--lr-gamma must be in (0, 1], got 0.0"),
+        (["--lr-gamma", "nan"], "--lr-gamma must be a finite number"),
+        (["--scoreboard", "--report", "no/such/folder/RESULTS.md"], "RESULTS.md: its folder"),
     ],
 )
 def test_bad_option_exits_2_naming_it(

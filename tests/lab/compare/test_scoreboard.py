@@ -142,6 +142,11 @@ def test_the_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "| paper | search | 6.0 (6.0-–) | 1.50 (1.50-–) | no (2/3) |" in table
     assert "| cf100 | static | 1.0 (1.0-–) | 0.25 (0.25-–) | no (2/3) |" in table
     assert "a run of 30 steps on that link (seed 0)" in table
+    assert "seeds 0, 1, 2\n" in table  # a constant learning rate
+    decayed = {**stored["scoreboard"], "lr_milestones": [150, 250], "lr_gamma": 0.1}
+    assert "seeds 0, 1, 2; the learning rate x 0.1 after steps 150, 250\n" in format_scoreboard(
+        {**stored, "scoreboard": decayed}
+    )
     # rebuilt by the command line, without training
     path = tmp_path / "scoreboard.json"
     path.write_text(json.dumps(stored))

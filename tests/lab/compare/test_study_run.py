@@ -34,12 +34,15 @@ VARIANTS = (
 LABELS = ["cf10", "topk-exponential"]
 SEEDS = [0, 1]
 STEPS = 30
+#: a step decay of the learning rate: halved after steps 10 and 20
+MILESTONES, GAMMA = (10, 20), 0.5
 #: the CF range the gravac modes search (CompareConfig's defaults)
 THETA_MIN, THETA_MAX = 10.0, 1000.0
 
 
 def _study(tmp: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
     argv = ["--quick", "--modes", "gravac", "--steps", str(STEPS),
+            "--lr-milestones", ",".join(map(str, MILESTONES)), "--lr-gamma", str(GAMMA),
             "--seeds", ",".join(map(str, SEEDS)), "--out", str(tmp / "study.json"),
             "--csv", str(tmp / "runs.csv"), "--plots", str(tmp / "plots")]  # fmt: skip
     for variant in VARIANTS:
@@ -73,9 +76,16 @@ def test_every_variant_runs_once_per_seed(study: tuple[dict[str, Any], Path, str
     assert [(r["mode"], r["variant"], r["seed"]) for r in runs] == [
         ("gravac", label, seed) for seed in SEEDS for label in LABELS
     ]
+    lr = summary["config"]["lr"]
     for r in runs:
         assert r["steps"] == STEPS
         assert len(r["cf_sent_by_step"]) == len(r["wire_bytes_by_step"]) == STEPS
+        # the schedule steps GravacOptimizer's own rate, as a user's scheduler would
+        assert r["lr_by_step"] == pytest.approx(
+            [lr] * MILESTONES[0]
+            + [lr * GAMMA] * (MILESTONES[1] - MILESTONES[0])
+            + [lr * GAMMA**2] * (STEPS - MILESTONES[1])
+        )
     assert [(a["variant"], a["seeds"]) for a in summary["aggregates"]] == [
         (label, SEEDS) for label in LABELS
     ]

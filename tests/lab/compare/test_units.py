@@ -63,7 +63,11 @@ def test_registries_name_their_entries() -> None:
 
 def test_config_round_trips_through_json() -> None:
     cfg = CompareConfig(
-        modes=("ddp", "gravac"), policy="fixed", policy_options={"cf": 100}, bandwidth="1gbit"
+        modes=("ddp", "gravac"),
+        policy="fixed",
+        policy_options={"cf": 100},
+        bandwidth="1gbit",
+        lr_milestones=(150, 250),
     )
     assert CompareConfig.from_json(cfg.to_json()) == cfg
     assert cfg.rate_bits == 10**9
@@ -84,6 +88,9 @@ def test_config_round_trips_through_json() -> None:
         ({"theta_min": 100.0, "theta_max": 10.0}, "--theta-max"),
         ({"delay": "1ms"}, "--delay"),
         ({"momentum": 1.0}, "--momentum"),
+        ({"lr_milestones": (5, 5)}, "--lr-milestones must increase"),
+        ({"lr_milestones": (0,)}, "--lr-milestones must be an integer >= 1"),
+        ({"lr_gamma": 1.5}, r"--lr-gamma must be in \(0, 1\]"),
     ],
 )
 def test_config_rejects_naming_the_option(options: dict[str, object], option: str) -> None:

@@ -322,8 +322,8 @@ def _section(p: PageSetup, images: Sequence[tuple[str, str]]) -> list[str]:
             t = versus_cell(versus(default.reaches, theirs.reaches))
             mb = versus_cell(versus(mb_reaches(theirs), mb_reaches(default)))
             lines.append(f"| {o} | {t} | {mb} |")
-    if images:
-        lines += ["", *(f"![{caption}]({image})" for image, caption in images)]
+    for image, caption in images:
+        lines += ["", f"![{caption}]({image})"]
     return lines
 
 

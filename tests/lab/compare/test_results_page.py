@@ -46,6 +46,9 @@ def test_the_summary_sets_the_default_against_every_baseline(tmp_path: Path) -> 
     assert "| accordion | 0.40 (0.00-0.40) | 1.50 (1.50-–) |" in text
     assert "Trained by a command not stored (the scoreboard predates it)." in text
     assert "![" not in text  # no figures drawn
+    # the setups in the page's order, whatever the stored scoreboards' order
+    write_page(_boards()[::-1], page, draw=False)
+    assert page.read_text() == text
 
 
 def test_the_goals_are_judged_on_the_median_ratio() -> None:

@@ -131,7 +131,7 @@ class PageSetup:
     @property
     def name(self) -> str:
         """``WORKLOAD@LINK, N workers``."""
-        return f"{self.score.setup}, {self.workers} workers"
+        return _setup_name(self.score.setup, self.workers)
 
     @property
     def slug(self) -> str:
@@ -165,9 +165,19 @@ def page_setups(stored: Sequence[Mapping[str, Any]]) -> list[PageSetup]:
     return out
 
 
+def _setup_name(setup: str, workers: int) -> str:
+    """A setup's name on the page: ``WORKLOAD@LINK, N workers``."""
+    return f"{setup}, {workers} workers"
+
+
+def _page_names() -> list[str]:
+    """The names of :data:`PAGE_SETUPS`, in order."""
+    return [_setup_name(f"{w}@{link}", n) for w, link, n in PAGE_SETUPS]
+
+
 def _page_order(p: PageSetup) -> int:
     """Where ``p`` stands among :data:`PAGE_SETUPS` (one it does not name: after them)."""
-    names = [f"{w}@{link}, {n} workers" for w, link, n in PAGE_SETUPS]
+    names = _page_names()
     return names.index(p.name) if p.name in names else len(names)
 
 
@@ -359,11 +369,7 @@ def write_page(stored: Sequence[Mapping[str, Any]], page: Path, *, draw: bool = 
             ]
         sections += ["", *_section(p, images)]
     shown = {p.name for p in setups}
-    missing = [
-        f"{w}@{link}, {n} workers"
-        for w, link, n in PAGE_SETUPS
-        if f"{w}@{link}, {n} workers" not in shown
-    ]
+    missing = [name for name in _page_names() if name not in shown]
     lines = [
         "# Results: time to the quality bar, GraVAC against its baselines",
         "",

@@ -10,7 +10,8 @@ Every figure compares the same runs the table judges (:func:`gravac_lab.compare.
 setup_runs`): dense DDP, DDP with the fp16 hook, the yardstick (the fastest static CF that
 reaches the bar on every seed), the searches and Accordion, their clocks on the setup's link.
 The figures are :mod:`gravac_lab.compare.plots`', drawn under :data:`PLOTS` beside the page,
-one folder a setup.
+one folder a setup. Why a goal is missed takes reading the runs: a file :data:`READING` beside
+the figures, written by hand, follows the goals' table.
 
 The goals (issue 35), each judged on the median over the seeds of the default search's ratio
 to the baseline on the same seed (:func:`gravac_lab.compare.scoreboard.versus`), and only where
@@ -60,6 +61,7 @@ __all__ = [
     "LINK_BOUND_SHARE",
     "PAGE_SETUPS",
     "PLOTS",
+    "READING",
     "SOONER_THAN_ACCORDION",
     "VERSUS_FP16",
     "Goal",
@@ -96,6 +98,9 @@ VERSUS_FP16 = 0.8
 LINK_BOUND_SHARE = 0.5
 #: where the figures go, relative to the page's folder
 PLOTS = Path("results") / "page"
+#: a hand-written reading of the goals (why one is missed), relative to the page's folder: the
+#: page shows it after the goals' table where it exists
+READING = PLOTS / "reading.md"
 #: the search judged against the baselines, and the paper's Algorithm 1
 _DEFAULT = "default"
 _PAPER = "paper"
@@ -404,7 +409,10 @@ def write_page(stored: Sequence[Mapping[str, Any]], page: Path, *, draw: bool = 
         f"communication at least {LINK_BOUND_SHARE:.0%} of its step on that link).",
         "",
         *_goal_lines(goals(setups)),
-        *sections,
     ]
+    reading = page.parent / READING
+    if reading.is_file():  # the why of the goals, written by hand for the runs stored
+        lines += ["", reading.read_text().strip()]
+    lines += sections
     page.write_text("\n".join(lines) + "\n")
     return [page, *written]

@@ -11,7 +11,15 @@ from typing import Any
 import pytest
 
 from gravac.cli import main
-from gravac_lab.compare.results_page import PLOTS, Goal, goals, link_bound, page_setups, write_page
+from gravac_lab.compare.results_page import (
+    PLOTS,
+    READING,
+    Goal,
+    goals,
+    link_bound,
+    page_setups,
+    write_page,
+)
 from tests.lab.compare.scoreboard_made_up import (
     lstm_loopback,
     stored_scoreboard,
@@ -49,6 +57,13 @@ def test_the_summary_sets_the_default_against_every_baseline(tmp_path: Path) -> 
     # the setups in the page's order, whatever the stored scoreboards' order
     write_page(_boards()[::-1], page, draw=False)
     assert page.read_text() == text
+    # a hand-written reading of the goals follows their table
+    (tmp_path / READING).parent.mkdir(parents=True)
+    (tmp_path / READING).write_text("### Why\n\nAccordion sends fewer bytes.\n")
+    write_page(_boards(), page, draw=False)
+    read = page.read_text()
+    assert read.index("| goal | setup |") < read.index("### Why\n\nAccordion sends fewer")
+    assert read.index("Accordion sends fewer bytes.") < read.index("## vgg-digits@1gbit")
 
 
 def test_the_goals_are_judged_on_the_median_ratio() -> None:

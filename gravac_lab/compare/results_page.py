@@ -51,7 +51,7 @@ from gravac_lab.compare.scoreboard_table import (
     mb_reaches,
     seconds_cell,
     setup_detail,
-    versus_cell,
+    versus_cells,
     yardstick_text,
 )
 
@@ -143,10 +143,6 @@ class PageSetup:
         """``WORKLOAD-LINK-Nw``: its figures' folder."""
         return f"{self.score.setup.replace('@', '-')}-{self.workers}w"
 
-    def has(self, label: str) -> bool:
-        """Whether it has a row labelled ``label``."""
-        return any(r.label == label for r in self.score.rows)
-
 
 def page_setups(stored: Sequence[Mapping[str, Any]]) -> list[PageSetup]:
     """Every finished setup of every stored scoreboard, in order.
@@ -226,7 +222,7 @@ class Goal:
 def goals(setups: Sequence[PageSetup]) -> list[Goal]:
     """The goals of the module docstring on every setup that ran the default and the
     baselines they need."""
-    return [g for p in setups if p.has(_DEFAULT) for g in _setup_goals(p)]
+    return [g for p in setups if p.score.has(_DEFAULT) for g in _setup_goals(p)]
 
 
 def _setup_goals(p: PageSetup) -> list[Goal]:
@@ -239,7 +235,7 @@ def _setup_goals(p: PageSetup) -> list[Goal]:
         return Goal(goal, p.name, measured, met)
 
     out = []
-    if p.has(_ACCORDION):
+    if p.score.has(_ACCORDION):
         most = 1 / SOONER_THAN_ACCORDION if p.score.setup.startswith(COMM_HEAVY) else 1.0
         out.append(
             judged(f"time <= {most:.2f}x Accordion's", _median_versus(p, _ACCORDION), most, None)
@@ -247,7 +243,7 @@ def _setup_goals(p: PageSetup) -> list[Goal]:
         fewer = FEWER_BYTES_THAN_ACCORDION
         mb = _median_versus(p, _ACCORDION, by_mb=True)
         out.append(judged(f"MB >= {fewer:g}x fewer than Accordion", mb, None, fewer))
-    if p.has(FP16) and link_bound(p):
+    if p.score.has(FP16) and link_bound(p):
         goal = f"time <= {VERSUS_FP16:g}x DDP + fp16 hook's (link-bound)"
         out.append(judged(goal, _median_versus(p, FP16), VERSUS_FP16, None))
     return out
@@ -268,7 +264,7 @@ def _summary(setups: Sequence[PageSetup]) -> list[str]:
         "|---|---|---|--:|" + "--:|" * (len(others) + 3),
     ]
     for p in setups:
-        if not p.has(_DEFAULT):
+        if not p.score.has(_DEFAULT):
             lines.append(
                 f"| {p.name} | {bar_text(p.score)} | {yardstick_text(p.score)} | not run |"
                 + " |" * (len(others) + 3)
@@ -276,11 +272,11 @@ def _summary(setups: Sequence[PageSetup]) -> list[str]:
             continue
         default = p.score.row(_DEFAULT)
         reached = f"{default.reached}/{len(default.reaches)}"
-        cells = [_cell(_median_versus(p, o)) if p.has(o) else "–" for o in others]
+        cells = [_cell(_median_versus(p, o)) if p.score.has(o) else "–" for o in others]
         yard = "–" if default.ratios is None else _cell(statistics.median(default.ratios))
-        paper = p.score.row(_PAPER).ratios if p.has(_PAPER) else None
+        paper = p.score.row(_PAPER).ratios if p.score.has(_PAPER) else None
         paper_cell = "–" if paper is None else _cell(statistics.median(paper))
-        mb = _cell(_median_versus(p, _ACCORDION, by_mb=True)) if p.has(_ACCORDION) else "–"
+        mb = _cell(_median_versus(p, _ACCORDION, by_mb=True)) if p.score.has(_ACCORDION) else "–"
         lines.append(
             f"| {p.name} | {bar_text(p.score)} | {yardstick_text(p.score)} | "
             f"{seconds_cell(default)}, {reached} | "
@@ -327,7 +323,9 @@ def _section(p: PageSetup, images: Sequence[tuple[str, str]]) -> list[str]:
         "",
         *setup_detail(p.score),
     ]
-    versus_rows = [o for o in (DENSE, *BASELINES) if p.has(o)] if p.has(_DEFAULT) else []
+    versus_rows = (
+        [o for o in (DENSE, *BASELINES) if p.score.has(o)] if p.score.has(_DEFAULT) else []
+    )
     if versus_rows:
         default = p.score.row(_DEFAULT)
         lines += [
@@ -339,9 +337,7 @@ def _section(p: PageSetup, images: Sequence[tuple[str, str]]) -> list[str]:
             "|---|--:|--:|",
         ]
         for o in versus_rows:
-            theirs = p.score.row(o)
-            t = versus_cell(versus(default.reaches, theirs.reaches))
-            mb = versus_cell(versus(mb_reaches(theirs), mb_reaches(default)))
+            t, mb = versus_cells(default, p.score.row(o))
             lines.append(f"| {o} | {t} | {mb} |")
     for image, caption in images:
         lines += ["", f"![{caption}]({image})"]

@@ -269,6 +269,10 @@ class SetupScore:
     network: str
     rows: tuple[Row, ...]
 
+    def has(self, label: str) -> bool:
+        """Whether a row is labelled ``label``."""
+        return any(r.label == label for r in self.rows)
+
     def row(self, label: str) -> Row:
         """The row labelled ``label``.
 

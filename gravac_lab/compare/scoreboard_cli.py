@@ -219,15 +219,13 @@ def _report(stored: list[dict[str, Any]], page: Path | None) -> None:
 def main(args: argparse.Namespace, base: CompareConfig) -> int:
     """Run the scoreboard with ``base`` (the shared options, ``steps`` dense's budget), or
     rebuild its table (``--from-json``); the exit status."""
+    if args.report is not None:
+        plots.check_available()  # before anything is read or trains
     if args.from_json is not None:
         boards = [_load(path) for path in args.from_json]
-        if args.report is not None:
-            plots.check_available()
         print("\n\n".join(format_scoreboard(b) for b in boards))
         _report(boards, args.report)
         return 0
-    if args.report is not None:
-        plots.check_available()  # before anything trains
     setups = args.setups or parse_setups(",".join(DEFAULT_SETUPS))
     ladder = args.ladder or LADDER
     searches = tuple(args.variants or (parse_variant(s) for s in DEFAULT_SEARCHES))

@@ -29,7 +29,7 @@ __all__ = [
     "mb_reaches",
     "seconds_cell",
     "setup_detail",
-    "versus_cell",
+    "versus_cells",
     "yardstick_text",
 ]
 
@@ -157,7 +157,16 @@ def _summary(scores: Sequence[SetupScore]) -> list[str]:
 _DEFAULT = "default"
 
 
-def versus_cell(values: Sequence[float]) -> str:
+def versus_cells(mine: Row, theirs: Row) -> list[str]:
+    """``mine``'s time to the bar over ``theirs``' and ``theirs``' MB to the bar over ``mine``'s,
+    seed by seed, as two cells."""
+    return [
+        _versus_cell(versus(mine.reaches, theirs.reaches)),
+        _versus_cell(versus(mb_reaches(theirs), mb_reaches(mine))),
+    ]
+
+
+def _versus_cell(values: Sequence[float]) -> str:
     """Ratios over the seeds where both runs ran and one reached the bar (``0``: only the
     search did; ``–``: none)."""
     known = [v for v in values if not math.isnan(v)]
@@ -169,7 +178,7 @@ def _baselines(scores: Sequence[SetupScore]) -> list[str]:
     and the MB the faithful Accordion sent to the bar over the default's; empty where no
     setup has both."""
     shown = [s for s in scores if any(r.kind == "baseline" for r in s.rows)]
-    if not shown or not all(_has(s, _DEFAULT) for s in shown):
+    if not shown or not all(s.has(_DEFAULT) for s in shown):
         return []
     baselines = dict.fromkeys(r.label for s in shown for r in s.rows if r.kind == "baseline")
     others = [DENSE, *baselines]
@@ -185,18 +194,12 @@ def _baselines(scores: Sequence[SetupScore]) -> list[str]:
         mine = s.row(_DEFAULT)
         cells = []
         for o in others:
-            if not _has(s, o):
+            if not s.has(o):
                 cells += ["", ""]
                 continue
-            theirs = s.row(o)
-            cells.append(versus_cell(versus(mine.reaches, theirs.reaches)))
-            cells.append(versus_cell(versus(mb_reaches(theirs), mb_reaches(mine))))
+            cells += versus_cells(mine, s.row(o))
         lines.append(f"| {s.setup} | " + " | ".join(cells) + " |")
     return lines
-
-
-def _has(s: SetupScore, label: str) -> bool:
-    return any(r.label == label for r in s.rows)
 
 
 def mb_reaches(row: Row) -> list[Any]:

@@ -90,6 +90,7 @@ def main() -> None:
         print(f"test accuracy {float((pred == test_y).float().mean()):.4f}")
         dense = engine.total_dense_wire_bytes
         print(f"wire bytes {engine.total_wire_bytes:,} (dense fp32 {dense:,})")
+        print(f"aggregated in {engine.topology}")
     # Free what holds the process group (DDP's reducer; gravac's engine, which the optimizer's
     # gradient hooks keep in a reference cycle) and leave together, then tear down.
     del net, opt, engine

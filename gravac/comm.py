@@ -37,7 +37,12 @@ from typing import Any, Generic, TypeVar
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch._C._distributed_c10d import AllgatherOptions, AllreduceOptions, BroadcastOptions
+from torch._C._distributed_c10d import (
+    AllgatherOptions,
+    AllreduceOptions,
+    BroadcastOptions,
+    ReduceScatterOptions,
+)
 
 from gravac.compressors.base import Collective, Payload, StatsOp, payload_tensors
 
@@ -288,6 +293,25 @@ class Communicator:
             work = self._process_group().allgather([out], [tensor], opts)
         return self._parts("all-gather", work, started)
 
+    def _reduce_scatter(self, out: Tensor, tensor: Tensor) -> list[_Part]:
+        """Start summing ``tensor`` (``world_size`` equal chunks) over ranks, rank ``r``'s
+        chunk into ``out``."""
+        started = time.monotonic()
+        opts = ReduceScatterOptions()
+        if self.timeout is not None:
+            opts.timeout = self._backend_timeout()
+        work = self._process_group()._reduce_scatter_base(out, tensor, opts)
+        return self._parts("reduce-scatter", work, started)
+
+    def _gather_into(self, out: Tensor, tensor: Tensor) -> list[_Part]:
+        """Start gathering every rank's ``tensor`` into ``out``, end to end in rank order."""
+        started = time.monotonic()
+        opts = AllgatherOptions()
+        if self.timeout is not None:
+            opts.timeout = self._backend_timeout()
+        work = self._process_group()._allgather_base(out, tensor, opts)
+        return self._parts("all-gather", work, started)
+
     def _broadcast(self, tensor: Tensor, src: int) -> list[_Part]:
         """Start overwriting ``tensor`` with global rank ``src``'s."""
         started = time.monotonic()
@@ -316,6 +340,28 @@ class Communicator:
             return
         parts = [p for t in tensors for p in self._all_reduce(t, op)]
         Arrival(parts, lambda: None, step).named(name).wait()
+
+    def reduce_scatter(self, tensor: Tensor, *, name: str = "", step: int | None = None) -> Tensor:
+        """The sum over ranks of this rank's chunk of ``tensor``, a new tensor: ``tensor``
+        (flat, a multiple of :attr:`world_size` elements) cut into ``world_size`` equal chunks,
+        rank ``r`` receiving chunk ``r`` summed. Errors call it ``name`` and name ``step``."""
+        out = torch.empty(
+            tensor.numel() // self.world_size, dtype=tensor.dtype, device=tensor.device
+        )
+        if self.world_size == 1:
+            return out.copy_(tensor)
+        parts = self._reduce_scatter(out, tensor.contiguous())
+        return Arrival(parts, lambda: out, step).named(name).wait()
+
+    def all_gather_into(
+        self, out: Tensor, tensor: Tensor, *, name: str = "", step: int | None = None
+    ) -> Tensor:
+        """``out`` (flat, ``world_size`` times ``tensor``'s elements) filled with every rank's
+        ``tensor``, end to end in rank order. Errors call it ``name`` and name ``step``."""
+        if self.world_size == 1:
+            return out.copy_(tensor.reshape(-1))
+        parts = self._gather_into(out, tensor.contiguous())
+        return Arrival(parts, lambda: out, step).named(name).wait()
 
     def all_reduce_async(self, tensor: Tensor, op: StatsOp = "sum") -> Arrival[Tensor]:
         """Start reducing ``tensor`` in place; the arrival is it, reduced."""

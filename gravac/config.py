@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from gravac import compressors
+from gravac.checks import is_integer
 from gravac.comm import Communicator
 from gravac.compressors.base import Compressor
 from gravac.control import policies
@@ -139,6 +140,12 @@ class GravacConfig:
             (default): the process group's own timeout (30 minutes by default), past which the
             step raises :class:`gravac.CollectiveError`. A rank that dies fails the others'
             step with a :class:`gravac.CollectiveError` either way.
+        ranks_per_node: two-level aggregation (:mod:`gravac.hierarchy`): ranks in nodes of
+            this many consecutive ranks, a dense reduce-scatter inside each node, the chunks
+            compressed and aggregated across nodes, an all-gather inside each node. ``None``
+            (default): as torchrun reports the nodes (``LOCAL_WORLD_SIZE``), where it reports
+            more than one node of more than one rank, else flat; ``1``: flat (every rank's
+            payload aggregated over the whole group); it must divide the world size.
         monitor: a :class:`gravac.monitor.Monitor`, a ``SummaryWriter``, or a log directory;
             used on rank 0 only.
         clock: seconds for step timing (tests inject a deterministic one).
@@ -163,6 +170,7 @@ class GravacConfig:
     batch_size: int | None = None
     nonfinite: str = "skip"
     step_timeout: float | None = None
+    ranks_per_node: int | None = None
     monitor: Any = field(default=None, compare=False)
     clock: Callable[[], float] = field(default=time.perf_counter, compare=False)
 
@@ -193,6 +201,9 @@ class GravacConfig:
         if b is not None and (not isinstance(b, int) or b < 1):
             raise ValueError(f"batch_size must be None or an integer >= 1, got {b!r}")
         _check_step_timeout(self.step_timeout)
+        r = self.ranks_per_node
+        if r is not None and not (is_integer(r) and r >= 1):
+            raise ValueError(f"ranks_per_node must be None or an integer >= 1, got {r!r}")
         if not isinstance(self.compressor, str) and self.compressor_options:
             raise ValueError("compressor_options go with a compressor name, not an instance")
         if not isinstance(self.policy, str) and self.policy_options:
@@ -277,6 +288,7 @@ def build_engine(
         Communicator(process_group, timeout=config.step_timeout),
         batch_size=config.batch_size,
         nonfinite=config.nonfinite,
+        ranks_per_node=config.ranks_per_node,
         monitor=config.monitor,
         clock=config.clock,
     )

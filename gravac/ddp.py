@@ -90,6 +90,13 @@ class GravacHookState:
     The hook sees the model's parameters only as DDP hands its buckets over, so compressors
     whose deliverable CFs depend on the shapes (PowerSGD) plan over them from the second step
     on; the first step compresses at the CF asked for, and its record reports the CF achieved.
+
+    The hook aggregates flat: every rank's payload over the whole group, whatever torchrun
+    reports of the nodes (two-level aggregation, ``ranks_per_node``, runs under
+    :class:`gravac.GravacOptimizer`).
+
+    Raises:
+        ValueError: an option is not valid, or ``ranks_per_node`` asks for two levels.
     """
 
     def __init__(
@@ -99,8 +106,14 @@ class GravacHookState:
         **options: Any,
     ) -> None:
         self.config = make_config(config, **options)
+        nodes = self.config.ranks_per_node
+        if nodes is not None and nodes > 1:
+            raise ValueError(
+                f"ranks_per_node={nodes}: the DDP comm hook aggregates flat (ranks_per_node "
+                "None or 1); two-level aggregation runs under GravacOptimizer"
+            )
         self.process_group = process_group
-        self.engine: Engine = build_engine(process_group, self.config)
+        self.engine: Engine = build_engine(process_group, self.config, ranks_per_node=1)
         self.engine.skip_effect = (
             "the hook handed DDP NaN gradients: the optimizer's step applies them (the "
             "parameters become NaN) unless a GradScaler skips it"

@@ -50,6 +50,7 @@ from gravac.compressors.base import Compressor
 from gravac.config import GravacConfig, build_engine, learning_rate
 from gravac.control.protocol import Controller
 from gravac.engine import Engine, Given, Outcome, SparseGradientError, Step, Unit, layout_check
+from gravac.hierarchy import Topology
 from gravac.kernels.buffers import is_sole
 from gravac.memory import Memory
 from gravac.monitor import Monitor, StepRecord
@@ -91,6 +92,13 @@ def _units(layout: Layout) -> list[Unit]:
         slot += len(b.params)
         units.append(Unit(b.key, b.shapes, i < n_compressed, slots=slots, layers=slots))
     return units
+
+
+def _chunk_units(units: Sequence[Unit], topology: Topology) -> list[Unit]:
+    """What the engine sends of ``units`` in two levels (:mod:`gravac.hierarchy`): each unit's
+    chunk that this rank owns, one flat tensor under the unit's key (its layer id made of the
+    key: a chunk is no tensor of the model)."""
+    return [Unit(u.key, (torch.Size((topology.chunk(u.numel),)),), u.compressed) for u in units]
 
 
 def _moved_layers(old: Layout, new: Layout) -> dict[int, int]:
@@ -200,6 +208,8 @@ class GravacOptimizer(torch.optim.Optimizer):
         self._proposal: _Proposal | None = None  # a layout changed to, not yet adopted
         self._checked = False  # whether the ranks agreed on everything since the last load
         self._units: list[Unit] = []  # the layout's units, in launch order
+        # what the engine sends of them: the units themselves, or their chunks in two levels
+        self._sent: list[Unit] = []
         self._runs: tuple[Run, ...] = ()  # the units grouped by the buffer they share
         # per run, the flat buffer its gradients are views of: the last aggregate's, which
         # alternates with the residuals' storage (Engine.launch with Given); None: not made yet.
@@ -378,7 +388,10 @@ class GravacOptimizer(torch.optim.Optimizer):
                 "buckets; or one of fp16 or bf16 from before their buckets became 2 MiB: "
                 f"bucket_bytes={DEFAULT_BUCKET_BYTES} loads it): its residuals do not apply"
             )
-        units = {b.key: (b.numel, b.dtype) for b in self._fresh_layout().compressed}
+        layout = self._fresh_layout()
+        sent = self._engine_units(_units(layout))
+        compressed = zip(sent[: len(layout.compressed)], layout.compressed, strict=True)
+        units = {u.key: (u.numel, b.dtype) for u, b in compressed}
         self.engine.check_state(g, units=units)
 
     def _load(self, state_dict: dict[str, Any]) -> None:
@@ -395,8 +408,15 @@ class GravacOptimizer(torch.optim.Optimizer):
         return [[list(shape) for shape in b.shapes] for b in self._fresh_layout().compressed]
 
     def _bind(self, layout: Layout) -> None:
-        """Let the engine plan its CFs over the shapes of ``layout``'s compressed tensors."""
-        self.engine.bind_shapes([shape for b in layout.compressed for shape in b.shapes])
+        """Let the engine plan its CFs over the shapes of ``layout``'s compressed tensors (of
+        their chunks, in two levels)."""
+        units = self._engine_units(_units(layout))
+        self.engine.bind_shapes([shape for u in units if u.compressed for shape in u.shapes])
+
+    def _engine_units(self, units: list[Unit]) -> list[Unit]:
+        """What the engine sends of ``units``: themselves, or their chunks in two levels."""
+        topology = self.engine.topology
+        return units if topology.ranks_per_node == 1 else _chunk_units(units, topology)
 
     # ------------------------------------------------------------------ step
     @torch.no_grad()
@@ -498,7 +518,7 @@ class GravacOptimizer(torch.optim.Optimizer):
         for i, run in enumerate(self._runs):
             # the engine's buffers for these aggregates (launch with Given): a split tensor's
             # pieces lie end to end in one but after a first step or a resume (copied once)
-            parts = outcome.grads[run.first : run.stop]
+            parts = self._whole(outcome.grads[run.first : run.stop], run, step.index)
             flat = parts[0] if len(parts) == 1 else join_flat(parts)
             if flat is None:
                 flat = torch.cat(parts)
@@ -506,10 +526,21 @@ class GravacOptimizer(torch.optim.Optimizer):
             scatter_grads(run.bucket, flat)
         # A parameter without a gradient on every rank keeps grad None (torch.optim leaves it
         # alone); one that has a gradient on some rank counts as zeros on the others (as DDP).
+        # In two levels a chunk's residual is sent whole, a tensor without a gradient included:
+        # where some of it was sent, the tensor takes it (nothing of a residual is lost).
+        chunked = self.engine.hierarchy is not None
         for p, present in zip(layout.params, outcome.present, strict=True):
-            if not present:
+            if not present and not (chunked and p.grad is not None and bool(p.grad.any())):
                 p.grad = None
         return outcome
+
+    def _whole(self, grads: Sequence[Tensor], run: Run, step: int) -> list[Tensor]:
+        """The aggregates of ``run``'s units: ``grads`` as the engine returned them, or in two
+        levels every chunk of each, all-gathered inside the node (in launch order)."""
+        hierarchy = self.engine.hierarchy
+        if hierarchy is None:
+            return list(grads)
+        return [hierarchy.gather(g, n, step=step) for g, n in zip(grads, run.sizes, strict=True)]
 
     # ------------------------------------------------------------------ overlap
     def _hook(self, params: list[Tensor]) -> None:
@@ -566,6 +597,9 @@ class GravacOptimizer(torch.optim.Optimizer):
         complete = all(p.grad is not None and not p.grad.is_sparse for p in bucket.params)
         units = self._units[run.first : run.stop]
         parts = buf.split(run.sizes) if len(units) > 1 else (buf,)
+        if self.engine.hierarchy is not None:
+            self._launch_chunks(step, run, buf, parts)
+            return
         # the buffer is the engine's until commit: x = g + e is formed in it (as the gradients
         # are written into it, where the engine allows), and it becomes the residual while the
         # aggregate lands in the old residual's storage, which becomes the gradients' buffer
@@ -587,6 +621,19 @@ class GravacOptimizer(torch.optim.Optimizer):
             self.engine.launch(step, u, part, given, complete=complete)
         self._stamps += [(p, _stamp(p)) for p in bucket.params]
         self._next += len(units)
+
+    def _launch_chunks(self, step: Step, run: Run, buf: Tensor, parts: Sequence[Tensor]) -> None:
+        """Launch ``run`` in two levels: its gradients packed into ``buf``, each unit's node
+        mean reduce-scattered inside the node (a blocking collective, in launch order on every
+        rank), and this rank's chunk given to the engine (:mod:`gravac.hierarchy`)."""
+        hierarchy = self.engine.hierarchy
+        assert hierarchy is not None  # two levels
+        gather_grads(run.bucket, buf)
+        for unit, part in zip(self._sent[run.first : run.stop], parts, strict=True):
+            chunk = hierarchy.scatter(part, step=step.index)
+            self.engine.launch(step, unit, chunk, Given())
+        self._stamps += [(p, _stamp(p)) for p in run.bucket.params]
+        self._next += len(parts)
 
     def _buffer(self, index: int) -> Tensor:
         """The flat buffer run ``index``'s gradients are packed into: the last aggregate's,
@@ -632,6 +679,7 @@ class GravacOptimizer(torch.optim.Optimizer):
         sig = tuple((id(p), p.requires_grad) for p in params)
         if self._layout is None or not self._checked:
             self._check_agreement(params)
+            self.engine.form_nodes()
             self._checked = True
         elif self._layout.signature != sig:
             proposal = self._proposal
@@ -660,6 +708,7 @@ class GravacOptimizer(torch.optim.Optimizer):
             self._hook(params)
         self._bind(new)
         self._units = _units(new)
+        self._sent = self._engine_units(self._units)
         self._runs = new.runs
         self._flats = [None] * len(self._runs)
         self._run_of = [i for i, run in enumerate(self._runs) for _ in run.sizes]
@@ -783,7 +832,14 @@ class GravacOptimizer(torch.optim.Optimizer):
     def _run_residual(self, layout: Layout, run: Run) -> Tensor | None:
         """The residual of ``run``'s buffer as one flat tensor (a split tensor's pieces joined,
         a piece without one as zeros); ``None``: none of its buckets has one."""
-        parts = [self.memory.residual(b.key) for b in layout.buckets[run.first : run.stop]]
+        buckets = layout.buckets[run.first : run.stop]
+        parts = [self.memory.residual(b.key) for b in buckets]
+        hierarchy = self.engine.hierarchy
+        if hierarchy is not None:  # a chunk's residual, as this rank's share of the bucket's
+            parts = [
+                None if e is None else hierarchy.spread(e, b.numel)
+                for e, b in zip(parts, buckets, strict=True)
+            ]
         known = [e for e in parts if e is not None]
         if not known:
             return None

@@ -43,6 +43,30 @@ def _torchrun(log_dir: Path, *args: str) -> Run:
     return log_dir, subprocess.run(command, capture_output=True, text=True, timeout=300)
 
 
+def _two_nodes(log_dir: Path, *args: str) -> Run:
+    """The example as torchrun runs it on 2 nodes of 2 processes: two torchrun agents on this
+    machine (``--nnodes 2``, node ranks 0 and 1, one rendezvous on loopback); node 0's output,
+    with both agents' return codes (the larger) and error output."""
+    from gravac.launch import free_port
+
+    port = free_port()
+    agents = []
+    for node in range(2):
+        command = torchrun_command(EXAMPLE, *args, "--log-dir", str(log_dir), nproc=2)
+        command[1:1] = ["--nnodes=2", f"--node_rank={node}"]
+        command = [
+            c if not c.startswith("--master_port") else f"--master_port={port}" for c in command
+        ]
+        agents.append(
+            subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        )
+    outs = [a.communicate(timeout=300) for a in agents]
+    code = max(a.returncode for a in agents)
+    return log_dir, subprocess.CompletedProcess(
+        agents[0].args, code, outs[0][0], outs[0][1] + outs[1][1]
+    )
+
+
 def _wire_bytes(stdout: str) -> tuple[int, int]:
     """The bytes sent and dense fp32's, as the example prints them."""
     sent, dense = stdout.split("wire bytes ")[1].split(" (dense fp32 ")
@@ -66,7 +90,11 @@ def launches(tmp: Path, items: list[pytest.Item]) -> dict[str, Callable[[], Run]
     for front, extra in (("opt", OPT_EXIT), ("hook", HOOK)):
         for i in range(len([p for p in plans if p.startswith(f"{front}-")]), EXIT_RUNS):
             plans[f"{front}-exit{i}"] = ("--max-steps", "10", *extra)
-    return {name: functools.partial(_torchrun, tmp / name, *a) for name, a in plans.items()}
+    made: dict[str, Callable[[], Run]] = {
+        name: functools.partial(_torchrun, tmp / name, *a) for name, a in plans.items()
+    }
+    made["two-nodes"] = functools.partial(_two_nodes, tmp / "two-nodes", "--max-steps", "30")
+    return made
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +110,20 @@ def test_torchrun_example_trains(runs: Runs) -> None:
     accuracy = float(out.stdout.split("test accuracy")[1].split()[0])
     assert accuracy > 0.5  # 60 steps from scratch: well above chance (0.1)
     assert "wire bytes" in out.stdout
+    assert "aggregated in flat (2 ranks)" in out.stdout
     assert any(log_dir.iterdir())
+
+
+@pytest.mark.slow
+def test_torchrun_on_two_nodes_aggregates_in_two_levels(runs: Runs) -> None:
+    """torchrun reporting 2 nodes of 2 ranks (``LOCAL_WORLD_SIZE``): the optimizer aggregates
+    in two levels by default, and trains."""
+    _, out = runs["two-nodes"]
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "aggregated in 2 node(s) of 2 ranks" in out.stdout
+    assert float(out.stdout.split("test accuracy")[1].split()[0]) > 2 * CHANCE
+    sent, dense = _wire_bytes(out.stdout)
+    assert sent < dense
 
 
 @pytest.mark.slow

@@ -58,6 +58,7 @@ from gravac.engine.records import (
 )
 from gravac.engine.scalars import Row, Table, Terms, terms_size
 from gravac.gain import squared_norm
+from gravac.hierarchy import Hierarchy, Topology, plan_topology
 from gravac.memory import Memory, NoMemory, ResidualMemory
 from gravac.monitor import Monitor, StepRecord, TensorBoardMonitor
 from gravac.spans import scatter_spans, spans_numel
@@ -160,6 +161,8 @@ class Engine:
         comm: the process group.
         batch_size: samples per rank per step (``None``: throughput counted in steps).
         nonfinite: ``"skip"`` or ``"raise"`` for a non-finite gradient or aggregate.
+        ranks_per_node: the nodes to aggregate in two levels (:mod:`gravac.hierarchy`):
+            :class:`gravac.GravacConfig`'s field of that name.
         monitor: a :class:`Monitor`, a ``SummaryWriter`` or a log directory, opened on rank 0
             once the rank is known; or ``None``.
         clock: seconds, for step times (tests inject a deterministic one).
@@ -177,12 +180,18 @@ class Engine:
         nonfinite: str,
         monitor: Any,
         clock: Callable[[], float],
+        ranks_per_node: int | None = None,
     ) -> None:
         # What the engine works with.
         self.compressor = compressor  # compresses every compressed unit
         # how its statistics are agreed (None: it agrees none), read at every unit's launch
         self._stats_rule: StatsRule | None = stats_rule(compressor)
-        self.comm = comm  # the process group the units are aggregated in
+        self.comm = comm  # the process group: every rank, the step's scalars agreed in it
+        self.ranks_per_node = ranks_per_node  # the option the topology is planned from
+        self.topology = self._plan_topology()  # the nodes, planned, agreed at the first step
+        # the two-level groups once formed (form_nodes); None: flat, or not formed yet
+        self.hierarchy: Hierarchy | None = None
+        self.peers = comm  # the ranks a unit is aggregated among (two-level: one per node)
         self.memory = memory  # error-feedback residuals, by unit key
         self.policy, self.controller_config = policy, config  # what the controller runs
         self.controller = self._make_controller()  # decides the CFs
@@ -235,16 +244,49 @@ class Engine:
                     "step(s) as a single worker; create the optimizer or hook state (or call "
                     "its first step) after init_process_group"
                 )
-            self.comm = self.comm.joined()
+            self.comm = self.peers = self.comm.joined()
+            self.topology = self._plan_topology()
             self.controller = self._make_controller()
         self._open_monitor()
+
+    def _plan_topology(self) -> Topology:
+        """The nodes this rank plans to aggregate in (:func:`gravac.hierarchy.plan_topology`):
+        flat for one worker, and in a group other than the default one (two levels need
+        groups made by every rank of the default group).
+
+        Raises:
+            ValueError: ``ranks_per_node`` does not divide the world size, or asks for two
+                levels in a group other than the default one.
+        """
+        comm, option = self.comm, self.ranks_per_node
+        if not comm.distributed:
+            return Topology(1, 1, 0)
+        if comm.group is not None and comm.world_size != dist.get_world_size():
+            if option is not None and option > 1:
+                raise ValueError(
+                    f"ranks_per_node={option} needs the default process group (two-level "
+                    "groups are made by every rank of it), got a process_group of "
+                    f"{comm.world_size} of its {dist.get_world_size()} ranks"
+                )
+            return Topology(comm.world_size, 1, comm.rank)
+        return plan_topology(option, comm.world_size, comm.rank)
+
+    def form_nodes(self) -> None:
+        """Make the two-level groups of :attr:`topology`, once: a collective of every rank,
+        which the front end calls after the ranks agreed on the topology
+        (:meth:`agreement_parts`), so that no rank waits in a group another did not make."""
+        if self.hierarchy is not None or self.topology.ranks_per_node == 1:
+            return
+        self.hierarchy = Hierarchy(self.topology, timeout=self.comm.timeout)
+        self.peers = self.hierarchy.peers
 
     def agreement_parts(self) -> dict[str, str]:
         """What every rank must share with rank 0, by name, as text
         (:func:`gravac.agreement.check_agreement`): the compressor, the policy, the controller
-        settings, what a non-finite value does, and the steps taken (ranks that loaded
-        checkpoints of different steps would plan different CFs)."""
+        settings, what a non-finite value does, the nodes it aggregates in, and the steps
+        taken (ranks that loaded checkpoints of different steps would plan different CFs)."""
         return {
+            "the nodes (ranks_per_node, or torchrun's LOCAL_WORLD_SIZE)": str(self.topology),
             "the compressor": repr(self.compressor),
             "the policy": repr(self.policy),
             "the controller settings": repr(self.controller_config),
@@ -277,7 +319,7 @@ class Engine:
 
     def _make_controller(self) -> Controller:
         """A controller that plans only CFs this compressor delivers at this world size."""
-        world, c = self.comm.world_size, self.compressor
+        world, c = self.topology.nodes, self.compressor
         return make_controller(
             self.policy,
             self.controller_config,
@@ -363,7 +405,7 @@ class Engine:
         if not unit.compressed:  # no local check: the all-reduced sum, checked at commit, is
             # non-finite on every rank where an element is on one (NaN and Inf propagate)
             x = flat if out is flat else flat.clone()  # all-reduced in place
-            flight = Flight(unit, x, None, self.comm.all_reduce_async(x), _nbytes(x), out)
+            flight = Flight(unit, x, None, self.peers.all_reduce_async(x), _nbytes(x), out)
         else:
             flight = self._launch_compressed(
                 step, unit, flat, out, carry, settle=complete, given=given
@@ -438,7 +480,7 @@ class Engine:
         if per_layer:
             return self._launch_layers(step, unit, x, settings, out)
         cf_min, rank = settings[0]
-        world = self.comm.world_size
+        world = self.peers.world_size
         ranks = None if rank is None else (rank,) * len(unit.shapes)
         base = Round(step.index, unit.key, world, layout=unit.shapes, ranks=ranks)
         # at CF 1 a compressor that sends such a tensor as it is has x itself as its payload
@@ -499,7 +541,7 @@ class Engine:
         # a per-layer plan's unit whose every tensor is at CF 1 is sent as it is, too
         if step.decision.which == "dense" or (c_min is not c and step.decision.which == "min"):
             total = x if early else x.clone()  # all-reduced in place
-            reduced = self.comm.all_reduce_async(total)
+            reduced = self.peers.all_reduce_async(total)
             flight = Flight(unit, x, None, reduced, _nbytes(total), out, taken=taken)
             flight.shadow = shadow
             return flight
@@ -538,7 +580,7 @@ class Engine:
         (``read_later``, under error feedback)."""
         in_place = not read_later or isinstance(self.memory, NoMemory)
         how = self.compressor.collective if collective is None else collective
-        return self.comm.send_payload(payload, how, in_place=in_place)
+        return self.peers.send_payload(payload, how, in_place=in_place)
 
     def _sums(self, plan: Plan) -> bool:
         """Whether what a unit sends this step is added to the window's sums (not at the step
@@ -551,7 +593,7 @@ class Engine:
         """Send a unit whose tensors have CFs (or ranks) of their own (per-layer decisions):
         each run of adjacent tensors at one setting is a piece, a view of ``x`` compressed and
         sent on its own. No gains are measured (a per-layer policy reads none)."""
-        world = self.comm.world_size
+        world = self.peers.world_size
         step.ends.append(_ends(x))
         pieces = []
         for first, last, start, end in _runs(unit.shapes, settings):
@@ -616,7 +658,7 @@ class Engine:
                 flat = lagged
         if not stale:
             name = f"unit {base.key}'s compressor statistics"
-            self.comm.all_reduce_([flat], op=rule.op, name=name, step=step.index)
+            self.peers.all_reduce_([flat], op=rule.op, name=name, step=step.index)
         out, offset = [], 0
         for s in stats:
             if s is None:
@@ -681,10 +723,23 @@ class Engine:
             *(f.arrived.named(_carries(f)) for f in step.flights),
         ]
         if step.totals:
-            payload = signal_payload(step.totals).to(self.comm.device)
+            payload = self._signal_slot(signal_payload(step.totals)).to(self.comm.device)
             step.signal = self.comm.all_reduce_async(payload)
             waits.append(step.signal.named("the window's signal sample"))
         return collect(waits, step.index)
+
+    def _signal_slot(self, payload: Tensor) -> Tensor:
+        """``payload`` (:func:`gravac.control.noise.signal_payload`) as this rank adds it to the
+        all-reduce over every rank: as it is when flat; in two levels its samples at this
+        rank's local rank's place among ``L`` (the chunks' samples summed over nodes, each
+        chunk apart, every rank's energy summed), so that every rank estimates one share."""
+        if self.hierarchy is None:
+            return payload
+        t, n = self.topology, payload.numel() - 1
+        out = payload.new_zeros(t.ranks_per_node * n + 1)
+        out[t.local_rank * n : (t.local_rank + 1) * n] = payload[:n]
+        out[-1] = payload[-1]
+        return out
 
     def _local_values(self, step: Step) -> list[float]:
         """What this rank adds to the step's scalars for the controller: with a plan's
@@ -840,7 +895,7 @@ class Engine:
             return seen
         self._keep_stats(step, table.stats)
         if plan.window_terms and step.signal is not None:
-            seen.share = signal_fraction(step.signal.value().cpu(), self.comm.world_size)
+            seen.share = signal_fraction(step.signal.value().cpu(), self.peers.world_size)
         seen.report = self.controller.observe(self._observation(seen, table))
         if plan.norms_due:
             self.norms.end_interval()
@@ -920,7 +975,7 @@ class Engine:
         """The mean over ranks of what ``f`` sent, dense and flat, in ``out`` if given: the
         all-reduced tensor divided, or the compressor's combination of every rank's payload
         (once a step: it advances the compressor's shared state)."""
-        arrived, c, n = f.arrived.value(), self.compressor, self.comm.world_size
+        arrived, c, n = f.arrived.value(), self.compressor, self.peers.world_size
         if f.pieces:
             total = out if out is not None else torch.empty_like(f.x.reshape(-1))
             for p, payloads in zip(f.pieces, arrived, strict=True):
@@ -937,7 +992,7 @@ class Engine:
         into the place itself, else the flat aggregate, copied into the place."""
         assert f.place is not None  # only called for a placed flight
         if checked is None and target is not None and f.sent is not None:
-            payloads, (_, ctx), n = f.arrived.value(), f.sent, self.comm.world_size
+            payloads, (_, ctx), n = f.arrived.value(), f.sent, self.peers.world_size
             if self.compressor.combine_mean_placed(payloads, ctx, n, f.place):
                 return target
         total = checked if checked is not None else self._aggregate(f, target)
@@ -951,7 +1006,7 @@ class Engine:
         if f.sent is None:
             return False
         limit = torch.finfo(f.x.dtype).max / _BOUND_MARGIN
-        b = self.compressor.mean_bound(f.sent[1], self.comm.world_size, bound)
+        b = self.compressor.mean_bound(f.sent[1], self.peers.world_size, bound)
         return b is not None and b <= limit
 
     def _target(self, f: Flight) -> Tensor | None:
@@ -1122,6 +1177,7 @@ class Engine:
             "controller_kind": type(self.controller).__name__,
             "compressor_config": repr(self.compressor),
             "world_size": self.comm.world_size,
+            "ranks_per_node": self.topology.ranks_per_node,
         }
 
     def check_state(
@@ -1141,6 +1197,13 @@ class Engine:
             ValueError: naming what is wrong.
         """
         check_keys(state, with_memory=with_memory)
+        nodes = state.get("ranks_per_node", 1)
+        if with_memory and nodes != self.topology.ranks_per_node:
+            raise ValueError(
+                f"the checkpoint was saved with ranks_per_node={nodes}, this optimizer "
+                f"aggregates in {self.topology}: its residuals are of other chunks; resume "
+                f"with ranks_per_node={nodes}"
+            )
         saved = state.get("compressor_config")
         if saved is not None and saved != repr(self.compressor):
             raise ValueError(

@@ -1,0 +1,186 @@
+"""Two-level aggregation: ranks grouped into nodes, compressed once per node and shard.
+
+A cluster is nodes of several ranks: links inside a node are fast, the network between nodes
+is slow. Flat aggregation sends every rank's compressed payload across the network; the CLAN /
+BytePS-Compress scheme (``../shared/papers/clan-byteps-compress-adaptive-methods.txt``, its
+Figure 1) aggregates inside the node first and compresses once per node. Here a node is
+``L`` consecutive ranks (torchrun's numbering: global rank ``n * L + l`` is local rank ``l`` of
+node ``n``), and a unit's flat gradient ``g_r`` of ``m`` elements, zero-padded to ``L * c``
+elements (``c = ceil(m / L)``), goes in three stages:
+
+1. a dense reduce-scatter inside the node: local rank ``l`` holds the node's mean of chunk
+   ``l``, ``s_{n,l} = (1/L) sum_{r in node n} g_r[chunk l]`` (:meth:`Hierarchy.scatter`);
+2. the engine compresses ``s_{n,l}`` with error feedback (``x = s + e``, a residual per rank and
+   chunk) and aggregates it among the ``N`` ranks of local rank ``l``, one per node (its
+   *peers*): ``a_l = (1/N) sum_n C(x_{n,l})``, one collective per chunk, the ``L`` chunks in
+   parallel;
+3. an all-gather inside the node (:meth:`Hierarchy.gather`): every rank holds every ``a_l``,
+   so the aggregate of all ``N * L`` ranks (exactly their mean for a compressor that sends
+   everything).
+
+Only chunk-sized payloads cross between nodes, one per node and chunk: at the same CF, ``L``
+times fewer inter-node bytes a rank than flat aggregation, and one compression error per node
+instead of one per rank. The controller sees what crosses between nodes: the peers' payloads,
+their gains and times.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from gravac.comm import Communicator
+
+__all__ = ["Hierarchy", "Topology", "plan_topology", "torchrun_node_size"]
+
+#: torchrun's variables for a worker's node: ranks on its node, and its index among them
+_LOCAL_SIZE, _LOCAL_RANK = "LOCAL_WORLD_SIZE", "LOCAL_RANK"
+
+
+@dataclass(frozen=True)
+class Topology:
+    """``world_size`` ranks in nodes of ``ranks_per_node`` consecutive ranks; this one is
+    ``rank``.
+
+    Attributes:
+        world_size: ranks in the group.
+        ranks_per_node: ranks in each node (``L``), dividing ``world_size``.
+        rank: this rank.
+    """
+
+    world_size: int
+    ranks_per_node: int
+    rank: int
+
+    @property
+    def nodes(self) -> int:
+        """Nodes (``N``)."""
+        return self.world_size // self.ranks_per_node
+
+    @property
+    def node(self) -> int:
+        """This rank's node."""
+        return self.rank // self.ranks_per_node
+
+    @property
+    def local_rank(self) -> int:
+        """This rank's index in its node (the chunk it owns)."""
+        return self.rank % self.ranks_per_node
+
+    def node_ranks(self, node: int) -> list[int]:
+        """The ranks of ``node``."""
+        return list(range(node * self.ranks_per_node, (node + 1) * self.ranks_per_node))
+
+    def peer_ranks(self, local_rank: int) -> list[int]:
+        """The ranks of local rank ``local_rank``, one per node: they aggregate one chunk."""
+        return list(range(local_rank, self.world_size, self.ranks_per_node))
+
+    def chunk(self, numel: int) -> int:
+        """Elements in each chunk of a unit of ``numel`` elements: ``ceil(numel / L)``."""
+        return math.ceil(numel / self.ranks_per_node)
+
+    def bounds(self, numel: int) -> tuple[int, int]:
+        """Where this rank's chunk lies in a unit of ``numel`` elements (``start, end``; the
+        last chunks may reach past ``numel``: their padding is cut off)."""
+        c = self.chunk(numel)
+        start = min(self.local_rank * c, numel)
+        return start, min(start + c, numel)
+
+    def __str__(self) -> str:
+        if self.ranks_per_node == 1:
+            return f"flat ({self.world_size} rank{'s' * (self.world_size != 1)})"
+        return f"{self.nodes} node(s) of {self.ranks_per_node} ranks"
+
+
+def torchrun_node_size(world_size: int, rank: int, env: Mapping[str, str] | None = None) -> int:
+    """Ranks per node as torchrun reports them (``LOCAL_WORLD_SIZE``, ``LOCAL_RANK``), where
+    that is more than one node of more than one rank, numbered node by node (this rank's
+    ``LOCAL_RANK`` is ``rank % LOCAL_WORLD_SIZE``); else 1 (flat).
+
+    Every rank decides from its own variables; the ranks then check that they decided alike
+    before any collective depends on it (:meth:`gravac.engine.Engine.agreement_parts`)."""
+    env = os.environ if env is None else env
+    try:
+        size, local = int(env[_LOCAL_SIZE]), int(env[_LOCAL_RANK])
+    except (KeyError, ValueError):
+        return 1
+    if size < 2 or world_size <= size or world_size % size or local != rank % size:
+        return 1
+    return size
+
+
+def plan_topology(
+    ranks_per_node: int | None, world_size: int, rank: int, env: Mapping[str, str] | None = None
+) -> Topology:
+    """The topology gravac aggregates in: ``ranks_per_node`` as given (1: flat), or with
+    ``None`` as torchrun reports it (:func:`torchrun_node_size`).
+
+    Raises:
+        ValueError: ``ranks_per_node`` does not divide ``world_size``.
+    """
+    size = torchrun_node_size(world_size, rank, env) if ranks_per_node is None else ranks_per_node
+    if world_size % size:
+        raise ValueError(
+            f"ranks_per_node must divide the world size {world_size} (nodes of equal size), "
+            f"got {ranks_per_node}"
+        )
+    return Topology(world_size, size, rank)
+
+
+class Hierarchy:
+    """The node and peer groups of a two-level ``topology`` (every rank of the default group
+    must make it, in the same order: ``torch.distributed.new_group`` is collective).
+
+    Args:
+        topology: the nodes; ``ranks_per_node >= 2``.
+        timeout: the step timeout of the groups' collectives (:class:`Communicator`).
+    """
+
+    def __init__(self, topology: Topology, *, timeout: float | None = None) -> None:
+        self.topology = topology
+        node_group = peer_group = None
+        for n in range(topology.nodes):
+            g = dist.new_group(topology.node_ranks(n))
+            node_group = g if n == topology.node else node_group
+        for local in range(topology.ranks_per_node):
+            g = dist.new_group(topology.peer_ranks(local))
+            peer_group = g if local == topology.local_rank else peer_group
+        #: this rank's node: the reduce-scatter and the all-gather
+        self.node = Communicator(node_group, timeout=timeout)
+        #: the ranks that own the same chunk, one per node: the compressed aggregation
+        self.peers = Communicator(peer_group, timeout=timeout)
+
+    def scatter(self, flat: Tensor, *, step: int | None = None) -> Tensor:
+        """This rank's chunk of the node's mean of ``flat`` (stage 1), a new tensor of
+        :meth:`Topology.chunk` elements (the padding past ``flat``'s end is zeros)."""
+        t = self.topology
+        c = t.chunk(flat.numel())
+        padded = flat.reshape(-1)
+        if c * t.ranks_per_node != flat.numel():
+            padded = torch.zeros(c * t.ranks_per_node, dtype=flat.dtype, device=flat.device)
+            padded[: flat.numel()] = flat.reshape(-1)
+        chunk = self.node.reduce_scatter(padded, name="a unit's node sum", step=step)
+        return chunk.div_(t.ranks_per_node)
+
+    def gather(self, chunk: Tensor, numel: int, *, step: int | None = None) -> Tensor:
+        """Every chunk of the node's aggregate, end to end (stage 3): a new flat tensor of
+        ``numel`` elements (a view that cuts off the padding)."""
+        t = self.topology
+        out = torch.empty(chunk.numel() * t.ranks_per_node, dtype=chunk.dtype, device=chunk.device)
+        self.node.all_gather_into(out, chunk, name="the node's aggregate", step=step)
+        return out[:numel]
+
+    def spread(self, chunk: Tensor, numel: int) -> Tensor:
+        """``chunk`` (a residual of this rank's chunk, in node-mean units) as a gradient of
+        the whole unit that stage 1 turns back into it: ``L * chunk`` at its place, zeros
+        elsewhere (the node's mean divides by ``L``)."""
+        start, end = self.topology.bounds(numel)
+        out = torch.zeros(numel, dtype=chunk.dtype, device=chunk.device)
+        out[start:end] = chunk.reshape(-1)[: end - start] * self.topology.ranks_per_node
+        return out

@@ -1,0 +1,207 @@
+"""Two-level aggregation (:mod:`gravac.hierarchy`) on a real gloo group of 4 processes as 2
+"nodes" of 2 ranks: the aggregate against the flat one and against the ranks' mean, error
+feedback's identity per chunk, ranks deciding alike, and a resume."""
+
+from __future__ import annotations
+
+import io
+import math
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from gravac import GravacOptimizer, broadcast_parameters
+from tests.helpers import counter_clock, tiny_model, train_step
+from tests.workers import Workers
+
+pytestmark = pytest.mark.slow
+SPAWN_TIMEOUT = 240.0
+WORLD, NODE = 4, 2
+STEPS = 6
+#: the static CF of the Top-k runs
+CF = 4.0
+
+
+def model() -> nn.Module:
+    """A weight compressed as one bucket (35 elements: chunks of 18 and 17 plus one of
+    padding), a bias sent dense."""
+    torch.manual_seed(0)
+    return nn.Linear(7, 5)
+
+
+#: the step at which no rank has the weight's gradient
+ABSENT = 3
+
+
+def grads(rank: int, step: int) -> list[torch.Tensor]:
+    """Small integers, per rank and step: every mean over ranks or nodes is exact; the
+    weight's are zeros (none) at step :data:`ABSENT`."""
+    gen = torch.Generator().manual_seed(100 * rank + step)
+    out = [torch.randint(-8, 8, s, generator=gen).float() for s in ((5, 7), (5,))]
+    if step == ABSENT:
+        out[0].zero_()
+    return out
+
+
+def by_hand(rank: int, world_size: int, compressor: str, nodes: int) -> dict[str, Any]:
+    """``STEPS`` steps of plain SGD (lr 1) on gradients set by hand, ``ranks_per_node=nodes``;
+    each step's aggregate, and the weight's residual after the last."""
+    m = model()
+    policy: dict[str, Any] = (
+        {"policy": "fixed", "policy_options": {"cf": CF}} if compressor == "topk" else {}
+    )
+    opt = GravacOptimizer(
+        torch.optim.SGD(m.parameters(), lr=1.0),
+        compressor=compressor,
+        ranks_per_node=nodes,
+        overlap=False,
+        clock=counter_clock(),
+        **policy,
+    )
+    aggregates, absent = [], []
+    for step in range(STEPS):
+        for p, g in zip(m.parameters(), grads(rank, step), strict=True):
+            p.grad = g
+        if step == ABSENT:
+            m.weight.grad = None
+        opt.step()
+        aggregates.append(
+            [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in m.parameters()]
+        )
+        absent.append(m.weight.grad is None)
+    residual = opt.memory.residual(0)
+    return {
+        "aggregates": aggregates,
+        "residual": None if residual is None else residual.clone(),
+        "absent": absent,
+        "topology": str(opt.engine.topology),
+    }
+
+
+def test_two_levels_send_everything_as_the_flat_mean(gloo_pools: Workers) -> None:
+    two = gloo_pools.run(by_hand, WORLD, "none", NODE, timeout=SPAWN_TIMEOUT)
+    flat = gloo_pools.run(by_hand, WORLD, "none", 1, timeout=SPAWN_TIMEOUT)
+    assert two[0]["topology"] == "2 node(s) of 2 ranks"
+    # a weight without a gradient on any rank keeps None: nothing was held back to send
+    assert two[0]["absent"] == flat[0]["absent"] == [s == ABSENT for s in range(STEPS)]
+    assert flat[0]["topology"] == "flat (4 ranks)"
+    for step in range(STEPS):
+        each = [grads(r, step) for r in range(WORLD)]
+        mean = [torch.stack(t).mean(0) for t in zip(*each, strict=True)]
+        for r in range(WORLD):
+            pairs = zip(two[r]["aggregates"][step], flat[r]["aggregates"][step], strict=True)
+            for (a, b), m in zip(pairs, mean, strict=True):
+                assert torch.equal(a, m) and torch.equal(b, m)
+
+
+def _node_means(step: int) -> list[torch.Tensor]:
+    """Each node's mean of the weight's gradient, flat."""
+    return [
+        torch.stack([grads(n * NODE + i, step)[0] for i in range(NODE)]).mean(0).reshape(-1)
+        for n in range(WORLD // NODE)
+    ]
+
+
+def test_two_level_topk_keeps_its_bound_and_error_feedback_identity(
+    gloo_pools: Workers,
+) -> None:
+    out = gloo_pools.run(by_hand, WORLD, "topk", NODE, timeout=SPAWN_TIMEOUT)
+    for r in range(1, WORLD):  # every rank holds the same aggregate
+        for a, b in zip(out[0]["aggregates"], out[r]["aggregates"], strict=True):
+            assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    # the first step (no residual yet): each node's chunks lose at most 1 - 1/CF of their
+    # energy to Top-k, so the mean over nodes is that close to the mean over ranks
+    s = _node_means(0)
+    mean = torch.stack(s).mean(0)
+    agg = out[0]["aggregates"][0][0].reshape(-1)
+    bound = (1 - 1 / CF) * sum(float(x @ x) for x in s) / len(s)
+    assert 0 < float((agg - mean) @ (agg - mean)) <= bound
+    # error feedback per chunk: what was applied plus the nodes' residuals, each at its
+    # chunk's place, is every gradient's mean, summed over the steps
+    numel = 35
+    residual = torch.zeros(WORLD // NODE, numel)
+    for r in range(WORLD):
+        node, local = divmod(r, NODE)
+        chunk = math.ceil(numel / NODE)
+        start, end = min(local * chunk, numel), min((local + 1) * chunk, numel)
+        residual[node, start:end] = out[r]["residual"][: end - start]
+    applied = sum(a[0].reshape(-1) for a in out[0]["aggregates"])
+    wanted = sum(torch.stack(_node_means(t)).mean(0) for t in range(STEPS))
+    torch.testing.assert_close(applied + residual.mean(0), wanted, rtol=0, atol=1e-5)
+    # at the step without the weight's gradient its chunks' residuals were sent, and applied
+    assert not out[0]["absent"][ABSENT]
+    # the bias (1-D) travels dense in two levels too: the exact mean
+    bias = torch.stack([grads(r, STEPS - 1)[1] for r in range(WORLD)]).mean(0)
+    assert torch.equal(out[0]["aggregates"][-1][1], bias)
+
+
+def searched(rank: int, world_size: int, resume_at: int | None) -> dict[str, Any]:
+    """The default adaptive search in two levels on the tiny CNN: the CFs and parameters after
+    20 steps, straight or saved and loaded into fresh objects at ``resume_at``."""
+    m = tiny_model(seed=rank)
+    broadcast_parameters(m)
+
+    def make() -> GravacOptimizer:
+        return GravacOptimizer(
+            torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9),
+            ranks_per_node=NODE,
+            theta_min=4.0,
+            theta_max=64.0,
+            window=3,
+            warmup_steps=2,
+            clock=counter_clock(),
+        )
+
+    opt, cfs = make(), []
+    for step in range(20):
+        if step == resume_at:
+            buf = io.BytesIO()
+            torch.save(opt.state_dict(), buf)
+            opt.close()
+            opt = make()
+            buf.seek(0)
+            opt.load_state_dict(torch.load(buf, weights_only=True))
+        train_step(m, opt, rank, step)
+        assert opt.last_record is not None
+        cfs.append(opt.last_record.cf_sent)
+    return {"cfs": cfs, "params": [p.detach().clone() for p in m.parameters()]}
+
+
+def test_two_level_ranks_decide_alike_and_resume_bit_exactly(gloo_pools: Workers) -> None:
+    straight = gloo_pools.run(searched, WORLD, None, timeout=SPAWN_TIMEOUT)
+    resumed = gloo_pools.run(searched, WORLD, 9, timeout=SPAWN_TIMEOUT)
+    for r in range(WORLD):
+        assert straight[r]["cfs"] == straight[0]["cfs"]
+        assert resumed[r]["cfs"] == straight[0]["cfs"]
+        trios = zip(straight[0]["params"], straight[r]["params"], resumed[r]["params"], strict=True)
+        for a, b, c in trios:
+            assert torch.equal(a, b) and torch.equal(a, c)
+    assert len(set(straight[0]["cfs"])) > 1  # the search moved
+
+
+def refused(rank: int, world_size: int) -> dict[str, str]:
+    m = model()
+    errors = {}
+    try:
+        GravacOptimizer(torch.optim.SGD(m.parameters(), lr=1.0), ranks_per_node=3)
+    except ValueError as exc:
+        errors["size"] = str(exc)
+    flat = GravacOptimizer(torch.optim.SGD(m.parameters(), lr=1.0), ranks_per_node=1)
+    two = GravacOptimizer(torch.optim.SGD(m.parameters(), lr=1.0), ranks_per_node=NODE)
+    for p, g in zip(m.parameters(), grads(rank, 0), strict=True):
+        p.grad = g
+    two.step()
+    try:
+        flat.load_state_dict(two.state_dict())
+    except ValueError as exc:
+        errors["load"] = str(exc)
+    return errors
+
+
+def test_a_bad_node_size_or_a_checkpoint_of_other_nodes_is_refused(gloo_pools: Workers) -> None:
+    errors = gloo_pools.run(refused, WORLD, timeout=SPAWN_TIMEOUT)[0]
+    assert "ranks_per_node must divide the world size 4" in errors["size"]
+    assert "saved with ranks_per_node=2" in errors["load"]
+    assert "flat (4 ranks)" in errors["load"]

@@ -23,6 +23,7 @@ ROW_KEYS = {
     "copy_gbps",
     "ratio_to_copy",
     "decompress_gbps",
+    "ef_ratio",
     "nmse",
     "achieved_cf",
     "wire_bytes",

@@ -12,6 +12,11 @@ Measures, for every registered compressor (or those named), on one process:
 * **decompress** throughput: GB/s of the dense float32 result for :meth:`Compressor.combine` of
   the N workers' payloads, which is what a rank runs after the collective (for all-reduce
   compressors it includes the elementwise payload sum that the all-reduce itself would compute);
+* **error feedback**: the residual ``x - D(payload)`` as the engine updates it, in ``x``'s
+  storage (:meth:`Compressor.residual_`: a sparsifier zeroes its ``k`` sent positions, the
+  CLAN / BytePS-Compress paper's O(k) update), against the update through a dense
+  decompression (``x.sub_(decompress(payload))``, O(d) and a gradient-sized temporary), both on
+  a fresh copy of ``x`` made untimed; ``ef_ratio`` is the first over the second;
 * **NMSE** of the N-worker mean estimate of one round, ``||mean_hat - mean||^2 / ||mean||^2``,
   from :func:`gravac.simulation.simulate` with a fresh compressor and no error feedback, and the
   achieved CF and wire bytes per worker of that round.
@@ -92,6 +97,9 @@ class CompressorResult:
     copy_gbps: float
     ratio_to_copy: float
     decompress_gbps: float
+    feedback_s: float
+    dense_feedback_s: float
+    ef_ratio: float
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (non-finite floats become ``None``)."""
@@ -155,9 +163,19 @@ def bench_compressor(
         c = instances.get()
         return lambda: c.combine(payloads, ctx)
 
-    copy_s, compress_s, decompress_s = interleaved_medians(
-        [prepare_copy, prepare_compress, prepare_combine], repeats=repeats, device=device
+    def prepare_feedback() -> Callable[[], object]:
+        c, fresh = instances.get(), x.clone()
+        return lambda: c.residual_(fresh, payloads[0], ctx)
+
+    def prepare_dense_feedback() -> Callable[[], object]:
+        c, fresh = instances.get(), x.clone()
+        return lambda: fresh.sub_(c.decompress(payloads[0], ctx))
+
+    cases = [prepare_copy, prepare_compress, prepare_combine]
+    times = interleaved_medians(
+        [*cases, prepare_feedback, prepare_dense_feedback], repeats=repeats, device=device
     )
+    copy_s, compress_s, decompress_s, feedback_s, dense_feedback_s = times
     nbytes = size * ELEMENT_BYTES
     input_gbps = gbps(nbytes, compress_s)
     copy_gbps = gbps(nbytes, copy_s)
@@ -179,6 +197,9 @@ def bench_compressor(
         copy_gbps=copy_gbps,
         ratio_to_copy=input_gbps / copy_gbps,
         decompress_gbps=gbps(nbytes, decompress_s),
+        feedback_s=feedback_s,
+        dense_feedback_s=dense_feedback_s,
+        ef_ratio=feedback_s / dense_feedback_s,
     )
 
 
@@ -223,6 +244,9 @@ def format_compressor_table(
         " timed in the same loop; ratio = compress GB/s / copy GB/s",
         "  decomp GB/s:   float32 output bytes / time of combine() of the N workers' payloads"
         " (all-reduce compressors: includes the payload sum)",
+        "  EF ms:         time of the residual update x - D(payload) in x's storage, as the"
+        " engine runs it (sparsifiers: the k sent positions zeroed); EF ratio = it / the same by"
+        " x.sub_(decompress(payload))",
         "  NMSE:          ||mean_hat - mean||^2 / ||mean||^2 of one simulated round, no error"
         " feedback; wire B: bytes per worker",
         f"  gradients:     sigma*(z + {NOISE_RATIO:g}*eps_i), sigma log-normal(0,"
@@ -238,6 +262,8 @@ def format_compressor_table(
         "copy GB/s",
         "ratio",
         "decomp GB/s",
+        "EF ms",
+        "EF ratio",
     ]
     rows = [
         [
@@ -250,6 +276,8 @@ def format_compressor_table(
             f"{r.copy_gbps:.3g}",
             f"{r.ratio_to_copy:.3g}",
             f"{r.decompress_gbps:.3g}",
+            f"{r.feedback_s * 1e3:.3g}",
+            f"{r.ef_ratio:.3g}",
         ]
         for r in results
     ]

@@ -94,6 +94,8 @@ def test_bench_compressor_row(name: str) -> None:
     for value in (r.input_gbps, r.copy_gbps, r.decompress_gbps, r.ratio_to_copy):
         assert value > 0.0
     assert r.ratio_to_copy == pytest.approx(r.input_gbps / r.copy_gbps)
+    assert r.feedback_s > 0.0 and r.dense_feedback_s > 0.0
+    assert r.ef_ratio == pytest.approx(r.feedback_s / r.dense_feedback_s)
 
 
 def test_bench_compressors_reports_a_failing_compressor_by_name(

@@ -183,6 +183,11 @@ class Arrival(Generic[T]):
         """An arrival of ``fn`` of this one's result."""
         return Arrival(self.parts, lambda: fn(self.wait()), self._step)
 
+    def ready(self) -> bool:
+        """Whether every collective has completed (or failed: :meth:`wait` then raises),
+        without waiting."""
+        return all(p.work.is_completed() for p in self.parts)
+
     def wait(self) -> T:
         """Wait for every collective, in the order they were started, and return the result.
 
@@ -341,17 +346,20 @@ class Communicator:
         parts = [p for t in tensors for p in self._all_reduce(t, op)]
         Arrival(parts, lambda: None, step).named(name).wait()
 
-    def reduce_scatter(self, tensor: Tensor, *, name: str = "", step: int | None = None) -> Tensor:
-        """The sum over ranks of this rank's chunk of ``tensor``, a new tensor: ``tensor``
-        (flat, a multiple of :attr:`world_size` elements) cut into ``world_size`` equal chunks,
-        rank ``r`` receiving chunk ``r`` summed. Errors call it ``name`` and name ``step``."""
+    def reduce_scatter_async(
+        self, tensor: Tensor, *, name: str = "", step: int | None = None
+    ) -> Arrival[Tensor]:
+        """Start summing this rank's chunk of ``tensor`` over ranks: ``tensor`` (flat, a
+        multiple of :attr:`world_size` elements, unchanged until the arrival is waited for)
+        cut into ``world_size`` equal chunks, rank ``r`` receiving chunk ``r`` summed, in a new
+        tensor. Errors call it ``name`` and name ``step``."""
         out = torch.empty(
             tensor.numel() // self.world_size, dtype=tensor.dtype, device=tensor.device
         )
         if self.world_size == 1:
-            return out.copy_(tensor)
+            return _done(out.copy_(tensor))
         parts = self._reduce_scatter(out, tensor.contiguous())
-        return Arrival(parts, lambda: out, step).named(name).wait()
+        return Arrival(parts, lambda: out, step).named(name)
 
     def all_gather_into(
         self, out: Tensor, tensor: Tensor, *, name: str = "", step: int | None = None

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from gravac.comm import Communicator
+from gravac.comm import Arrival, Communicator
 
 __all__ = ["Hierarchy", "Topology", "plan_topology", "torchrun_node_size"]
 
@@ -156,17 +156,18 @@ class Hierarchy:
         #: the ranks that own the same chunk, one per node: the compressed aggregation
         self.peers = Communicator(peer_group, timeout=timeout)
 
-    def scatter(self, flat: Tensor, *, step: int | None = None) -> Tensor:
-        """This rank's chunk of the node's mean of ``flat`` (stage 1), a new tensor of
-        :meth:`Topology.chunk` elements (the padding past ``flat``'s end is zeros)."""
+    def scatter(self, flat: Tensor, *, step: int | None = None) -> Arrival[Tensor]:
+        """Start reducing this rank's chunk of the node's mean of ``flat`` (stage 1): the
+        arrival is a new tensor of :meth:`Topology.chunk` elements (the padding past
+        ``flat``'s end is zeros). ``flat`` must not change until it has arrived."""
         t = self.topology
         c = t.chunk(flat.numel())
         padded = flat.reshape(-1)
         if c * t.ranks_per_node != flat.numel():
             padded = torch.zeros(c * t.ranks_per_node, dtype=flat.dtype, device=flat.device)
             padded[: flat.numel()] = flat.reshape(-1)
-        chunk = self.node.reduce_scatter(padded, name="a unit's node sum", step=step)
-        return chunk.div_(t.ranks_per_node)
+        summed = self.node.reduce_scatter_async(padded, name="a unit's node sum", step=step)
+        return summed.map(lambda chunk: chunk.div_(t.ranks_per_node))
 
     def gather(self, chunk: Tensor, numel: int, *, step: int | None = None) -> Tensor:
         """Every chunk of the node's aggregate, end to end (stage 3): a new flat tensor of

@@ -45,7 +45,7 @@ from gravac.buckets import (
     scatter_grads,
     split_flat,
 )
-from gravac.comm import Communicator
+from gravac.comm import Arrival, Communicator
 from gravac.compressors.base import Compressor
 from gravac.config import GravacConfig, build_engine, learning_rate
 from gravac.control.protocol import Controller
@@ -226,6 +226,8 @@ class GravacOptimizer(torch.optim.Optimizer):
         self._next = 0  # the next unit to launch
         # each launched gradient's identity and version: a change after launch is an error
         self._stamps: list[tuple[Tensor, tuple[int, int] | None]] = []
+        # two levels: units whose node sums are being reduce-scattered, in launch order
+        self._scattering: list[tuple[Unit, Arrival[Tensor]]] = []
         self._sparse = -1  # the first parameter with a sparse gradient this step (-1: none)
         self._accumulating = False  # inside no_sync(): no launches
         self._pending: Outcome | None = None  # aggregated by synchronize(), not yet stepped
@@ -494,6 +496,7 @@ class GravacOptimizer(torch.optim.Optimizer):
             assert layout is not None  # set by _begin
             while self._next < len(self._units):
                 self._launch_next(step)
+            self._launch_scattered(step, wait=True)
             has_grad = [p.grad is not None for p in layout.params]
             stale = any(_stamp(p) != stamp for p, stamp in self._stamps)
             digest = self._layout_digest if self._proposal is None else self._proposal.digest
@@ -624,16 +627,24 @@ class GravacOptimizer(torch.optim.Optimizer):
 
     def _launch_chunks(self, step: Step, run: Run, buf: Tensor, parts: Sequence[Tensor]) -> None:
         """Launch ``run`` in two levels: its gradients packed into ``buf``, each unit's node
-        mean reduce-scattered inside the node (a blocking collective, in launch order on every
-        rank), and this rank's chunk given to the engine (:mod:`gravac.hierarchy`)."""
+        mean reduce-scattered inside the node (started here, in launch order on every rank),
+        and this rank's chunk given to the engine once it has arrived (:mod:`gravac.hierarchy`):
+        backward goes on meanwhile."""
         hierarchy = self.engine.hierarchy
         assert hierarchy is not None  # two levels
         gather_grads(run.bucket, buf)
         for unit, part in zip(self._sent[run.first : run.stop], parts, strict=True):
-            chunk = hierarchy.scatter(part, step=step.index)
-            self.engine.launch(step, unit, chunk, Given())
+            self._scattering.append((unit, hierarchy.scatter(part, step=step.index)))
         self._stamps += [(p, _stamp(p)) for p in run.bucket.params]
         self._next += len(parts)
+        self._launch_scattered(step, wait=False)
+
+    def _launch_scattered(self, step: Step, *, wait: bool) -> None:
+        """Give the engine the chunks whose node sums have arrived, in launch order (every
+        rank launches them in one order); with ``wait``, all of them."""
+        while self._scattering and (wait or self._scattering[0][1].ready()):
+            unit, arrival = self._scattering.pop(0)
+            self.engine.launch(step, unit, arrival.wait(), Given())
 
     def _buffer(self, index: int) -> Tensor:
         """The flat buffer run ``index``'s gradients are packed into: the last aggregate's,
@@ -661,6 +672,7 @@ class GravacOptimizer(torch.optim.Optimizer):
         self._next = 0
         self._ready = [set() for _ in self._units]
         self._stamps = []
+        self._scattering = []
         return self._step
 
     # ------------------------------------------------------------------ internals

@@ -36,6 +36,7 @@ on a fresh DDP model of the same configuration, before its first backward.
 """
 
 # No ``from __future__ import annotations``: DDP checks the hook's annotations as objects.
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,10 +48,11 @@ from torch.futures import Future
 
 from gravac.agreement import check_agreement
 from gravac.buckets import split_flat
+from gravac.comm import Arrival
 from gravac.config import GravacConfig, build_engine, learning_rate, make_config
 from gravac.engine import Engine, Given, Lent, Outcome, Step, Unit
 from gravac.engine.checkpoint import check_tables
-from gravac.spans import Spans, gather_spans, spans_numel, spans_of
+from gravac.spans import Spans, gather_spans, scatter_spans, spans_numel, spans_of
 
 __all__ = ["GravacHookState", "gravac_hook"]
 
@@ -91,12 +93,11 @@ class GravacHookState:
     whose deliverable CFs depend on the shapes (PowerSGD) plan over them from the second step
     on; the first step compresses at the CF asked for, and its record reports the CF achieved.
 
-    The hook aggregates flat: every rank's payload over the whole group, whatever torchrun
-    reports of the nodes (two-level aggregation, ``ranks_per_node``, runs under
-    :class:`gravac.GravacOptimizer`).
-
-    Raises:
-        ValueError: an option is not valid, or ``ranks_per_node`` asks for two levels.
+    In two levels (``ranks_per_node``, :mod:`gravac.hierarchy`) each unit of a bucket is
+    gathered out of it (with the residual pieces carried in, see :meth:`_retire`),
+    reduce-scattered inside the node, and its chunk given to the engine once it has arrived;
+    the last bucket's hook waits for the rest, commits the step, and all-gathers every unit's
+    aggregate inside the node before the buckets' futures complete.
     """
 
     def __init__(
@@ -106,14 +107,8 @@ class GravacHookState:
         **options: Any,
     ) -> None:
         self.config = make_config(config, **options)
-        nodes = self.config.ranks_per_node
-        if nodes is not None and nodes > 1:
-            raise ValueError(
-                f"ranks_per_node={nodes}: the DDP comm hook aggregates flat (ranks_per_node "
-                "None or 1); two-level aggregation runs under GravacOptimizer"
-            )
         self.process_group = process_group
-        self.engine: Engine = build_engine(process_group, self.config, ranks_per_node=1)
+        self.engine: Engine = build_engine(process_group, self.config)
         self.engine.skip_effect = (
             "the hook handed DDP NaN gradients: the optimizer's step applies them (the "
             "parameters become NaN) unless a GradScaler skips it"
@@ -135,6 +130,10 @@ class GravacHookState:
         self._bound: tuple[torch.Size, ...] = ()
         self._optimizer: torch.optim.Optimizer | None = None  # read for its learning rate
         self._checked = False  # whether the ranks agreed on everything since the last load
+        # two levels: units whose node sums are being reduce-scattered, in launch order, and
+        # the elements of every unit launched this step (its chunk's aggregate is gathered)
+        self._scattering: list[tuple[Unit, Arrival[Tensor], Arrival[Tensor] | None]] = []
+        self._wholes: list[int] = []
 
     def watch(self, optimizer: torch.optim.Optimizer) -> None:
         """Read ``optimizer``'s learning rate at every step (the ``accordion`` policy sends
@@ -156,6 +155,7 @@ class GravacHookState:
             if not self._checked:  # the first step, or the first after a load: on every rank
                 comm = self.engine.comm
                 check_agreement(comm, self.engine.agreement_parts(), comm.device)
+                self.engine.form_nodes()
                 self._checked = True
             self._bind()
             self._step = self.engine.begin(lr=learning_rate(self._optimizer))
@@ -166,6 +166,8 @@ class GravacHookState:
         plan = self._plan(bucket.parameters(), buffer)
         first = len(step.flights)
         units = [u for u in (plan.compressed, plan.dense) if u is not None]
+        if self.engine.hierarchy is not None:
+            return self._hook_chunks(step, done, bucket, plan, units)
         for i, unit in enumerate(units):
             carry = self._orphans_of(plan, buffer) if unit.compressed else None
             if not plan.spans:  # one unit: it receives its aggregate in DDP's own buffer
@@ -199,6 +201,58 @@ class GravacHookState:
 
         return done.then(result)
 
+    def _hook_chunks(
+        self,
+        step: Step,
+        done: Future[Outcome],
+        bucket: dist.GradBucket,
+        plan: _BucketPlan,
+        units: list[Unit],
+    ) -> Future[Tensor]:
+        """:meth:`hook` in two levels (see the class docstring): each unit's gradients (the
+        residual pieces carried in, in this rank's share of the node's sum) reduce-scattered
+        inside the node, the chunks launched as they arrive, in order."""
+        hierarchy = self.engine.hierarchy
+        assert hierarchy is not None  # two levels
+        buffer = bucket.buffer()
+        first = len(self._wholes)
+        for i, unit in enumerate(units):
+            # a new flat tensor, in parameter order: the buffer's gradients stay as they are
+            flat = _flat(buffer, plan.spans[i], None)
+            gather_spans(buffer, plan.spans[i], flat)
+            chunk = Unit(
+                unit.key, (torch.Size((hierarchy.topology.chunk(unit.numel),)),), unit.compressed
+            )
+            # residual pieces carried in (each rank's its chunk's times L, zeros elsewhere) go
+            # through a reduce-scatter of their own: one rank's nonzero a position, halved back
+            # exactly, they reach the chunk's owner as the residual itself, bit for bit
+            carry = self._orphans_of(plan, buffer) if unit.compressed else None
+            carried = None if carry is None else hierarchy.scatter(carry, step=step.index)
+            self._scattering.append((chunk, hierarchy.scatter(flat, step=step.index), carried))
+            self._wholes.append(unit.numel)
+        self._launch_scattered(step, wait=bucket.is_last())
+        if bucket.is_last():
+            self._close(step, done)
+
+        def result(f: Future[Outcome]) -> Tensor:
+            outcome = f.value()
+            if outcome.skipped:
+                return buffer.fill_(math.nan)
+            grads = outcome.grads[first : first + len(units)]
+            for spans, g in zip(plan.spans, grads, strict=True):
+                scatter_spans(buffer, spans, g.to(buffer.dtype))
+            return buffer
+
+        return done.then(result)
+
+    def _launch_scattered(self, step: Step, *, wait: bool) -> None:
+        """Give the engine the chunks whose node sums have arrived, in launch order; with
+        ``wait``, all of them."""
+        while self._scattering and (wait or self._scattering[0][1].ready()):
+            unit, arrival, carried = self._scattering.pop(0)
+            carry = None if carried is None else carried.wait()
+            self.engine.launch(step, unit, arrival.wait(), Given(), carry=carry)
+
     def _sparse(self, bucket: dist.GradBucket) -> Future[Tensor]:
         """Average a sparse gradient as sparse rows: DDP gives a parameter whose gradient is
         sparse (``nn.Embedding(sparse=True)``) a bucket of its own, which holds that gradient.
@@ -212,6 +266,7 @@ class GravacHookState:
         averaged.set_result(self.engine.comm.sparse_mean_async(bucket.buffer()).wait())
         if bucket.is_last() and self._step is not None:
             assert self._done is not None
+            self._launch_scattered(self._step, wait=True)
             self._close(self._step, self._done)
         return averaged
 
@@ -227,12 +282,26 @@ class GravacHookState:
         self._step, self._done = None, None
         try:
             self.engine.close(step).wait()
-            outcome = self.engine.commit(step)
+            outcome = self._whole(step, self.engine.commit(step))
             self.engine.finish(outcome)
         except Exception as exc:  # every bucket's future fails with it
+            self._scattering, self._wholes = [], []
             done.set_exception(exc)  # type: ignore[arg-type]  # torch's stub types it as T
             raise
         done.set_result(outcome)
+
+    def _whole(self, step: Step, outcome: Outcome) -> Outcome:
+        """``outcome``, in two levels with every unit's chunks all-gathered inside the node (in
+        launch order, on every rank): each unit's whole aggregate."""
+        hierarchy = self.engine.hierarchy
+        if hierarchy is None or outcome.skipped:
+            return outcome
+        wholes, self._wholes = self._wholes, []
+        grads = tuple(
+            hierarchy.gather(g, n, step=step.index)
+            for g, n in zip(outcome.grads, wholes, strict=True)
+        )
+        return dataclasses.replace(outcome, grads=grads)
 
     def _plan(self, params: list[Tensor], buffer: Tensor) -> _BucketPlan:
         """The units of a bucket of ``params`` (made once per bucket composition)."""
@@ -256,6 +325,8 @@ class GravacHookState:
         for p, c in zip(params, compressed, strict=True):
             if c:
                 self._shapes[self._position[id(p)]] = p.shape
+        if self.engine.hierarchy is not None:
+            return self._chunked_plan(ids, params)
         comp = tuple(p for p, c in zip(params, compressed, strict=True) if c)
         dense = tuple(p for p, c in zip(params, compressed, strict=True) if not c)
         unit_c = None
@@ -270,10 +341,35 @@ class GravacHookState:
         self._plans[ids] = plan
         return plan
 
+    def _chunked_plan(self, ids: tuple[int, ...], params: list[Tensor]) -> _BucketPlan:
+        """:meth:`_plan` in two levels: each unit's tensors gathered in parameter position
+        order, whatever DDP's order in the bucket, so that the chunks a unit is cut into hold
+        the same elements in the buckets DDP starts with and in those it rebuilds (a chunk's
+        Top-k depends on what the chunk holds)."""
+        offsets = [0]
+        for p in params:
+            offsets.append(offsets[-1] + p.numel())
+        order = sorted(range(len(params)), key=lambda i: self._position[id(params[i])])
+        kinds = [[i for i in order if (params[i].dim() > 1) == c] for c in (True, False)]
+        comp, dense = (tuple(params[i] for i in k) for k in kinds)
+        unit_c = None
+        if comp:
+            layers = tuple(self._position[id(p)] for p in comp)
+            unit_c = Unit(self._key_for(comp), tuple(p.shape for p in comp), True, layers=layers)
+        unit_d = Unit(-1, tuple(p.shape for p in dense), False) if dense else None
+        spans = tuple(tuple((offsets[i], offsets[i + 1]) for i in k) for k in kinds if k)
+        plan = _BucketPlan(unit_c, unit_d, spans, comp)
+        self._plans[ids] = plan
+        return plan
+
     def _bind(self) -> None:
         """Bind the engine to the compressed shapes seen so far (all of them from the second
         step on: DDP hands every bucket over in each step), when they changed."""
         shapes = tuple(self._shapes[k] for k in sorted(self._shapes))
+        hierarchy = self.engine.hierarchy
+        if hierarchy is not None:  # the engine sends each compressed unit's chunk
+            numels = [sum(p.numel() for p in ps) for _, ps in sorted(self._units.items())]
+            shapes = tuple(torch.Size((hierarchy.topology.chunk(n),)) for n in numels)
         if shapes != self._bound:
             self.engine.bind_shapes(shapes)
             self._bound = shapes
@@ -292,7 +388,7 @@ class GravacHookState:
     def _retire(self, key: int, params: tuple[Tensor, ...]) -> None:
         """Move a unit's residual into per-parameter pieces (added to the next unit that
         holds each parameter) and forget the unit."""
-        e = self.engine.memory.residual(key)
+        e = self._residual(key, params)
         if e is not None:
             for p, part in split_flat(e, params):
                 piece = part.reshape(-1)
@@ -305,6 +401,17 @@ class GravacHookState:
             for ids, plan in self._plans.items()
             if plan.compressed is None or plan.compressed.key != key
         }
+
+    def _residual(self, key: int, params: tuple[Tensor, ...]) -> Tensor | None:
+        """Unit ``key``'s residual as its parameters' flat gradient: the residual itself, or in
+        two levels this rank's chunk of it as its share of the node's sum
+        (:meth:`gravac.hierarchy.Hierarchy.spread`: the pieces are added to this rank's
+        gradients before the node's reduce-scatter)."""
+        e = self.engine.memory.residual(key)
+        hierarchy = self.engine.hierarchy
+        if e is None or hierarchy is None:
+            return e
+        return hierarchy.spread(e, sum(p.numel() for p in params))
 
     def _orphans_of(self, plan: _BucketPlan, like: Tensor) -> Tensor | None:
         """The residual pieces of retired units for the compressed unit's parameters, laid out
@@ -323,7 +430,7 @@ class GravacHookState:
         made anew, and rebuilt, in the run that loads it)."""
         pieces: dict[int, Tensor] = {k: v.clone() for k, v in self._loaded.items()}
         for key, params in self._units.items():
-            e = self.engine.memory.residual(key)
+            e = self._residual(key, params)
             if e is not None:
                 for p, part in split_flat(e, params):
                     pieces[self._position[id(p)]] = part.reshape(-1).clone()

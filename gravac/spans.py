@@ -31,7 +31,9 @@ __all__ = [
     "spans_of",
 ]
 
-#: ``(start, end)`` ranges of a flat buffer, in increasing order, not overlapping
+#: ``(start, end)`` ranges of a flat buffer, not overlapping, in increasing order (the DDP
+#: hook in two levels passes :func:`gather_spans` and :func:`scatter_spans`, which take any
+#: order, its tensors' ranges in parameter order)
 Spans = tuple[tuple[int, int], ...]
 #: a flat buffer and the spans of it that a unit's elements lie in
 Place = tuple[Tensor, Spans]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from gravac import GravacConfig
-from gravac.ddp import GravacHookState
 from gravac.hierarchy import Topology, plan_topology, torchrun_node_size
 
 
@@ -64,8 +63,3 @@ def test_a_bad_ranks_per_node_is_refused(value: object) -> None:
     with pytest.raises(ValueError, match=r"ranks_per_node must be None or an integer >= 1"):
         GravacConfig(ranks_per_node=value)  # type: ignore[arg-type]
 
-
-def test_the_ddp_hook_refuses_two_levels() -> None:
-    with pytest.raises(ValueError, match=r"ranks_per_node=2: the DDP comm hook aggregates flat"):
-        GravacHookState(ranks_per_node=2)
-    assert str(GravacHookState(ranks_per_node=1).engine.topology) == "flat (1 rank)"

@@ -11,9 +11,11 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from gravac import GravacOptimizer, broadcast_parameters
-from tests.helpers import counter_clock, tiny_model, train_step
+from gravac.ddp import GravacHookState, gravac_hook
+from tests.helpers import batch, counter_clock, through_torch_save, tiny_model, train_step
 from tests.workers import Workers
 
 pytestmark = pytest.mark.slow
@@ -205,3 +207,111 @@ def test_a_bad_node_size_or_a_checkpoint_of_other_nodes_is_refused(gloo_pools: W
     assert "ranks_per_node must divide the world size 4" in errors["size"]
     assert "saved with ranks_per_node=2" in errors["load"]
     assert "flat (4 ranks)" in errors["load"]
+
+
+def hook_by_hand(rank: int, world_size: int, compressor: str, nodes: int) -> dict[str, Any]:
+    """DDP with gravac's hook, ``ranks_per_node=nodes``: ``STEPS`` steps of SGD (lr 1) on
+    the weight gradients of :func:`grads` (:func:`hook_grads`); each step's aggregate, and the
+    residual pieces the hook's state holds after the last (by parameter numel)."""
+    m = model()
+    net = DistributedDataParallel(m)
+    policy: dict[str, Any] = (
+        {"policy": "fixed", "policy_options": {"cf": CF}} if compressor == "topk" else {}
+    )
+    state = GravacHookState(
+        compressor=compressor, ranks_per_node=nodes, clock=counter_clock(), **policy
+    )
+    net.register_comm_hook(state, gravac_hook)
+    opt = torch.optim.SGD(m.parameters(), lr=1.0)
+    aggregates = []
+    for step in range(STEPS):
+        opt.zero_grad()
+        gw = grads(rank, step)[0]
+        # the batch is the identity and the loss weighs the outputs by gw: d/dW is gw
+        (net(torch.eye(7)) * gw.T).sum().backward()
+        aggregates.append([p.grad.clone() for p in m.parameters()])  # type: ignore[union-attr]
+        opt.step()
+    pieces = {v.numel(): v.clone() for v in state.state_dict()["residuals"].values()}
+    return {"aggregates": aggregates, "pieces": pieces, "topology": str(state.engine.topology)}
+
+
+def hook_grads(rank: int, step: int) -> list[torch.Tensor]:
+    """The gradients :func:`hook_by_hand`'s loss has: the weight's of :func:`grads`, and the
+    bias's its row sums."""
+    gw = grads(rank, step)[0]
+    return [gw, gw.sum(1)]
+
+
+def test_the_hook_in_two_levels_sends_everything_as_the_flat_mean(gloo_pools: Workers) -> None:
+    two = gloo_pools.run(hook_by_hand, WORLD, "none", NODE, timeout=SPAWN_TIMEOUT)
+    flat = gloo_pools.run(hook_by_hand, WORLD, "none", 1, timeout=SPAWN_TIMEOUT)
+    assert two[0]["topology"] == "2 node(s) of 2 ranks"
+    for step in range(STEPS):
+        each = [hook_grads(r, step) for r in range(WORLD)]
+        mean = [torch.stack(t).mean(0) for t in zip(*each, strict=True)]
+        for r in range(WORLD):
+            pairs = zip(two[r]["aggregates"][step], flat[r]["aggregates"][step], strict=True)
+            for (a, b), m in zip(pairs, mean, strict=True):
+                assert torch.equal(a, m) and torch.equal(b, m)
+
+
+def test_the_hook_in_two_levels_keeps_error_feedback_across_its_bucket_rebuild(
+    gloo_pools: Workers,
+) -> None:
+    """DDP rebuilds its buckets after the first step: the chunks' residuals are carried into
+    the new buckets as each rank's share of its node's sum, and nothing is lost."""
+    out = gloo_pools.run(hook_by_hand, WORLD, "topk", NODE, timeout=SPAWN_TIMEOUT)
+    for r in range(1, WORLD):
+        for a, b in zip(out[0]["aggregates"], out[r]["aggregates"], strict=True):
+            assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    # each rank's pieces are its chunk's residual times L at its place: their mean over every
+    # rank is the nodes' mean residual, which error feedback has still to send
+    held = sum(out[r]["pieces"][35] for r in range(WORLD)) / WORLD
+    applied = sum(a[0].reshape(-1) for a in out[0]["aggregates"])
+    wanted = sum(torch.stack(_node_means(t)).mean(0) for t in range(STEPS))
+    assert float(held.abs().sum()) > 0  # something is held back
+    torch.testing.assert_close(applied + held, wanted, rtol=0, atol=1e-5)
+
+
+def hook_resume(rank: int, world_size: int) -> dict[str, Any]:
+    """The default search through the hook in two levels: 10 steps straight against 4 + the
+    state pickled (as a checkpoint) + 6 in a fresh DDP."""
+
+    def hooked(m: nn.Module, state: GravacHookState | None = None) -> tuple[Any, Any]:
+        net = DistributedDataParallel(m)
+        state = state or GravacHookState(
+            ranks_per_node=NODE, window=3, warmup_steps=2, clock=counter_clock()
+        )
+        net.register_comm_hook(state, gravac_hook)
+        return net, state
+
+    def fit(net: nn.Module, opt: torch.optim.Optimizer, steps: range) -> None:
+        for step in steps:
+            opt.zero_grad()
+            x, y = batch(rank, step)
+            nn.functional.cross_entropy(net(x), y).backward()
+            opt.step()
+
+    ref = tiny_model(seed=0)
+    net, _ = hooked(ref)
+    fit(net, torch.optim.SGD(ref.parameters(), lr=0.1), range(10))
+    m = tiny_model(seed=0)
+    net, state = hooked(m)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    fit(net, opt, range(4))
+    saved = through_torch_save({"model": m.state_dict(), "hook": state})
+    m2 = tiny_model(seed=1)
+    m2.load_state_dict(saved["model"])
+    restored: GravacHookState = saved["hook"]
+    restored.engine.clock = counter_clock()
+    net, _ = hooked(m2, restored)
+    fit(net, torch.optim.SGD(m2.parameters(), lr=0.1), range(4, 10))
+    same = all(torch.equal(a, b) for a, b in zip(ref.parameters(), m2.parameters(), strict=True))
+    return {"same": same, "topology": str(restored.engine.topology)}
+
+
+def test_the_hook_in_two_levels_resumes_bit_exactly(gloo_pools: Workers) -> None:
+    """DDP starts the resumed run in its first buckets and rebuilds them after a step, as the
+    uninterrupted run did at its start: the chunks hold the same elements in both."""
+    for r in gloo_pools.run(hook_resume, WORLD, timeout=SPAWN_TIMEOUT):
+        assert r["same"] and r["topology"] == "2 node(s) of 2 ranks"

@@ -1198,7 +1198,7 @@ class Engine:
         """
         check_keys(state, with_memory=with_memory)
         nodes = state.get("ranks_per_node", 1)
-        if with_memory and nodes != self.topology.ranks_per_node:
+        if nodes != self.topology.ranks_per_node:
             raise ValueError(
                 f"the checkpoint was saved with ranks_per_node={nodes}, this optimizer "
                 f"aggregates in {self.topology}: its residuals are of other chunks; resume "

@@ -6,7 +6,8 @@ included, or any ``subprocess``: torchrun, ``python -m gravac``, ``ip``) in a te
 ``slow`` raises :class:`UnmarkedLaunch`, in both speeds, so the fast subset stays fast.
 
 The launches made are counted per test; the count is printed at the end of the run (with
-``-v``, per test; "outside any test" is test_netns.py's probe for network namespaces at import).
+``-v``, per test; "outside any test" is ``tests/lab/compare/namespaces.py``'s probe for network
+namespaces at import).
 
 ``gloo_pools``: the session's pools of spawned gloo groups (:mod:`tests.workers`), one per world
 size, that run the multi-process scenarios without a spawn each. ``background``: the launches

@@ -62,4 +62,3 @@ def test_a_node_size_that_does_not_divide_the_world_is_refused() -> None:
 def test_a_bad_ranks_per_node_is_refused(value: object) -> None:
     with pytest.raises(ValueError, match=r"ranks_per_node must be None or an integer >= 1"):
         GravacConfig(ranks_per_node=value)  # type: ignore[arg-type]
-

@@ -8,7 +8,10 @@ One module a job:
 * :mod:`gravac_lab.compare.config`: every option of one run, checked before any worker starts;
 * :mod:`gravac_lab.compare.study`: the gravac variants (``--variant``) and seeds (``--seeds``),
   and the jobs they make: every mode, variant and seed;
-* :mod:`gravac_lab.compare.netns`: loopback, or ``tc``-shaped veth links between namespaces;
+* :mod:`gravac_lab.compare.layout`: the workers grouped into nodes (``--nodes``,
+  ``--ranks-per-node``);
+* :mod:`gravac_lab.compare.netns`: loopback, or ``tc``-shaped veth links between namespaces
+  (one a node), and the bytes they sent;
 * :mod:`gravac_lab.compare.train`: one worker's training loop and link test;
 * :mod:`gravac_lab.compare.worker`: the worker process (``python -m gravac_lab.compare.worker``);
 * :mod:`gravac_lab.compare.runner`: the network, then every job's workers, then the summary;
@@ -33,6 +36,7 @@ from gravac_lab.compare.aggregate import Aggregate, Spread, aggregate
 from gravac_lab.compare.cli import add_parser
 from gravac_lab.compare.config import CompareConfig
 from gravac_lab.compare.export import write_csv, write_json
+from gravac_lab.compare.layout import NodeLayout
 from gravac_lab.compare.modes import MODES, Mode, StepFigures
 from gravac_lab.compare.plots import write_plots
 from gravac_lab.compare.report import ModeSummary, format_table
@@ -48,6 +52,7 @@ __all__ = [
     "CompareError",
     "Mode",
     "ModeSummary",
+    "NodeLayout",
     "Spread",
     "StepFigures",
     "Study",

@@ -37,6 +37,7 @@ AGGREGATED = (
     "other_seconds",
     "wire_bytes",
     "wire_bytes_per_step",
+    "internode_bytes_per_step",
     "final_metric",
     "time_to_target_seconds",
     "steps_to_target",

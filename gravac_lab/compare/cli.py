@@ -43,6 +43,7 @@ from gravac_lab.compare.config import (
     CompareConfig,
 )
 from gravac_lab.compare.export import write_csv, write_json
+from gravac_lab.compare.layout import DEFAULT_WORKERS, NodeLayout, check_count
 from gravac_lab.compare.netns import NetworkError, parse_delay, parse_rate
 from gravac_lab.compare.report import format_table
 from gravac_lab.compare.runner import CompareError, run_compare
@@ -86,6 +87,17 @@ def _json_object(option: str) -> Callable[[str], dict[str, Any]]:
                 f"{option} must be a JSON object such as '{{\"cf\": 100}}', got {text!r}"
             )
         return value
+
+    return parse
+
+
+def _count(option: str) -> Callable[[str], int]:
+    """A parser of ``option``'s value, an integer >= 1 (written in decimal)."""
+
+    def parse(text: str) -> int:
+        digits = text.strip()
+        value = int(digits) if digits.isascii() and digits.isdigit() else None  # "-2", "1.5"
+        return check_count(option, value, text=text)
 
     return parse
 
@@ -138,7 +150,8 @@ def add_parser(subparsers: Any) -> None:
             "Train the same workload in several modes, one after another on the same seeds, "
             "and report per-step time and its split, bytes sent and time to target accuracy. "
             "With --bandwidth (as root) every worker runs in its own network namespace behind a "
-            "tc-shaped veth link; otherwise on loopback."
+            "tc-shaped veth link (with --nodes, every node: its workers share the namespace); "
+            "otherwise on loopback."
         ),
         formatter_class=_Formatter,
     )
@@ -161,7 +174,29 @@ def add_parser(subparsers: Any) -> None:
         default=None,
         help=f"what to train (default {workloads.DEFAULT_WORKLOAD})",
     )
-    p.add_argument("--workers", type=int, default=d.workers, help="worker processes")
+    p.add_argument(
+        "--workers",
+        type=argtype(_count("--workers")),
+        default=None,
+        help=f"worker processes (default {DEFAULT_WORKERS}; with --nodes and --ranks-per-node: "
+        "their product)",
+    )
+    p.add_argument(
+        "--nodes",
+        type=argtype(_count("--nodes")),
+        default=None,
+        help="emulated nodes of consecutive ranks (default 1: flat); with --bandwidth each node "
+        "is one network namespace, its workers talking unshaped, the links between nodes "
+        "shaped, and the table gives the inter-node MB a step; every worker gets torchrun's "
+        "LOCAL_RANK and LOCAL_WORLD_SIZE",
+    )
+    p.add_argument(
+        "--ranks-per-node",
+        type=argtype(_count("--ranks-per-node")),
+        default=None,
+        help="workers per node (default: --workers / --nodes, or 1); --nodes x --ranks-per-node "
+        "workers in all",
+    )
     p.add_argument(
         "--steps", type=int, default=None, help=f"training steps per mode (default {DEFAULT_STEPS})"
     )
@@ -367,10 +402,14 @@ def _check_outputs(*paths: Path | None) -> None:
 def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     scoreboard_cli.check_options(args, parser)
     q = args.quick
+    layout = NodeLayout.of_options(
+        workers=args.workers, nodes=args.nodes, ranks_per_node=args.ranks_per_node
+    )
     cfg = CompareConfig(
         modes=_pick(args.modes, q, QUICK_MODES, DEFAULT_MODES),
         workload=_pick(args.workload, q, workloads.QUICK_WORKLOAD, workloads.DEFAULT_WORKLOAD),
-        workers=args.workers,
+        workers=layout.world_size,
+        nodes=layout.nodes,
         steps=_pick(args.steps, q, QUICK_STEPS, DEFAULT_STEPS),
         batch_size=args.batch_size,
         lr=args.lr,

@@ -15,6 +15,7 @@ from typing import Any
 
 from gravac.control.options import ControllerConfig
 from gravac_lab.compare import workloads
+from gravac_lab.compare.layout import DEFAULT_WORKERS, MIN_WORKERS, NodeLayout
 from gravac_lab.compare.netns import parse_delay, parse_rate
 
 __all__ = [
@@ -84,6 +85,10 @@ class CompareConfig:
         modes: the modes to run, one after another, each on the same seeds.
         workload: a name in :data:`gravac_lab.compare.workloads.WORKLOADS`.
         workers: processes, each with its own shard of the training set.
+        nodes: the nodes the workers are grouped into, ``workers / nodes`` consecutive ranks
+            each (:mod:`gravac_lab.compare.layout`): with shaped links, one network namespace
+            per node, the links between them shaped; 1 (default): flat, every worker behind a
+            link of its own.
         steps: training steps of every mode.
         batch_size: samples per worker per step.
         lr: SGD's learning rate (``None``: the workload's, :attr:`Workload.lr`).
@@ -123,7 +128,8 @@ class CompareConfig:
 
     modes: tuple[str, ...] = DEFAULT_MODES
     workload: str = workloads.DEFAULT_WORKLOAD
-    workers: int = 2
+    workers: int = DEFAULT_WORKERS
+    nodes: int = 1
     steps: int = DEFAULT_STEPS
     batch_size: int = 32
     lr: float | None = None
@@ -161,7 +167,8 @@ class CompareConfig:
         if duplicates:
             raise ValueError(f"--modes names {duplicates} more than once")
         workloads.get(self.workload)
-        _positive_int("--workers", self.workers, minimum=2)
+        _positive_int("--workers", self.workers, minimum=MIN_WORKERS)
+        NodeLayout.of_options(workers=self.workers, nodes=self.nodes, ranks_per_node=None)
         for option in ("steps", "batch_size", "eval_every", "threads", "powersgd_rank"):
             _positive_int(f"--{option.replace('_', '-')}", getattr(self, option))
         _positive_int("--timing-warmup", self.timing_warmup, minimum=0)
@@ -201,6 +208,11 @@ class CompareConfig:
             if self.bandwidth is None:
                 raise ValueError("--delay needs --bandwidth (links are only made with a rate)")
             parse_delay(self.delay)
+
+    @property
+    def layout(self) -> NodeLayout:
+        """The workers in their nodes."""
+        return NodeLayout(self.nodes, self.workers // self.nodes)
 
     @property
     def rate_bits(self) -> int | None:

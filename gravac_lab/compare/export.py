@@ -36,6 +36,8 @@ CSV_COLUMNS = (
     "wire_bytes",
     "wire_bytes_per_step",
     "dense_wire_bytes_per_step",
+    "internode_bytes",
+    "internode_bytes_per_step",
     "parameters",
     "final_metric",
     "target",

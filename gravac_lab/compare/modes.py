@@ -73,6 +73,7 @@ __all__ = [
     "FLOAT16_BYTES",
     "FLOAT32_BYTES",
     "MODES",
+    "RANKS_PER_NODE",
     "Mode",
     "Session",
     "StepFigures",
@@ -93,7 +94,8 @@ _MIB = 2**20
 POWERSGD_SEED = 0
 #: the optimizer's options a configuration or a variant may set beside the compressor, the
 #: policy and the CF range (the controller's, error feedback, what a non-finite gradient does,
-#: the bucket size: the gravac-ddp mode's DDP takes it as its ``bucket_cap_mb``)
+#: two-level aggregation's nodes, the bucket size: the gravac-ddp mode's DDP takes it as its
+#: ``bucket_cap_mb``)
 ENGINE_OPTIONS = (
     "error_feedback",
     "epsilon",
@@ -102,10 +104,14 @@ ENGINE_OPTIONS = (
     "warmup_steps",
     "ewma_alpha",
     "nonfinite",
+    "ranks_per_node",
     "bucket_bytes",
 )
 #: the one option of ENGINE_OPTIONS that the optimizer takes and the engine does not
 _BUCKET_BYTES = "bucket_bytes"
+#: the option of ENGINE_OPTIONS that groups the ranks into nodes for two-level aggregation
+#: (``gravac.hierarchy``; ``gravac compare --nodes`` emulates the nodes)
+RANKS_PER_NODE = "ranks_per_node"
 
 
 def _split_bucket_bytes(options: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
@@ -237,6 +243,12 @@ def _check_gravac_options(cfg: CompareConfig) -> None:
     except ValueError as exc:
         raise ValueError(f"--{str(exc).replace('_', '-')}") from None
     check_engine_options(cfg.engine_options, _gravac_options(cfg), option="--engine-options")
+    ranks_per_node = cfg.engine_options.get(RANKS_PER_NODE)
+    if isinstance(ranks_per_node, int) and ranks_per_node >= 1 and cfg.workers % ranks_per_node:
+        raise ValueError(
+            f"--engine-options {RANKS_PER_NODE} {ranks_per_node} must divide the {cfg.workers} "
+            f"workers (--workers, or --nodes x --ranks-per-node)"
+        )
 
 
 class Mode(ABC):
@@ -402,6 +414,13 @@ def _memory(engine: Engine) -> str:
     return type(engine.memory).__name__
 
 
+def _topology(engine: Engine) -> dict[str, Any]:
+    """The nodes the engine aggregated in: its ``ranks_per_node`` (1: flat) and the topology
+    in words."""
+    topology = engine.topology
+    return {RANKS_PER_NODE: topology.ranks_per_node, "topology": str(topology)}
+
+
 class _GravacSession(Session):
     def __init__(self, model: nn.Module, cfg: CompareConfig) -> None:
         broadcast_parameters(model)
@@ -422,6 +441,7 @@ class _GravacSession(Session):
             "overlap": self._overlap,
             "memory": _memory(self._gravac.engine),
             "bucket_bytes": self._gravac.bucket_bytes,
+            **_topology(self._gravac.engine),
         }
 
     def close(self) -> None:
@@ -456,7 +476,11 @@ class _GravacDdpSession(Session):
         return _figures(self.state.engine.last_record)
 
     def options(self) -> dict[str, Any]:
-        return {"memory": _memory(self.state.engine), "bucket_bytes": self._bucket_bytes}
+        return {
+            "memory": _memory(self.state.engine),
+            "bucket_bytes": self._bucket_bytes,
+            **_topology(self.state.engine),
+        }
 
 
 class GravacDdpMode(Mode):

@@ -1,15 +1,22 @@
 """Where the workers of ``gravac compare`` talk: loopback, or shaped links between namespaces.
 
-With ``--bandwidth`` and root, every worker runs in its own network namespace behind a veth
-link shaped by ``tc``'s token bucket filter, in both directions, so that each worker has a
-full-duplex link of the given rate, as behind a NIC on a switch:
+With ``--bandwidth`` and root, every node (:mod:`gravac_lab.compare.layout`; without
+``--nodes``, every worker) runs in its own network namespace behind a veth link shaped by
+``tc``'s token bucket filter, in both directions, so that each node has a full-duplex link of
+the given rate, as behind a NIC on a switch:
 
-* 2 workers: one veth pair between the two namespaces;
-* N workers: a veth pair from each worker's namespace to a bridge in an extra namespace.
+* 2 nodes: one veth pair between the two namespaces;
+* N nodes: a veth pair from each node's namespace to a bridge in an extra namespace.
+
+The workers of a node share its namespace, its link and its one address: their traffic to each
+other goes to that address, which the kernel delivers over the namespace's loopback, unshaped
+and off the link, as between the processes of one machine. :meth:`Network.tx_bytes` reads what
+the nodes' links sent (each namespace's ``/sys/class/net/<link>/statistics/tx_bytes``), so that
+the runner can report the bytes that crossed between nodes.
 
 Nothing is created in the caller's namespace: every link is created inside the run's own
 namespaces, and deleting those deletes the links with them. Every name carries the prefix
-``gvc<pid>-`` (interfaces ``gvc<pid>w<rank>``, ...), so parallel runs never collide. Each
+``gvc<pid>-`` (interfaces ``gvc<pid>n<node>``, ...), so parallel runs never collide. Each
 namespace made is recorded with its owner (pid and start time) under :data:`OWNERS`, so that
 :func:`remove_stale` deletes the leftovers of a run killed outright (SIGKILL), and only those:
 a namespace it has no record of, or whose owner still runs (a pid reused counts as gone), is
@@ -41,6 +48,7 @@ from gravac.launch import free_port
 
 __all__ = [
     "BASE_PORT",
+    "MAX_SHAPED_NODES",
     "NAME_ROOT",
     "OWNERS",
     "SHAPED_SUBNET",
@@ -67,10 +75,15 @@ OWNERS = Path("/run/gravac-netns")
 _STARTTIME_FIELD = 19
 #: Linux interface names hold at most 15 characters (IFNAMSIZ 16 with the terminating NUL)
 _IFNAME_MAX = 15
-#: the /24 the workers' veth addresses are taken from: worker r is ``.r+1``. It exists only
+#: the /24 the nodes' veth addresses are taken from: node n is ``.n+1``. It exists only
 #: inside the run's own namespaces, so it cannot clash with the host's networks.
 SHAPED_SUBNET = "10.213.0"
 _PREFIX_LENGTH = 24
+#: nodes the /24 has addresses for (``.1`` to ``.254``; ``.255`` is its broadcast address)
+MAX_SHAPED_NODES = 254
+#: where a namespace's interface counts the bytes it sent (``ip netns exec`` mounts the
+#: namespace's own ``/sys``)
+_TX_BYTES = "/sys/class/net/{dev}/statistics/tx_bytes"
 #: the rendezvous port inside the namespaces (free: the namespaces are new); job i uses
 #: ``BASE_PORT + i`` so a socket of the previous job in TIME_WAIT never blocks the next
 BASE_PORT = 29500
@@ -287,6 +300,12 @@ class Network(ABC):
     def port(self, job: int) -> int:
         """The rendezvous port of the run's ``job``-th job."""
 
+    @abstractmethod
+    def tx_bytes(self) -> int | None:
+        """Bytes the links between nodes have sent so far, headers included (a counter: the
+        difference of two reads is what was sent between them); ``None`` where they are not
+        measured."""
+
 
 class Loopback(Network):
     """Every worker on this machine's loopback interface, unshaped."""
@@ -306,68 +325,121 @@ class Loopback(Network):
     def port(self, job: int) -> int:
         return free_port()
 
+    def tx_bytes(self) -> None:
+        return None  # every worker on one interface: nothing crosses between nodes
+
 
 @dataclass
 class ShapedNetwork(Network):
-    """Worker namespaces joined by ``tc``-shaped veth links; a context manager.
+    """Node namespaces joined by ``tc``-shaped veth links; a context manager.
 
     Entering creates the namespaces, links and shaping; leaving deletes every namespace it
     created (the links go with them), whatever happened in between.
 
     Args:
-        world_size: number of workers (>= 2).
+        world_size: number of workers.
         rate_bits: link rate in bits/s, each direction.
         delay: one-way delay in seconds added with ``netem`` (0: none).
         name_prefix: prefix of every name (default :func:`prefix`).
+        ranks_per_node: consecutive ranks that share a node's namespace, link and address
+            (default 1: a namespace per worker); it divides ``world_size`` into 2 to
+            :data:`MAX_SHAPED_NODES` nodes.
     """
 
     world_size: int
     rate_bits: int
     delay: float = 0.0
     name_prefix: str = field(default_factory=prefix)
+    ranks_per_node: int = 1
     #: namespaces created and not yet deleted
     created: list[str] = field(default_factory=list, init=False, repr=False)
     shaped = True
 
     def __post_init__(self) -> None:
-        if self.world_size < 2:
-            raise ValueError(f"a shaped network needs 2 or more workers, got {self.world_size}")
-        longest = self._ifname(f"w{self.world_size - 1}")
+        if (
+            not isinstance(self.ranks_per_node, int)
+            or self.ranks_per_node < 1
+            or self.world_size % self.ranks_per_node
+        ):
+            raise ValueError(
+                f"ranks_per_node must be an integer >= 1 dividing the {self.world_size} workers, "
+                f"got {self.ranks_per_node!r}"
+            )
+        if not 2 <= self.nodes <= MAX_SHAPED_NODES:
+            raise ValueError(
+                f"a shaped network needs 2 to {MAX_SHAPED_NODES} nodes (namespaces), got "
+                f"{self.nodes} ({self.world_size} workers, {self.ranks_per_node} per node)"
+            )
+        longest = self.link(self.nodes - 1)
         if len(longest) > _IFNAME_MAX:
             raise ValueError(
-                f"interface name {longest!r} exceeds {_IFNAME_MAX} characters; use fewer workers"
+                f"interface name {longest!r} exceeds {_IFNAME_MAX} characters; use fewer nodes"
             )
-        topology = "a veth pair" if self.world_size == 2 else "veth links to a bridge"
+        topology = "a veth pair" if self.nodes == 2 else "veth links to a bridge"
         delay = f", netem delay {self.delay * 1e3:g} ms each way" if self.delay else ""
+        hosts = "network namespaces"
+        if self.ranks_per_node > 1:
+            hosts = (
+                f"{self.nodes} node namespaces of {self.ranks_per_node} workers (a node's "
+                "workers talk over its own address, unshaped)"
+            )
         self.description = (
-            f"network namespaces joined by {topology}, tc tbf {self.rate_bits / 1e9:g} Gbit/s "
-            f"each way{delay}"
+            f"{hosts} joined by {topology}, tc tbf {self.rate_bits / 1e9:g} Gbit/s each way{delay}"
         )
 
     # ----------------------------------------------------------------- names
+    @property
+    def nodes(self) -> int:
+        """Node namespaces, each with its link."""
+        return self.world_size // self.ranks_per_node
+
+    def node(self, rank: int) -> int:
+        """The node of worker ``rank``."""
+        return rank // self.ranks_per_node
+
     def _ifname(self, suffix: str) -> str:
         return f"{self.name_prefix.rstrip('-')}{suffix}"
 
-    def namespace(self, rank: int) -> str:
-        """The namespace of worker ``rank``."""
-        return f"{self.name_prefix}w{rank}"
+    def namespace(self, node: int) -> str:
+        """The namespace of ``node``."""
+        return f"{self.name_prefix}n{node}"
+
+    def link(self, node: int) -> str:
+        """``node``'s end of its veth link, in its namespace."""
+        return self._ifname(f"n{node}")
+
+    def node_address(self, node: int) -> str:
+        """``node``'s address on its link."""
+        return f"{SHAPED_SUBNET}.{node + 1}"
 
     @property
     def bridge_namespace(self) -> str:
-        """The namespace holding the bridge (more than 2 workers)."""
+        """The namespace holding the bridge (more than 2 nodes)."""
         return f"{self.name_prefix}br"
 
     def address(self, rank: int) -> str:
-        return f"{SHAPED_SUBNET}.{rank + 1}"
+        return self.node_address(self.node(rank))
 
     def ifname(self, rank: int) -> str:
-        return self._ifname(f"w{rank}")
+        return self.link(self.node(rank))
 
     def wrap(self, rank: int, argv: list[str]) -> list[str]:
-        return ["ip", "netns", "exec", self.namespace(rank), *argv]
+        return ["ip", "netns", "exec", self.namespace(self.node(rank)), *argv]
 
     def port(self, job: int) -> int:
         return BASE_PORT + job
+
+    def tx_bytes(self) -> int:
+        """What every node's link has sent, read from its counter in the node's namespace."""
+        total = 0
+        for node in range(self.nodes):
+            path = _TX_BYTES.format(dev=self.link(node))
+            text = _run(["ip", "netns", "exec", self.namespace(node), "cat", path])
+            try:
+                total += int(text)
+            except ValueError:
+                raise NetworkError(f"{path} in {self.namespace(node)} read {text!r}") from None
+        return total
 
     # ----------------------------------------------------------------- set up
     def __enter__(self) -> ShapedNetwork:
@@ -397,28 +469,28 @@ class ShapedNetwork(Network):
         _run(["ip", "-n", name, "link", "set", "lo", "up"])
 
     def _create(self) -> None:
-        for rank in range(self.world_size):
-            self._add_namespace(self.namespace(rank))
-        if self.world_size == 2:
+        for node in range(self.nodes):
+            self._add_namespace(self.namespace(node))
+        if self.nodes == 2:
             a, b = self.namespace(0), self.namespace(1)
-            _run(["ip", "link", "add", self.ifname(0), "netns", a, "type", "veth", "peer",
-                  "name", self.ifname(1), "netns", b])  # fmt: skip
+            _run(["ip", "link", "add", self.link(0), "netns", a, "type", "veth", "peer",
+                  "name", self.link(1), "netns", b])  # fmt: skip
         else:
             br = self.bridge_namespace
             bridge = self._ifname("br")
             self._add_namespace(br)
             _run(["ip", "-n", br, "link", "add", bridge, "type", "bridge"])
             _run(["ip", "-n", br, "link", "set", bridge, "up"])
-            for rank in range(self.world_size):
-                port = self._ifname(f"b{rank}")
-                _run(["ip", "link", "add", self.ifname(rank), "netns", self.namespace(rank),
+            for node in range(self.nodes):
+                port = self._ifname(f"b{node}")
+                _run(["ip", "link", "add", self.link(node), "netns", self.namespace(node),
                       "type", "veth", "peer", "name", port, "netns", br])  # fmt: skip
                 _run(["ip", "-n", br, "link", "set", port, "master", bridge])
                 _run(["ip", "-n", br, "link", "set", port, "up"])
                 self._shape(br, port)
-        for rank in range(self.world_size):
-            ns, dev = self.namespace(rank), self.ifname(rank)
-            _run(["ip", "-n", ns, "addr", "add", f"{self.address(rank)}/{_PREFIX_LENGTH}",
+        for node in range(self.nodes):
+            ns, dev = self.namespace(node), self.link(node)
+            _run(["ip", "-n", ns, "addr", "add", f"{self.node_address(node)}/{_PREFIX_LENGTH}",
                   "dev", dev])  # fmt: skip
             _run(["ip", "-n", ns, "link", "set", dev, "up"])
             self._shape(ns, dev)

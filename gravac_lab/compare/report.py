@@ -33,6 +33,12 @@ __all__ = ["ModeSummary", "decisions_agree", "format_table", "summarise"]
 _MB = 1e6
 #: milliseconds in a second
 _MS = 1e3
+#: what the inter-node column measures, for the legend under the table
+_INTERNODE_LEGEND = (
+    " inter-node MB/step: what the links between the nodes' namespaces sent during the job "
+    "(the tx counters of every node's link, Ethernet, IP and TCP headers, the group's setup "
+    "and the last barrier included), over the steps trained."
+)
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,10 @@ class ModeSummary:
         seed: the run's ``CompareConfig.seed``.
         ranks_agree: whether every rank sent at the same CF at every step
             (:func:`decisions_agree`); ``None`` for a mode that decides no CF.
+        internode_bytes: bytes the shaped links between nodes carried during the run's job
+            (every node's link, headers, the group's setup and the last barrier included; with
+            one node every worker is a node of its own); ``None`` on loopback.
+        internode_bytes_per_step: the same over the steps trained.
         wire_bytes_by_step: bytes rank 0 put into the collectives, per step.
         cf_sent_by_step, cf_achieved_by_step: the CF each step sent at and the CF its
             compressor delivered, per step (``None`` where the mode decides none, or for a step
@@ -105,6 +115,8 @@ class ModeSummary:
     variant: str | None = None
     seed: int = 0
     ranks_agree: bool | None = None
+    internode_bytes: int | None = None
+    internode_bytes_per_step: float | None = None
     wire_bytes_by_step: list[int] = field(default_factory=list)
     cf_sent_by_step: list[float | None] = field(default_factory=list)
     cf_achieved_by_step: list[float | None] = field(default_factory=list)
@@ -137,10 +149,12 @@ def summarise(
     *,
     variant: str | None = None,
     ranks_agree: bool | None = None,
+    internode_bytes: int | None = None,
 ) -> ModeSummary:
     """Rank 0's raw measurements of ``mode`` (see :func:`gravac_lab.compare.train.train_mode`),
     run with ``cfg`` (its ``seed``) and the gravac variant labelled ``variant``; ``ranks_agree``
-    is :func:`decisions_agree` of every rank's."""
+    is :func:`decisions_agree` of every rank's; ``internode_bytes`` what the links between
+    nodes carried during the job (``None``: not measured)."""
     start = mode.timed_from(cfg)
     step = statistics.median(raw["step_seconds"][start:])
     forward_backward = statistics.median(raw["forward_backward_seconds"][start:])
@@ -154,9 +168,10 @@ def summarise(
     target = cfg.target_value
     workload = workloads.get(cfg.workload)
     reached = next(((s, t) for s, t, v in evaluations if workload.reached(v, target)), None)
+    steps = len(raw["step_seconds"])
     return ModeSummary(
         mode=mode.name,
-        steps=len(raw["step_seconds"]),
+        steps=steps,
         timed_from=start + 1,
         step_seconds=step,
         forward_backward_seconds=forward_backward,
@@ -178,6 +193,8 @@ def summarise(
         variant=variant,
         seed=cfg.seed,
         ranks_agree=ranks_agree,
+        internode_bytes=internode_bytes,
+        internode_bytes_per_step=None if internode_bytes is None else internode_bytes / steps,
         wire_bytes_by_step=[int(b) for b in raw["wire_bytes"]],
         cf_sent_by_step=list(raw["cf_sent"]),
         cf_achieved_by_step=list(raw["cf_achieved"]),
@@ -212,8 +229,9 @@ def _cell(
 
 
 def _variant_lines(summary: dict[str, Any]) -> list[str]:
-    """Header lines: the gravac variants, if a mode ran them, PowerSGD's options, DDP's bucket
-    views, and the runs whose ranks disagreed."""
+    """Header lines: the gravac variants, if a mode ran them, the nodes gravac aggregated in
+    (with several nodes, or two-level aggregation), PowerSGD's options, DDP's bucket views, and
+    the runs whose ranks disagreed."""
     cfg, runs = summary["config"], summary["runs"]
     names = list(dict.fromkeys(r["mode"] for r in runs))
     takers = [n for n in names if modes.get(n).takes_variants]
@@ -227,6 +245,15 @@ def _variant_lines(summary: dict[str, Any]) -> list[str]:
             f"- gravac variants ({', '.join(takers)}): {variants}; CF range "
             f"{cfg['theta_min']:g}-{cfg['theta_max']:g}"
             + ("" if overlap is None else f", overlap {overlap}")
+        )
+    aggregated = [r for r in runs if "topology" in r["options"]]
+    topologies = {f"{r['mode']} {r['variant']}": r["options"]["topology"] for r in aggregated}
+    grouped = summary.get("layout", {}).get("nodes", 1) > 1
+    two_level = any(r["options"][modes.RANKS_PER_NODE] > 1 for r in aggregated)
+    if topologies and (grouped or two_level):
+        lines.append(
+            "- gravac aggregated in: "
+            + "; ".join(f"{run}: {topology}" for run, topology in topologies.items())
         )
     if "ddp-powersgd" in names:
         lines.append(
@@ -243,6 +270,26 @@ def _variant_lines(summary: dict[str, Any]) -> list[str]:
     if disagree:
         lines.append(f"- ! the ranks sent at different CFs in: {', '.join(disagree)}")
     return lines
+
+
+def _internode(summary: dict[str, Any]) -> tuple[list[str], bool]:
+    """The header line of a run on several nodes (none on one), and whether the table has the
+    inter-node column (several nodes, on shaped links)."""
+    layout = summary.get("layout")  # absent from the JSON of runs before nodes
+    if layout is None or layout["nodes"] <= 1:
+        return [], False
+    shaped = summary["network"]["shaped"]
+    where = (
+        "a node's workers share one network namespace and talk over its own address "
+        "(unshaped), the links between nodes are shaped"
+        if shaped
+        else "all on loopback (inter-node bytes not measured)"
+    )
+    line = (
+        f"- nodes: {layout['description']}; {where}; every worker has torchrun's LOCAL_RANK and "
+        "LOCAL_WORLD_SIZE (gravac's ranks_per_node None finds the nodes from them)"
+    )
+    return [line], shaped
 
 
 def format_table(summary: dict[str, Any]) -> str:
@@ -264,12 +311,14 @@ def format_table(summary: dict[str, Any]) -> str:
     target = f"{workload['target']:g}"
     stop_at = cfg.get("stop_at")  # absent from the JSON of older runs
     until = "" if stop_at is None else f" (at most: a run stops once it holds {stop_at:g})"
+    node_lines, internode = _internode(summary)
     lines = [
         f"- workload: {workload['name']} ({workload['summary']}, {workload['parameters']:,} "
         f"parameters); {cfg['workers']} workers x batch {cfg['batch_size']}, {cfg['steps']} "
         f"steps{until}, SGD lr {cfg['lr']:g} momentum {cfg['momentum']:g}, {cfg['threads']} "
         "torch thread(s) per worker",
         f"- network: {link}",
+        *node_lines,
         f"- host: {host['cpus']} CPUs, 1-minute load average {host['load_before']:.2f} before "
         f"the run and {host['load_after']:.2f} after it (its own workers included): other "
         "load skews the times",
@@ -279,9 +328,10 @@ def format_table(summary: dict[str, Any]) -> str:
         f"- medians over the timed steps ({timed})",
         "",
         f"| mode | variant | step ms | compute ms | compress ms | comm ms | other ms "
-        f"| MB sent/step | reduction | MB sent | reached {target} | steps to {target} "
-        f"| time to {target} (s) | final {workload['metric']} |",
-        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        f"| MB sent/step | reduction {'| inter-node MB/step ' if internode else ''}| MB sent "
+        f"| reached {target} | steps to {target} | time to {target} (s) "
+        f"| final {workload['metric']} |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|" + ("--:|" if internode else ""),
     ]
     for r in rows:
         f = r["figures"]
@@ -294,7 +344,8 @@ def format_table(summary: dict[str, Any]) -> str:
             f"| {_cell(f['compress_seconds'], scale=_MS)} "
             f"| {_cell(f['comm_seconds'], scale=_MS, mark=mark)} "
             f"| {_cell(f['other_seconds'], scale=_MS)} | {per_step / _MB:.3f} | {ratio:.1f}x "
-            f"| {_cell(f['wire_bytes'], scale=1 / _MB)} | {r['reached']}/{len(r['seeds'])} "
+            + (f"| {_internode_cell(f)} " if internode else "")
+            + f"| {_cell(f['wire_bytes'], scale=1 / _MB)} | {r['reached']}/{len(r['seeds'])} "
             f"| {_cell(f['steps_to_target'], digits=0, censored=True)} "
             f"| {_cell(f['time_to_target_seconds'], censored=True)} "
             f"| {_cell(f['final_metric'], digits=4)} |"
@@ -310,6 +361,12 @@ def format_table(summary: dict[str, Any]) -> str:
         "what one worker puts into the collectives (median); reduction: a float32 all-reduce "
         "of every parameter over that; MB sent: over the whole run. reached: seeds that reached "
         "the target. Steps and time to target: the first evaluation at the target; time in "
-        "training seconds, evaluation excluded.",
+        "training seconds, evaluation excluded." + (_INTERNODE_LEGEND if internode else ""),
     ]
     return "\n".join(lines)
+
+
+def _internode_cell(figures: dict[str, Any]) -> str:
+    """The inter-node MB a step over seeds (a summary of runs before nodes has none)."""
+    spread = figures.get("internode_bytes_per_step")
+    return "–" if spread is None else _cell(spread, scale=1 / _MB, digits=3)

@@ -9,13 +9,19 @@ and every mode and variant's over the seeds (:mod:`gravac_lab.compare.aggregate`
 :func:`gravac_lab.compare.report.format_table` lays out. Every rank records the CF it sent each
 step; a run where a rank's differ from rank 0's is logged and marked (``ranks_agree``).
 
-Workers are started as subprocesses (inside ``ip netns exec`` when links are shaped), with
-``GLOO_SOCKET_IFNAME`` naming their interface and their stdout sent to stderr, so that stdout
-carries only the result. A job fails as soon as one worker fails (the others are killed: they
-would wait for it forever) or when it outlives ``--timeout``; the error carries the failed
-worker's traceback. Whatever happens, workers are killed and namespaces deleted before
-:func:`run_compare` returns or raises; SIGTERM and SIGHUP are turned into
-``KeyboardInterrupt`` for the duration, as Ctrl-C is, so that they clean up too.
+Workers are started as subprocesses (inside ``ip netns exec`` of their node's namespace when
+links are shaped), with ``GLOO_SOCKET_IFNAME`` naming their interface (their node's link, or
+loopback), torchrun's variables for their node where there are several
+(:meth:`gravac_lab.compare.layout.NodeLayout.torchrun_env`), and their stdout sent to stderr, so
+that stdout carries only the result. On shaped links the bytes the links between nodes sent
+during each training job (:meth:`gravac_lab.compare.netns.Network.tx_bytes`, read before and
+after it) go into its summary.
+
+A job fails as soon as one worker fails (the others are killed: they would wait for it forever)
+or when it outlives ``--timeout``; the error carries the failed worker's traceback. Whatever
+happens, workers are killed and namespaces deleted before :func:`run_compare` returns or raises;
+SIGTERM and SIGHUP are turned into ``KeyboardInterrupt`` for the duration, as Ctrl-C is, so that
+they clean up too.
 """
 
 from __future__ import annotations
@@ -84,7 +90,9 @@ def _network(cfg: CompareConfig, unavailable: str | None) -> Iterator[netns.Netw
         yield netns.Loopback()
         return
     netns.remove_stale()
-    with netns.ShapedNetwork(cfg.workers, rate, cfg.delay_seconds) as network:
+    with netns.ShapedNetwork(
+        cfg.workers, rate, cfg.delay_seconds, ranks_per_node=cfg.layout.ranks_per_host
+    ) as network:
         yield network
 
 
@@ -125,6 +133,7 @@ def _run_job(
             ]  # fmt: skip
             env = {
                 **os.environ,
+                **cfg.layout.torchrun_env(rank),
                 "GLOO_SOCKET_IFNAME": network.ifname(rank),
                 "OMP_NUM_THREADS": str(cfg.threads),
             }
@@ -161,7 +170,8 @@ def run_compare(study: Study | CompareConfig) -> dict[str, Any]:
     """Run every job of ``study`` (a configuration alone: its modes, its compression options
     and its seed); the summary of the run (JSON-serialisable): ``config`` (shared by every
     job; a job's variant and seed replace its compression options and seed), ``study`` (the
-    variants and seeds), ``workload``, ``network``, ``runs`` (every job's
+    variants and seeds), ``workload``, ``layout`` (the nodes,
+    :meth:`~gravac_lab.compare.layout.NodeLayout.to_dict`), ``network``, ``runs`` (every job's
     :class:`~gravac_lab.compare.report.ModeSummary`), ``aggregates`` (every mode and variant's
     :class:`~gravac_lab.compare.aggregate.Aggregate`), ``host`` and ``seconds``.
 
@@ -195,9 +205,12 @@ def run_compare(study: Study | CompareConfig) -> dict[str, Any]:
             _log(f"link: {link['gbit_per_s']:.3f} Gbit/s")
         summaries = []
         for job in study.jobs():
-            _log(f"{job.name}: {cfg.workers} workers, {cfg.steps} steps")
+            _log(f"{job.name}: {cfg.layout.describe()}, {cfg.steps} steps")
             job_started = time.perf_counter()
+            before = network.tx_bytes()
             raws = _run_job(job.mode, jobs, job.config, network, workdir, name=job.name)
+            after = network.tx_bytes()
+            internode = None if before is None or after is None else after - before
             jobs += 1
             agree = decisions_agree(raws)
             if agree is False:
@@ -205,7 +218,12 @@ def run_compare(study: Study | CompareConfig) -> dict[str, Any]:
             variant = None if job.variant is None else job.variant.label
             summaries.append(
                 summarise(
-                    modes.get(job.mode), job.config, raws[0], variant=variant, ranks_agree=agree
+                    modes.get(job.mode),
+                    job.config,
+                    raws[0],
+                    variant=variant,
+                    ranks_agree=agree,
+                    internode_bytes=internode,
                 )
             )
             _log(f"{job.name}: done in {time.perf_counter() - job_started:.1f} s")
@@ -219,6 +237,7 @@ def run_compare(study: Study | CompareConfig) -> dict[str, Any]:
             "metric": workload.metric_name,
             "target": cfg.target_value,
         },
+        "layout": cfg.layout.to_dict(),
         "network": {
             "shaped": network.shaped,
             "description": network.description,

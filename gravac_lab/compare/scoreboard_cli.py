@@ -80,6 +80,8 @@ _TRAINING = (
     ("--variant", "variants"),
     ("--seeds", "seeds"),
     ("--workers", "workers"),
+    ("--nodes", "nodes"),
+    ("--ranks-per-node", "ranks_per_node"),
     ("--steps", "steps"),
     ("--batch-size", "batch_size"),
     ("--lr", "lr"),

@@ -269,6 +269,7 @@ def settings(inputs: Inputs) -> dict[str, Any]:
         "hold": HOLD,
         "eval_every": base.eval_every,
         "workers": base.workers,
+        "nodes": base.nodes,
         "batch_size": base.batch_size,
         "lr_milestones": list(base.lr_milestones),
         "lr_gamma": base.lr_gamma,

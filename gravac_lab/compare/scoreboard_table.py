@@ -86,9 +86,12 @@ def _header(settings: Mapping[str, Any]) -> list[str]:
         if milestones
         else ""
     )
+    nodes = settings.get("nodes", 1)  # absent from the JSON of scoreboards before nodes
+    in_nodes = f" in {nodes} nodes" if nodes > 1 else ""
     lines = [
         f"- setups: {', '.join(s['name'] for s in settings['setups'])}; "
-        f"{settings['workers']} workers x batch {settings['batch_size']}; seeds {seeds}{schedule}",
+        f"{settings['workers']} workers{in_nodes} x batch {settings['batch_size']}; "
+        f"seeds {seeds}{schedule}",
         f"- the bar: dense DDP's final metric after {settings['steps']} steps (median over the "
         f"seeds) less {ACCURACY_POINT * _PERCENT:g} point of accuracy, or plus "
         f"{PERPLEXITY_SHARE * _PERCENT:g}% of perplexity. Time to the bar: training seconds "

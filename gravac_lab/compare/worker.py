@@ -1,8 +1,9 @@
 """``python -m gravac_lab.compare.worker``: one process of a ``gravac compare`` job.
 
-The runner (:mod:`gravac_lab.compare.runner`) starts one per rank, inside the rank's network
-namespace when links are shaped. A worker joins the gloo group at ``--master`` (with
-``GLOO_SOCKET_IFNAME`` naming its interface, set by the runner), runs ``--job`` (a mode's name,
+The runner (:mod:`gravac_lab.compare.runner`) starts one per rank, inside the network namespace
+of the rank's node when links are shaped. A worker joins the gloo group at ``--master`` (with
+``GLOO_SOCKET_IFNAME`` naming its interface, and torchrun's variables for its node where there
+are several, set by the runner), runs ``--job`` (a mode's name,
 or :data:`gravac_lab.compare.train.LINK_TEST_JOB`) on the workload's data that the runner saved
 once at ``--data``, and writes ``{"ok": true, "result": ...}`` to ``--result``, or
 ``{"ok": false, "error": traceback}`` when it fails (then exits with status 1).

@@ -17,6 +17,7 @@ import pytest
 from gravac.cli import main
 from gravac_lab.compare import netns
 from gravac_lab.compare.train import LINK_TEST_JOB
+from tests.lab.compare.namespaces import UNAVAILABLE
 
 RATE = "1gbit"
 #: a link shaped to 1 Gbit/s must measure below this (an unshaped veth moves 10+ Gbit/s) ...
@@ -39,22 +40,9 @@ def _tiny(steps: int = STEPS, link_test_mb: int = 8) -> list[str]:
             "--link-test-mb", str(link_test_mb)]  # fmt: skip
 
 
-def _namespaces_can_be_made() -> str | None:
-    reason = netns.shaping_unavailable()
-    if reason is not None:
-        return reason
-    probe = f"{netns.prefix()}probe"
-    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if made.returncode != 0:
-        return f"ip netns add failed: {made.stderr.strip()}"
-    subprocess.run(["ip", "netns", "delete", probe], check=True)
-    return None
-
-
-_UNAVAILABLE = _namespaces_can_be_made()
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"needs shaped links: {_UNAVAILABLE}"),
+    pytest.mark.skipif(UNAVAILABLE is not None, reason=f"needs shaped links: {UNAVAILABLE}"),
 ]
 
 
@@ -141,7 +129,7 @@ def test_interrupted_run_kills_its_workers_and_removes_its_namespaces(signum: in
     )
     try:
         # interrupt once a training worker runs inside its namespace
-        namespace = f"{netns.prefix(proc.pid)}w0"
+        namespace = f"{netns.prefix(proc.pid)}n0"
         deadline = time.monotonic() + APPEAR_TIMEOUT
         while not (workers := _training_pids_in(namespace)):
             assert proc.poll() is None, "the run ended before starting its workers"

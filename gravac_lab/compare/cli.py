@@ -35,6 +35,7 @@ from gravac_lab.compare.config import (
     DEFAULT_STEPS,
     DEFAULT_TIMEOUT,
     DEFAULT_TIMING_WARMUP,
+    OPTIMIZERS,
     QUICK_EVAL_EVERY,
     QUICK_LINK_TEST_MB,
     QUICK_MODES,
@@ -202,7 +203,10 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="samples per worker")
     p.add_argument(
-        "--lr", type=float, default=None, help="SGD learning rate (default: the workload's)"
+        "--lr",
+        type=float,
+        default=None,
+        help="learning rate (default: the workload's for SGD, 1e-3 for Adam)",
     )
     p.add_argument(
         "--lr-milestones",
@@ -217,6 +221,12 @@ def add_parser(subparsers: Any) -> None:
         type=float,
         default=d.lr_gamma,
         help=f"the factor of each decay at --lr-milestones (default {d.lr_gamma:g})",
+    )
+    p.add_argument(
+        "--optimizer",
+        choices=OPTIMIZERS,
+        default=d.optimizer,
+        help="what every mode trains with (gravac's modes wrap it): SGD with --momentum, or Adam",
     )
     p.add_argument("--momentum", type=float, default=d.momentum, help="SGD momentum")
     p.add_argument(
@@ -415,6 +425,7 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         lr=args.lr,
         lr_milestones=args.lr_milestones,
         lr_gamma=args.lr_gamma,
+        optimizer=args.optimizer,
         momentum=args.momentum,
         eval_every=_pick(args.eval_every, q, QUICK_EVAL_EVERY, DEFAULT_EVAL_EVERY),
         timing_warmup=args.timing_warmup,

@@ -19,6 +19,7 @@ from gravac_lab.compare.layout import DEFAULT_WORKERS, MIN_WORKERS, NodeLayout
 from gravac_lab.compare.netns import parse_delay, parse_rate
 
 __all__ = [
+    "ADAM_LR",
     "DEFAULT_EVAL_EVERY",
     "DEFAULT_LINK_TEST_MB",
     "DEFAULT_LR_GAMMA",
@@ -27,6 +28,7 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "DEFAULT_TIMING_WARMUP",
     "MIN_POWERSGD_START",
+    "OPTIMIZERS",
     "QUICK_EVAL_EVERY",
     "QUICK_LINK_TEST_MB",
     "QUICK_MODES",
@@ -62,6 +64,12 @@ QUICK_LINK_TEST_MB = 8
 #: the factor of each learning-rate decay at a milestone (``--lr-gamma``): a tenth, as the
 #: step decays of ResNet's and VGG's training recipes
 DEFAULT_LR_GAMMA = 0.1
+#: the optimizers every mode can train with (``--optimizer``): SGD with momentum, or Adam (the
+#: adaptive method CLAN / BytePS-Compress compress for), both torch's
+OPTIMIZERS = ("sgd", "adam")
+#: Adam's learning rate unless ``--lr`` says otherwise: torch's and Kingma and Ba's default (the
+#: workloads' rates are SGD's)
+ADAM_LR = 1e-3
 #: torch's PowerSGD needs ``start_powerSGD_iter`` > 1 with error feedback or warm start (on)
 MIN_POWERSGD_START = 2
 
@@ -91,12 +99,14 @@ class CompareConfig:
             link of its own.
         steps: training steps of every mode.
         batch_size: samples per worker per step.
-        lr: SGD's learning rate (``None``: the workload's, :attr:`Workload.lr`).
+        optimizer: what every mode trains with, of :data:`OPTIMIZERS` (gravac's modes wrap it).
+        lr: the optimizer's learning rate (``None``: the workload's, :attr:`Workload.lr`, for
+            SGD; :data:`ADAM_LR` for Adam).
         lr_milestones: steps after which the learning rate is multiplied by ``lr_gamma`` (a
             step decay, :class:`torch.optim.lr_scheduler.MultiStepLR`), increasing; empty: a
             constant rate.
         lr_gamma: the factor of each decay, in (0, 1].
-        momentum: SGD's.
+        momentum: SGD's (Adam keeps torch's betas).
         eval_every: steps between test evaluations on rank 0 (the last step always is one).
         timing_warmup: first steps left out of the per-step medians.
         target: metric value the time-to-target clock stops at (``None``: the workload's).
@@ -132,6 +142,7 @@ class CompareConfig:
     nodes: int = 1
     steps: int = DEFAULT_STEPS
     batch_size: int = 32
+    optimizer: str = "sgd"
     lr: float | None = None
     lr_milestones: tuple[int, ...] = ()
     lr_gamma: float = DEFAULT_LR_GAMMA
@@ -178,6 +189,10 @@ class CompareConfig:
         if self.steps <= self.timing_warmup:
             raise ValueError(
                 f"--steps ({self.steps}) must exceed --timing-warmup ({self.timing_warmup})"
+            )
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(
+                f"--optimizer must be one of {list(OPTIMIZERS)}, got {self.optimizer!r}"
             )
         if self.lr is not None and _finite("--lr", self.lr) <= 0:
             raise ValueError(f"--lr must be > 0, got {self.lr}")
@@ -226,8 +241,11 @@ class CompareConfig:
 
     @property
     def lr_value(self) -> float:
-        """SGD's learning rate: ``lr``, or the workload's."""
-        return workloads.get(self.workload).lr if self.lr is None else self.lr
+        """The optimizer's learning rate: ``lr``, or the workload's for SGD, :data:`ADAM_LR`
+        for Adam."""
+        if self.lr is not None:
+            return self.lr
+        return ADAM_LR if self.optimizer == "adam" else workloads.get(self.workload).lr
 
     @property
     def target_value(self) -> float:

@@ -175,7 +175,10 @@ class Session(ABC):
         """Release what the session holds (collective where the mode's is)."""
 
 
-def _sgd(model: nn.Module, cfg: CompareConfig) -> torch.optim.SGD:
+def _optimizer(model: nn.Module, cfg: CompareConfig) -> torch.optim.Optimizer:
+    """The optimizer every mode trains with (``--optimizer``): SGD with momentum, or Adam."""
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=cfg.lr_value)
     return torch.optim.SGD(model.parameters(), lr=cfg.lr_value, momentum=cfg.momentum)
 
 
@@ -299,7 +302,7 @@ class _DdpSession(Session):
         self.module = _ddp(model, cfg)
         if hook is not None:
             self.module.register_comm_hook(None, hook)  # state: the default process group
-        self.optimizer = _sgd(model, cfg)
+        self.optimizer = _optimizer(model, cfg)
         self._wire_bytes = parameter_count(model) * element_bytes
 
     def after_step(self) -> StepFigures:
@@ -339,7 +342,7 @@ class _PowerSgdSession(Session):
             random_seed=POWERSGD_SEED,
         )
         self.module.register_comm_hook(self.state, powerSGD_hook.powerSGD_hook)
-        self.optimizer = _sgd(model, cfg)
+        self.optimizer = _optimizer(model, cfg)
         self._counted = 0
 
     def after_step(self) -> StepFigures:
@@ -429,7 +432,7 @@ class _GravacSession(Session):
         bucket_bytes, engine = _split_bucket_bytes(cfg.engine_options)
         config = GravacConfig(**_gravac_options(cfg), **engine)
         self._gravac = GravacOptimizer(
-            _sgd(model, cfg), config, overlap=cfg.overlap, bucket_bytes=bucket_bytes
+            _optimizer(model, cfg), config, overlap=cfg.overlap, bucket_bytes=bucket_bytes
         )
         self.optimizer = self._gravac
 
@@ -469,7 +472,7 @@ class _GravacDdpSession(Session):
         self._bucket_bytes = bucket_bytes
         self.state = GravacHookState(None, GravacConfig(**_gravac_options(cfg), **options))
         self.module.register_comm_hook(self.state, gravac_hook)
-        self.optimizer = _sgd(model, cfg)
+        self.optimizer = _optimizer(model, cfg)
         self.state.watch(self.optimizer)  # learning-rate decays reach the accordion policy
 
     def after_step(self) -> StepFigures:

@@ -9,7 +9,7 @@ import torch
 
 from gravac.cli import build_parser
 from gravac_lab.compare import config, modes, netns, report, workloads
-from gravac_lab.compare.config import CompareConfig
+from gravac_lab.compare.config import ADAM_LR, CompareConfig
 from gravac_lab.compare.modes import check_config
 from tests.workers import Workers
 
@@ -91,11 +91,27 @@ def test_config_round_trips_through_json() -> None:
         ({"lr_milestones": (5, 5)}, "--lr-milestones must increase"),
         ({"lr_milestones": (0,)}, "--lr-milestones must be an integer >= 1"),
         ({"lr_gamma": 1.5}, r"--lr-gamma must be in \(0, 1\]"),
+        ({"optimizer": "lamb"}, r"--optimizer must be one of \['sgd', 'adam'\], got 'lamb'"),
     ],
 )
 def test_config_rejects_naming_the_option(options: dict[str, object], option: str) -> None:
     with pytest.raises(ValueError, match=option):
         check_config(CompareConfig(**options))  # type: ignore[arg-type]
+
+
+def test_every_mode_trains_with_the_optimizer_named() -> None:
+    """SGD at the workload's rate with momentum, or Adam at 1e-3 (``--lr`` replaces either)."""
+    model = torch.nn.Linear(3, 2)
+    sgd = modes._optimizer(model, CompareConfig(workload="vgg-digits"))
+    assert isinstance(sgd, torch.optim.SGD)
+    assert sgd.param_groups[0]["lr"] == workloads.get("vgg-digits").lr
+    assert sgd.param_groups[0]["momentum"] == 0.9
+    adam = modes._optimizer(model, CompareConfig(optimizer="adam"))
+    assert isinstance(adam, torch.optim.Adam) and adam.param_groups[0]["lr"] == ADAM_LR
+    assert (
+        modes._optimizer(model, CompareConfig(optimizer="adam", lr=0.01)).param_groups[0]["lr"]
+        == 0.01
+    )
 
 
 def _raw(comm: float | None, cf: list[float | None] | None = None) -> dict[str, object]:

@@ -272,6 +272,14 @@ def _variant_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _optimizer_text(cfg: dict[str, Any]) -> str:
+    """What every mode trained with: ``SGD lr L momentum M`` or ``Adam lr L`` (runs stored
+    before ``--optimizer`` trained with SGD)."""
+    if cfg.get("optimizer", "sgd") == "adam":
+        return f"Adam lr {cfg['lr']:g}"
+    return f"SGD lr {cfg['lr']:g} momentum {cfg['momentum']:g}"
+
+
 def _internode(summary: dict[str, Any]) -> tuple[list[str], bool]:
     """The header line of a run on several nodes (none on one), and whether the table has the
     inter-node column (several nodes, on shaped links)."""
@@ -315,8 +323,7 @@ def format_table(summary: dict[str, Any]) -> str:
     lines = [
         f"- workload: {workload['name']} ({workload['summary']}, {workload['parameters']:,} "
         f"parameters); {cfg['workers']} workers x batch {cfg['batch_size']}, {cfg['steps']} "
-        f"steps{until}, SGD lr {cfg['lr']:g} momentum {cfg['momentum']:g}, {cfg['threads']} "
-        "torch thread(s) per worker",
+        f"steps{until}, {_optimizer_text(cfg)}, {cfg['threads']} torch thread(s) per worker",
         f"- network: {link}",
         *node_lines,
         f"- host: {host['cpus']} CPUs, 1-minute load average {host['load_before']:.2f} before "

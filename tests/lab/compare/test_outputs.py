@@ -89,6 +89,16 @@ def test_table_says_how_ddp_held_its_gradients() -> None:
     assert "gradient_as_bucket_view" not in format_table(gravac_only)
 
 
+def test_table_names_the_optimizer() -> None:
+    summary = made_up.summary()
+    lr = summary["config"]["lr"]
+    assert f"SGD lr {lr:g} momentum 0.9," in format_table(summary)
+    summary["config"]["optimizer"] = "adam"
+    assert f"Adam lr {lr:g}," in format_table(summary)
+    del summary["config"]["optimizer"]  # a summary from before the option: SGD
+    assert f"SGD lr {lr:g} momentum 0.9," in format_table(summary)
+
+
 def test_table_names_the_runs_whose_ranks_disagreed() -> None:
     runs = made_up.runs()
     runs[4] = made_up.run("gravac", "cf100", 1, ranks_agree=False)

@@ -184,22 +184,7 @@ class GravacHookState:
             self.engine.launch(step, unit, flat, given, carry=carry)
         if bucket.is_last():
             self._close(step, done)
-
-        def result(f: Future[Outcome]) -> Tensor:
-            outcome = f.value()
-            if outcome.skipped:
-                return buffer.fill_(math.nan)
-            grads = outcome.grads[first : first + len(units)]
-            if not plan.spans:
-                return grads[0].to(buffer.dtype).view_as(buffer)
-            # The bucket's own gradients were copied out at launch: the engine laid each unit's
-            # aggregate into the buffer's spans (as PyTorch's all-reduce hook returns its
-            # buffer reduced in place), and handed back a flat buffer for the next gather.
-            for i, spare in enumerate(grads):
-                plan.flats[i] = spare
-            return buffer
-
-        return done.then(result)
+        return _aggregated(done, buffer, plan, slice(first, first + len(units)), laid=True)
 
     def _hook_chunks(
         self,
@@ -233,17 +218,7 @@ class GravacHookState:
         self._launch_scattered(step, wait=bucket.is_last())
         if bucket.is_last():
             self._close(step, done)
-
-        def result(f: Future[Outcome]) -> Tensor:
-            outcome = f.value()
-            if outcome.skipped:
-                return buffer.fill_(math.nan)
-            grads = outcome.grads[first : first + len(units)]
-            for spans, g in zip(plan.spans, grads, strict=True):
-                scatter_spans(buffer, spans, g.to(buffer.dtype))
-            return buffer
-
-        return done.then(result)
+        return _aggregated(done, buffer, plan, slice(first, first + len(units)), laid=False)
 
     def _launch_scattered(self, step: Step, *, wait: bool) -> None:
         """Give the engine the chunks whose node sums have arrived, in launch order; with
@@ -486,6 +461,33 @@ class GravacHookState:
             f"GravacHookState(compressor={e.compressor!r}, policy={e.policy!r}, "
             f"world_size={e.comm.world_size})"
         )
+
+
+def _aggregated(
+    done: Future[Outcome], buffer: Tensor, plan: _BucketPlan, units: slice, *, laid: bool
+) -> Future[Tensor]:
+    """The future of a bucket's aggregate, once ``done`` (the step's outcome, whose ``units``
+    are the bucket's): NaN where the step was skipped; a bucket of one unit (no spans) its
+    aggregate as it is. A bucket with spans had its gradients copied out at launch and returns
+    its own buffer, each unit's aggregate in its spans: laid there by the engine (``laid``, as
+    PyTorch's all-reduce hook returns its buffer reduced in place), which handed back a flat
+    buffer for the next gather; or (two levels) written there from the gathered aggregate."""
+
+    def result(f: Future[Outcome]) -> Tensor:
+        outcome = f.value()
+        if outcome.skipped:
+            return buffer.fill_(math.nan)
+        grads = outcome.grads[units]
+        if not plan.spans:
+            return grads[0].to(buffer.dtype).view_as(buffer)
+        for i, (spans, g) in enumerate(zip(plan.spans, grads, strict=True)):
+            if laid:
+                plan.flats[i] = g
+            else:
+                scatter_spans(buffer, spans, g.to(buffer.dtype))
+        return buffer
+
+    return done.then(result)
 
 
 def _flat(buffer: Tensor, spans: Spans, out: Tensor | None) -> Tensor:

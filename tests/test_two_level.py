@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
-from torch import nn
+from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from gravac import GravacOptimizer, broadcast_parameters
@@ -82,6 +83,20 @@ def by_hand(rank: int, world_size: int, compressor: str, nodes: int) -> dict[str
     }
 
 
+def _all_the_mean(
+    two: list[dict[str, Any]], flat: list[dict[str, Any]], by: Callable[[int, int], list[Tensor]]
+) -> None:
+    """Every rank's aggregate at every step, in two levels and flat, is the mean over the
+    ranks of their gradients ``by(rank, step)``, bit for bit."""
+    for step in range(STEPS):
+        each = [by(r, step) for r in range(WORLD)]
+        mean = [torch.stack(t).mean(0) for t in zip(*each, strict=True)]
+        for r in range(WORLD):
+            pairs = zip(two[r]["aggregates"][step], flat[r]["aggregates"][step], strict=True)
+            for (a, b), m in zip(pairs, mean, strict=True):
+                assert torch.equal(a, m) and torch.equal(b, m)
+
+
 def test_two_levels_send_everything_as_the_flat_mean(gloo_pools: Workers) -> None:
     two = gloo_pools.run(by_hand, WORLD, "none", NODE, timeout=SPAWN_TIMEOUT)
     flat = gloo_pools.run(by_hand, WORLD, "none", 1, timeout=SPAWN_TIMEOUT)
@@ -89,13 +104,7 @@ def test_two_levels_send_everything_as_the_flat_mean(gloo_pools: Workers) -> Non
     # a weight without a gradient on any rank keeps None: nothing was held back to send
     assert two[0]["absent"] == flat[0]["absent"] == [s == ABSENT for s in range(STEPS)]
     assert flat[0]["topology"] == "flat (4 ranks)"
-    for step in range(STEPS):
-        each = [grads(r, step) for r in range(WORLD)]
-        mean = [torch.stack(t).mean(0) for t in zip(*each, strict=True)]
-        for r in range(WORLD):
-            pairs = zip(two[r]["aggregates"][step], flat[r]["aggregates"][step], strict=True)
-            for (a, b), m in zip(pairs, mean, strict=True):
-                assert torch.equal(a, m) and torch.equal(b, m)
+    _all_the_mean(two, flat, grads)
 
 
 def _node_means(step: int) -> list[torch.Tensor]:
@@ -246,13 +255,7 @@ def test_the_hook_in_two_levels_sends_everything_as_the_flat_mean(gloo_pools: Wo
     two = gloo_pools.run(hook_by_hand, WORLD, "none", NODE, timeout=SPAWN_TIMEOUT)
     flat = gloo_pools.run(hook_by_hand, WORLD, "none", 1, timeout=SPAWN_TIMEOUT)
     assert two[0]["topology"] == "2 node(s) of 2 ranks"
-    for step in range(STEPS):
-        each = [hook_grads(r, step) for r in range(WORLD)]
-        mean = [torch.stack(t).mean(0) for t in zip(*each, strict=True)]
-        for r in range(WORLD):
-            pairs = zip(two[r]["aggregates"][step], flat[r]["aggregates"][step], strict=True)
-            for (a, b), m in zip(pairs, mean, strict=True):
-                assert torch.equal(a, m) and torch.equal(b, m)
+    _all_the_mean(two, flat, hook_grads)
 
 
 def test_the_hook_in_two_levels_keeps_error_feedback_across_its_bucket_rebuild(

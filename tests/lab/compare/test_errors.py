@@ -44,6 +44,27 @@ from gravac.cli import main
         (["--lr-gamma", "0"], "--lr-gamma must be in (0, 1], got 0.0"),
         (["--lr-gamma", "nan"], "--lr-gamma must be a finite number"),
         (["--scoreboard", "--report", "no/such/folder/RESULTS.md"], "RESULTS.md: its folder"),
+        (["--nodes", "0"], "--nodes must be an integer >= 1, got '0'"),
+        (["--nodes", "-2"], "--nodes must be an integer >= 1, got '-2'"),
+        (["--nodes", "two"], "--nodes must be an integer >= 1, got 'two'"),
+        (["--ranks-per-node", "0"], "--ranks-per-node must be an integer >= 1, got '0'"),
+        (["--ranks-per-node", "1.5"], "--ranks-per-node must be an integer >= 1, got '1.5'"),
+        (["--workers", "x"], "--workers must be an integer >= 1, got 'x'"),
+        (
+            ["--workers", "3", "--nodes", "2", "--ranks-per-node", "2"],
+            "--workers 3 disagrees with --nodes 2 x --ranks-per-node 2 = 4 workers",
+        ),
+        (["--workers", "5", "--nodes", "2"], "--workers 5 is not a multiple of --nodes 2"),
+        (
+            ["--workers", "4", "--ranks-per-node", "3"],
+            "--workers 4 is not a multiple of --ranks-per-node 3",
+        ),
+        (
+            ["--nodes", "1", "--ranks-per-node", "1"],
+            "--nodes 1 --ranks-per-node 1: 1 worker in all; a run needs 2 or more",
+        ),
+        (["--workers", "1"], "--workers 1: 1 worker in all"),
+        (["--optimizer", "lamb"], "--optimizer: invalid choice: 'lamb'"),
     ],
 )
 def test_bad_option_exits_2_naming_it(

@@ -41,40 +41,6 @@ def test_layout_of_the_options(
     assert (got.nodes, got.ranks_per_node) == layout
 
 
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (["--nodes", "0"], "--nodes must be an integer >= 1, got '0'"),
-        (["--nodes", "-2"], "--nodes must be an integer >= 1, got '-2'"),
-        (["--nodes", "two"], "--nodes must be an integer >= 1, got 'two'"),
-        (["--ranks-per-node", "0"], "--ranks-per-node must be an integer >= 1, got '0'"),
-        (["--ranks-per-node", "1.5"], "--ranks-per-node must be an integer >= 1, got '1.5'"),
-        (["--workers", "x"], "--workers must be an integer >= 1, got 'x'"),
-        (
-            ["--workers", "3", "--nodes", "2", "--ranks-per-node", "2"],
-            "--workers 3 disagrees with --nodes 2 x --ranks-per-node 2 = 4 workers",
-        ),
-        (["--workers", "5", "--nodes", "2"], "--workers 5 is not a multiple of --nodes 2"),
-        (
-            ["--workers", "4", "--ranks-per-node", "3"],
-            "--workers 4 is not a multiple of --ranks-per-node 3",
-        ),
-        (
-            ["--nodes", "1", "--ranks-per-node", "1"],
-            "--nodes 1 --ranks-per-node 1: 1 worker in all; a run needs 2 or more",
-        ),
-        (["--workers", "1"], "--workers 1: 1 worker in all"),
-    ],
-)
-def test_bad_layout_options_exit_2_naming_them(
-    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    with pytest.raises(SystemExit) as exc:
-        main(["compare", *argv])
-    assert exc.value.code == 2
-    assert message in capsys.readouterr().err
-
-
 def _study_of(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> Study:
     """The study ``gravac compare argv`` would run (the run itself refused)."""
     seen: list[Study] = []

@@ -93,7 +93,9 @@ def launches(tmp: Path, items: list[pytest.Item]) -> dict[str, Callable[[], Run]
     made: dict[str, Callable[[], Run]] = {
         name: functools.partial(_torchrun, tmp / name, *a) for name, a in plans.items()
     }
-    made["two-nodes"] = functools.partial(_two_nodes, tmp / "two-nodes", "--max-steps", "30")
+    made["two-nodes"] = functools.partial(
+        _two_nodes, tmp / "two-nodes", "--max-steps", "60", "--policy", "fixed", "--cf", "10"
+    )
     return made
 
 
@@ -117,11 +119,12 @@ def test_torchrun_example_trains(runs: Runs) -> None:
 @pytest.mark.slow
 def test_torchrun_on_two_nodes_aggregates_in_two_levels(runs: Runs) -> None:
     """torchrun reporting 2 nodes of 2 ranks (``LOCAL_WORLD_SIZE``): the optimizer aggregates
-    in two levels by default, and trains."""
+    in two levels by default, and trains: 60 steps at a static CF 10 (a search's CFs follow the
+    step times, which the launches beside it skew; 0.77 seen alone)."""
     _, out = runs["two-nodes"]
     assert out.returncode == 0, out.stderr[-2000:]
     assert "aggregated in 2 node(s) of 2 ranks" in out.stdout
-    assert float(out.stdout.split("test accuracy")[1].split()[0]) > 2 * CHANCE
+    assert float(out.stdout.split("test accuracy")[1].split()[0]) > 0.5
     sent, dense = _wire_bytes(out.stdout)
     assert sent < dense
 

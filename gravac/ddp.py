@@ -36,7 +36,6 @@ on a fresh DDP model of the same configuration, before its first backward.
 """
 
 # No ``from __future__ import annotations``: DDP checks the hook's annotations as objects.
-import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,7 +47,6 @@ from torch.futures import Future
 
 from gravac.agreement import check_agreement
 from gravac.buckets import split_flat
-from gravac.comm import Arrival
 from gravac.config import GravacConfig, build_engine, learning_rate, make_config
 from gravac.engine import Engine, Given, Lent, Outcome, Step, Unit
 from gravac.engine.checkpoint import check_tables
@@ -130,10 +128,6 @@ class GravacHookState:
         self._bound: tuple[torch.Size, ...] = ()
         self._optimizer: torch.optim.Optimizer | None = None  # read for its learning rate
         self._checked = False  # whether the ranks agreed on everything since the last load
-        # two levels: units whose node sums are being reduce-scattered, in launch order, and
-        # the elements of every unit launched this step (its chunk's aggregate is gathered)
-        self._scattering: list[tuple[Unit, Arrival[Tensor], Arrival[Tensor] | None]] = []
-        self._wholes: list[int] = []
 
     def watch(self, optimizer: torch.optim.Optimizer) -> None:
         """Read ``optimizer``'s learning rate at every step (the ``accordion`` policy sends
@@ -197,36 +191,17 @@ class GravacHookState:
         """:meth:`hook` in two levels (see the class docstring): each unit's gradients (the
         residual pieces carried in, in this rank's share of the node's sum) reduce-scattered
         inside the node, the chunks launched as they arrive, in order."""
-        hierarchy = self.engine.hierarchy
-        assert hierarchy is not None  # two levels
         buffer = bucket.buffer()
-        first = len(self._wholes)
+        first = len(step.wholes)
         for i, unit in enumerate(units):
             # a new flat tensor, in parameter order: the buffer's gradients stay as they are
             flat = _flat(buffer, plan.spans[i], None)
             gather_spans(buffer, plan.spans[i], flat)
-            chunk = Unit(
-                unit.key, (torch.Size((hierarchy.topology.chunk(unit.numel),)),), unit.compressed
-            )
-            # residual pieces carried in (each rank's its chunk's times L, zeros elsewhere) go
-            # through a reduce-scatter of their own: one rank's nonzero a position, halved back
-            # exactly, they reach the chunk's owner as the residual itself, bit for bit
             carry = self._orphans_of(plan, buffer) if unit.compressed else None
-            carried = None if carry is None else hierarchy.scatter(carry, step=step.index)
-            self._scattering.append((chunk, hierarchy.scatter(flat, step=step.index), carried))
-            self._wholes.append(unit.numel)
-        self._launch_scattered(step, wait=bucket.is_last())
+            self.engine.scatter(step, unit, flat, carry)
         if bucket.is_last():
             self._close(step, done)
         return _aggregated(done, buffer, plan, slice(first, first + len(units)), laid=False)
-
-    def _launch_scattered(self, step: Step, *, wait: bool) -> None:
-        """Give the engine the chunks whose node sums have arrived, in launch order; with
-        ``wait``, all of them."""
-        while self._scattering and (wait or self._scattering[0][1].ready()):
-            unit, arrival, carried = self._scattering.pop(0)
-            carry = None if carried is None else carried.wait()
-            self.engine.launch(step, unit, arrival.wait(), Given(), carry=carry)
 
     def _sparse(self, bucket: dist.GradBucket) -> Future[Tensor]:
         """Average a sparse gradient as sparse rows: DDP gives a parameter whose gradient is
@@ -241,7 +216,6 @@ class GravacHookState:
         averaged.set_result(self.engine.comm.sparse_mean_async(bucket.buffer()).wait())
         if bucket.is_last() and self._step is not None:
             assert self._done is not None
-            self._launch_scattered(self._step, wait=True)
             self._close(self._step, self._done)
         return averaged
 
@@ -257,26 +231,12 @@ class GravacHookState:
         self._step, self._done = None, None
         try:
             self.engine.close(step).wait()
-            outcome = self._whole(step, self.engine.commit(step))
+            outcome = self.engine.commit(step)
             self.engine.finish(outcome)
         except Exception as exc:  # every bucket's future fails with it
-            self._scattering, self._wholes = [], []
             done.set_exception(exc)  # type: ignore[arg-type]  # torch's stub types it as T
             raise
         done.set_result(outcome)
-
-    def _whole(self, step: Step, outcome: Outcome) -> Outcome:
-        """``outcome``, in two levels with every unit's chunks all-gathered inside the node (in
-        launch order, on every rank): each unit's whole aggregate."""
-        hierarchy = self.engine.hierarchy
-        if hierarchy is None or outcome.skipped:
-            return outcome
-        wholes, self._wholes = self._wholes, []
-        grads = tuple(
-            hierarchy.gather(g, n, step=step.index)
-            for g, n in zip(outcome.grads, wholes, strict=True)
-        )
-        return dataclasses.replace(outcome, grads=grads)
 
     def _plan(self, params: list[Tensor], buffer: Tensor) -> _BucketPlan:
         """The units of a bucket of ``params`` (made once per bucket composition)."""

@@ -45,12 +45,11 @@ from gravac.buckets import (
     scatter_grads,
     split_flat,
 )
-from gravac.comm import Arrival, Communicator
+from gravac.comm import Communicator
 from gravac.compressors.base import Compressor
 from gravac.config import GravacConfig, build_engine, learning_rate
 from gravac.control.protocol import Controller
 from gravac.engine import Engine, Given, Outcome, SparseGradientError, Step, Unit, layout_check
-from gravac.hierarchy import Topology
 from gravac.kernels.buffers import is_sole
 from gravac.memory import Memory
 from gravac.monitor import Monitor, StepRecord
@@ -92,13 +91,6 @@ def _units(layout: Layout) -> list[Unit]:
         slot += len(b.params)
         units.append(Unit(b.key, b.shapes, i < n_compressed, slots=slots, layers=slots))
     return units
-
-
-def _chunk_units(units: Sequence[Unit], topology: Topology) -> list[Unit]:
-    """What the engine sends of ``units`` in two levels (:mod:`gravac.hierarchy`): each unit's
-    chunk that this rank owns, one flat tensor under the unit's key (its layer id made of the
-    key: a chunk is no tensor of the model)."""
-    return [Unit(u.key, (torch.Size((topology.chunk(u.numel),)),), u.compressed) for u in units]
 
 
 def _moved_layers(old: Layout, new: Layout) -> dict[int, int]:
@@ -208,8 +200,6 @@ class GravacOptimizer(torch.optim.Optimizer):
         self._proposal: _Proposal | None = None  # a layout changed to, not yet adopted
         self._checked = False  # whether the ranks agreed on everything since the last load
         self._units: list[Unit] = []  # the layout's units, in launch order
-        # what the engine sends of them: the units themselves, or their chunks in two levels
-        self._sent: list[Unit] = []
         self._runs: tuple[Run, ...] = ()  # the units grouped by the buffer they share
         # per run, the flat buffer its gradients are views of: the last aggregate's, which
         # alternates with the residuals' storage (Engine.launch with Given); None: not made yet.
@@ -226,8 +216,6 @@ class GravacOptimizer(torch.optim.Optimizer):
         self._next = 0  # the next unit to launch
         # each launched gradient's identity and version: a change after launch is an error
         self._stamps: list[tuple[Tensor, tuple[int, int] | None]] = []
-        # two levels: units whose node sums are being reduce-scattered, in launch order
-        self._scattering: list[tuple[Unit, Arrival[Tensor]]] = []
         self._sparse = -1  # the first parameter with a sparse gradient this step (-1: none)
         self._accumulating = False  # inside no_sync(): no launches
         self._pending: Outcome | None = None  # aggregated by synchronize(), not yet stepped
@@ -391,7 +379,7 @@ class GravacOptimizer(torch.optim.Optimizer):
                 f"bucket_bytes={DEFAULT_BUCKET_BYTES} loads it): its residuals do not apply"
             )
         layout = self._fresh_layout()
-        sent = self._engine_units(_units(layout))
+        sent = [self.engine.chunk_unit(u) for u in _units(layout)]
         compressed = zip(sent[: len(layout.compressed)], layout.compressed, strict=True)
         units = {u.key: (u.numel, b.dtype) for u, b in compressed}
         self.engine.check_state(g, units=units)
@@ -412,13 +400,8 @@ class GravacOptimizer(torch.optim.Optimizer):
     def _bind(self, layout: Layout) -> None:
         """Let the engine plan its CFs over the shapes of ``layout``'s compressed tensors (of
         their chunks, in two levels)."""
-        units = self._engine_units(_units(layout))
+        units = [self.engine.chunk_unit(u) for u in _units(layout)]
         self.engine.bind_shapes([shape for u in units if u.compressed for shape in u.shapes])
-
-    def _engine_units(self, units: list[Unit]) -> list[Unit]:
-        """What the engine sends of ``units``: themselves, or their chunks in two levels."""
-        topology = self.engine.topology
-        return units if topology.ranks_per_node == 1 else _chunk_units(units, topology)
 
     # ------------------------------------------------------------------ step
     @torch.no_grad()
@@ -496,7 +479,6 @@ class GravacOptimizer(torch.optim.Optimizer):
             assert layout is not None  # set by _begin
             while self._next < len(self._units):
                 self._launch_next(step)
-            self._launch_scattered(step, wait=True)
             has_grad = [p.grad is not None for p in layout.params]
             stale = any(_stamp(p) != stamp for p, stamp in self._stamps)
             digest = self._layout_digest if self._proposal is None else self._proposal.digest
@@ -521,7 +503,7 @@ class GravacOptimizer(torch.optim.Optimizer):
         for i, run in enumerate(self._runs):
             # the engine's buffers for these aggregates (launch with Given): a split tensor's
             # pieces lie end to end in one but after a first step or a resume (copied once)
-            parts = self._whole(outcome.grads[run.first : run.stop], run, step.index)
+            parts = outcome.grads[run.first : run.stop]
             flat = parts[0] if len(parts) == 1 else join_flat(parts)
             if flat is None:
                 flat = torch.cat(parts)
@@ -536,14 +518,6 @@ class GravacOptimizer(torch.optim.Optimizer):
             if not present and not (chunked and p.grad is not None and bool(p.grad.any())):
                 p.grad = None
         return outcome
-
-    def _whole(self, grads: Sequence[Tensor], run: Run, step: int) -> list[Tensor]:
-        """The aggregates of ``run``'s units: ``grads`` as the engine returned them, or in two
-        levels every chunk of each, all-gathered inside the node (in launch order)."""
-        hierarchy = self.engine.hierarchy
-        if hierarchy is None:
-            return list(grads)
-        return [hierarchy.gather(g, n, step=step) for g, n in zip(grads, run.sizes, strict=True)]
 
     # ------------------------------------------------------------------ overlap
     def _hook(self, params: list[Tensor]) -> None:
@@ -627,24 +601,12 @@ class GravacOptimizer(torch.optim.Optimizer):
 
     def _launch_chunks(self, step: Step, run: Run, buf: Tensor, parts: Sequence[Tensor]) -> None:
         """Launch ``run`` in two levels: its gradients packed into ``buf``, each unit's node
-        mean reduce-scattered inside the node (started here, in launch order on every rank),
-        and this rank's chunk given to the engine once it has arrived (:mod:`gravac.hierarchy`):
-        backward goes on meanwhile."""
-        hierarchy = self.engine.hierarchy
-        assert hierarchy is not None  # two levels
+        sum reduce-scattered and its chunk launched by the engine (:meth:`Engine.scatter`)."""
         gather_grads(run.bucket, buf)
-        for unit, part in zip(self._sent[run.first : run.stop], parts, strict=True):
-            self._scattering.append((unit, hierarchy.scatter(part, step=step.index)))
+        for unit, part in zip(self._units[run.first : run.stop], parts, strict=True):
+            self.engine.scatter(step, unit, part)
         self._stamps += [(p, _stamp(p)) for p in run.bucket.params]
         self._next += len(parts)
-        self._launch_scattered(step, wait=False)
-
-    def _launch_scattered(self, step: Step, *, wait: bool) -> None:
-        """Give the engine the chunks whose node sums have arrived, in launch order (every
-        rank launches them in one order); with ``wait``, all of them."""
-        while self._scattering and (wait or self._scattering[0][1].ready()):
-            unit, arrival = self._scattering.pop(0)
-            self.engine.launch(step, unit, arrival.wait(), Given())
 
     def _buffer(self, index: int) -> Tensor:
         """The flat buffer run ``index``'s gradients are packed into: the last aggregate's,
@@ -672,7 +634,6 @@ class GravacOptimizer(torch.optim.Optimizer):
         self._next = 0
         self._ready = [set() for _ in self._units]
         self._stamps = []
-        self._scattering = []
         return self._step
 
     # ------------------------------------------------------------------ internals
@@ -720,7 +681,6 @@ class GravacOptimizer(torch.optim.Optimizer):
             self._hook(params)
         self._bind(new)
         self._units = _units(new)
-        self._sent = self._engine_units(self._units)
         self._runs = new.runs
         self._flats = [None] * len(self._runs)
         self._run_of = [i for i, run in enumerate(self._runs) for _ in run.sizes]

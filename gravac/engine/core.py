@@ -416,6 +416,39 @@ class Engine:
         step.compress_seconds += self.clock() - t0
         return flight.result
 
+    def chunk_unit(self, unit: Unit) -> Unit:
+        """What the engine sends of ``unit`` in two levels (:mod:`gravac.hierarchy`): this
+        rank's chunk of it, one flat tensor under the unit's key (its layer id made of the key:
+        a chunk is no tensor of the model); ``unit`` itself when flat."""
+        if self.topology.ranks_per_node == 1:
+            return unit
+        size = torch.Size((self.topology.chunk(unit.numel),))
+        return Unit(unit.key, (size,), unit.compressed)
+
+    def scatter(self, step: Step, unit: Unit, flat: Tensor, carry: Tensor | None = None) -> None:
+        """In two levels, the front end's :meth:`launch` of ``unit``'s gradient ``flat``: its
+        node sum reduce-scattered inside the node (started now, in launch order on every rank)
+        and this rank's chunk launched once it has arrived (:meth:`launch_scattered`), while
+        backward goes on. ``carry``: residual pieces carried in (this rank's share of the
+        node's sum, :meth:`gravac.hierarchy.Hierarchy.spread`), reduce-scattered on their own:
+        one rank's nonzero a position, divided back exactly, they reach the chunk's owner as
+        the residual itself, bit for bit. ``flat`` must not change until the step's commit."""
+        hierarchy = self.hierarchy
+        assert hierarchy is not None  # formed: two levels
+        carried = None if carry is None else hierarchy.scatter(carry, step=step.index)
+        summed = hierarchy.scatter(flat, step=step.index)
+        step.scattering.append((self.chunk_unit(unit), summed, carried))
+        step.wholes.append(unit.numel)
+        self.launch_scattered(step, wait=False)
+
+    def launch_scattered(self, step: Step, *, wait: bool) -> None:
+        """Launch the chunks whose node sums have arrived (:meth:`scatter`), in launch order;
+        with ``wait``, all of them."""
+        while step.scattering and (wait or step.scattering[0][1].ready()):
+            unit, summed, carried = step.scattering.pop(0)
+            carry = None if carried is None else carried.wait()
+            self.launch(step, unit, summed.wait(), Given(), carry=carry)
+
     def needs_spare(self, step: Step, unit: Unit) -> bool:
         """Whether :meth:`launch` with :class:`Given` would put ``unit``'s aggregate into a new
         tensor at commit: it sends a compressed payload under error feedback but has no residual
@@ -694,6 +727,7 @@ class Engine:
                 (-1: none), launched as zeros; :meth:`commit` then raises
                 :class:`SparseGradientError` on every rank.
         """
+        self.launch_scattered(step, wait=True)
         now = self.clock()
         interval = -1.0 if self.last_close is None else now - self.last_close
         self.last_close = now
@@ -776,7 +810,16 @@ class Engine:
         for f, g in zip(step.flights, totals, strict=True):
             f.result.set_result(g)
         self.skip_run = 0
-        return Outcome(False, tuple(totals), present, record, search=seen.search)
+        return Outcome(False, self._whole(step, totals), present, record, search=seen.search)
+
+    def _whole(self, step: Step, totals: list[Tensor]) -> tuple[Tensor, ...]:
+        """Each unit's aggregate: ``totals``, or in two levels every unit's chunks all-gathered
+        inside the node (in launch order, on every rank)."""
+        if self.hierarchy is None:
+            return tuple(totals)
+        gather = self.hierarchy.gather
+        wholes = zip(totals, step.wholes, strict=True)
+        return tuple(gather(g, n, step=step.index) for g, n in wholes)
 
     def _check(self, step: Step) -> tuple[Table, float]:
         """Stage 1: every rank's scalars and the seconds the step waited for them since its

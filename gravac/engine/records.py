@@ -208,6 +208,11 @@ class Step:
             the step that closes a window), as much of it as is summed over ranks at
             :meth:`Engine.close` (:func:`gravac.control.noise.signal_sample`).
         signal: that sum (set by :meth:`Engine.close`).
+        scattering: in two levels, the units whose node sums are being reduce-scattered
+            (:meth:`Engine.scatter`), in launch order: each one's chunk, its node sum, and that
+            of the residual pieces carried into it (``None``: none), until launched.
+        wholes: in two levels, the elements of every unit scattered this step, in launch
+            order (:meth:`Engine.commit` gathers each one's chunks back into one aggregate).
         lr: the wrapped optimizer's learning rate at the step (``None``: unknown).
     """
 
@@ -227,6 +232,10 @@ class Step:
     stats: list[tuple[tuple[int, ...], Tensor]] = field(default_factory=list)
     totals: list[Tensor] = field(default_factory=list)
     signal: Arrival[Tensor] | None = None
+    scattering: list[tuple[Unit, Arrival[Tensor], Arrival[Tensor] | None]] = field(
+        default_factory=list
+    )
+    wholes: list[int] = field(default_factory=list)
     lr: float | None = None
 
 

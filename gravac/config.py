@@ -28,6 +28,7 @@ from gravac.control import policies
 from gravac.control.options import ControllerConfig
 from gravac.control.policies.base import ScalingPolicy
 from gravac.engine import Engine
+from gravac.hierarchy import NODE_PRECISIONS
 from gravac.memory import NoMemory
 
 __all__ = [
@@ -146,6 +147,11 @@ class GravacConfig:
             (default): as torchrun reports the nodes (``LOCAL_WORLD_SIZE``), where it reports
             more than one node of more than one rank, else flat; ``1``: flat (every rank's
             payload aggregated over the whole group); it must divide the world size.
+        node_precision: in two levels, what the dense stages inside a node (the reduce-scatter
+            and the all-gather) send a compressed unit in: ``"fp32"`` (default, exact),
+            ``"fp16"`` or ``"bf16"`` (half the bytes inside the node; the all-gather's rounding
+            is fed back into the residual, the reduce-scatter's is not, as under PyTorch's fp16
+            hook; float16 overflows past 65504 times the node's ranks, a non-finite step).
         monitor: a :class:`gravac.monitor.Monitor`, a ``SummaryWriter``, or a log directory;
             used on rank 0 only.
         clock: seconds for step timing (tests inject a deterministic one).
@@ -171,6 +177,7 @@ class GravacConfig:
     nonfinite: str = "skip"
     step_timeout: float | None = None
     ranks_per_node: int | None = None
+    node_precision: str = "fp32"
     monitor: Any = field(default=None, compare=False)
     clock: Callable[[], float] = field(default=time.perf_counter, compare=False)
 
@@ -204,6 +211,11 @@ class GravacConfig:
         r = self.ranks_per_node
         if r is not None and not (is_integer(r) and r >= 1):
             raise ValueError(f"ranks_per_node must be None or an integer >= 1, got {r!r}")
+        if self.node_precision not in NODE_PRECISIONS:
+            raise ValueError(
+                f"node_precision must be one of {tuple(NODE_PRECISIONS)}, "
+                f"got {self.node_precision!r}"
+            )
         if not isinstance(self.compressor, str) and self.compressor_options:
             raise ValueError("compressor_options go with a compressor name, not an instance")
         if not isinstance(self.policy, str) and self.policy_options:
@@ -289,6 +301,7 @@ def build_engine(
         batch_size=config.batch_size,
         nonfinite=config.nonfinite,
         ranks_per_node=config.ranks_per_node,
+        node_precision=config.node_precision,
         monitor=config.monitor,
         clock=config.clock,
     )

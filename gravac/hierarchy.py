@@ -22,6 +22,19 @@ Only chunk-sized payloads cross between nodes, one per node and chunk: at the sa
 times fewer inter-node bytes a rank than flat aggregation, and one compression error per node
 instead of one per rank. The controller sees what crosses between nodes: the peers' payloads,
 their gains and times.
+
+Stages 1 and 3 move the whole gradient inside the node, dense. With a 16-bit ``precision``
+(:data:`NODE_PRECISIONS`, ``GravacConfig.node_precision``) a compressed unit's stages run in
+float16 or bfloat16, half the bytes, as PyTorch's fp16 compression hook sends DDP's buckets:
+stage 1 sends ``round(g_r / L)`` (divided before rounding, so that float16 overflows only where
+``|g_r| / L`` does: a non-finite chunk skips the step), summed in 16 bits; stage 3 sends
+``round(a_l)``, which every rank applies, the owner too, so that ranks stay identical. The
+rounding of stage 3, ``a_l - round(a_l)``, is the same on the ``N`` peers of chunk ``l``; each
+adds it to its residual of the chunk (:meth:`gravac.engine.Engine.commit`), so error feedback
+sends it again and nothing of the aggregate is lost where the unit keeps a residual. The
+rounding of stage 1 is not fed back (each rank's share of it is spread over every chunk, held
+by no rank), as under PyTorch's hook. Units sent dense and the residual pieces carried into a
+new layout keep float32 (exact).
 """
 
 from __future__ import annotations
@@ -37,7 +50,15 @@ from torch import Tensor
 
 from gravac.comm import Arrival, Communicator
 
-__all__ = ["Hierarchy", "Topology", "plan_topology", "torchrun_node_size"]
+__all__ = ["NODE_PRECISIONS", "Hierarchy", "Topology", "plan_topology", "torchrun_node_size"]
+
+#: what a node's dense stages may send a compressed unit in, by name: ``None`` is the
+#: gradient's own dtype (exact)
+NODE_PRECISIONS: dict[str, torch.dtype | None] = {
+    "fp32": None,
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+}
 
 #: torchrun's variables for a worker's node: ranks on its node, and its index among them
 _LOCAL_SIZE, _LOCAL_RANK = "LOCAL_WORLD_SIZE", "LOCAL_RANK"
@@ -139,11 +160,17 @@ class Hierarchy:
 
     Args:
         topology: the nodes; ``ranks_per_node >= 2``.
+        precision: what stages 1 and 3 send a compressed unit in, a key of
+            :data:`NODE_PRECISIONS`.
         timeout: the step timeout of the groups' collectives (:class:`Communicator`).
     """
 
-    def __init__(self, topology: Topology, *, timeout: float | None = None) -> None:
+    def __init__(
+        self, topology: Topology, *, precision: str = "fp32", timeout: float | None = None
+    ) -> None:
         self.topology = topology
+        #: the 16-bit dtype of a compressed unit's dense stages; None: its own (exact)
+        self.wire = NODE_PRECISIONS[precision]
         node_group = peer_group = None
         for n in range(topology.nodes):
             g = dist.new_group(topology.node_ranks(n))
@@ -156,26 +183,45 @@ class Hierarchy:
         #: the ranks that own the same chunk, one per node: the compressed aggregation
         self.peers = Communicator(peer_group, timeout=timeout)
 
-    def scatter(self, flat: Tensor, *, step: int | None = None) -> Arrival[Tensor]:
+    def scatter(
+        self, flat: Tensor, *, lossy: bool = False, step: int | None = None
+    ) -> Arrival[Tensor]:
         """Start reducing this rank's chunk of the node's mean of ``flat`` (stage 1): the
-        arrival is a new tensor of :meth:`Topology.chunk` elements (the padding past
-        ``flat``'s end is zeros). ``flat`` must not change until it has arrived."""
+        arrival is a new tensor of :meth:`Topology.chunk` elements in ``flat``'s dtype (the
+        padding past ``flat``'s end is zeros). ``lossy``: sent in :attr:`wire` where that is a
+        16-bit dtype (a compressed unit's gradient); else exact. ``flat`` must not change
+        until it has arrived."""
         t = self.topology
-        c = t.chunk(flat.numel())
-        padded = flat.reshape(-1)
-        if c * t.ranks_per_node != flat.numel():
-            padded = torch.zeros(c * t.ranks_per_node, dtype=flat.dtype, device=flat.device)
-            padded[: flat.numel()] = flat.reshape(-1)
-        summed = self.node.reduce_scatter_async(padded, name="a unit's node sum", step=step)
+        size, n = t.chunk(flat.numel()) * t.ranks_per_node, flat.numel()
+        wire = self.wire if lossy and self.wire is not None else flat.dtype
+        flat = flat.reshape(-1)
+        if wire != flat.dtype:  # divided first: float16 overflows only where the mean would
+            sent = torch.zeros(size, dtype=wire, device=flat.device)
+            torch.mul(flat, 1.0 / t.ranks_per_node, out=sent[:n])
+            summed = self.node.reduce_scatter_async(sent, name="a unit's node sum", step=step)
+            return summed.map(lambda chunk: chunk.to(flat.dtype))
+        sent = flat
+        if size != n:
+            sent = torch.zeros(size, dtype=flat.dtype, device=flat.device)
+            sent[:n] = flat
+        summed = self.node.reduce_scatter_async(sent, name="a unit's node sum", step=step)
         return summed.map(lambda chunk: chunk.div_(t.ranks_per_node))
 
-    def gather(self, chunk: Tensor, numel: int, *, step: int | None = None) -> Tensor:
+    def gather(
+        self, chunk: Tensor, numel: int, *, lossy: bool = False, step: int | None = None
+    ) -> tuple[Tensor, Tensor | None]:
         """Every chunk of the node's aggregate, end to end (stage 3): a new flat tensor of
-        ``numel`` elements (a view that cuts off the padding)."""
+        ``numel`` elements in ``chunk``'s dtype (a view that cuts off the padding), and what
+        rounding ``chunk`` to :attr:`wire` took from it (``chunk - round(chunk)``; ``None``:
+        sent exactly). ``lossy`` as for :meth:`scatter`."""
         t = self.topology
-        out = torch.empty(chunk.numel() * t.ranks_per_node, dtype=chunk.dtype, device=chunk.device)
-        self.node.all_gather_into(out, chunk, name="the node's aggregate", step=step)
-        return out[:numel]
+        wire = self.wire if lossy and self.wire is not None else chunk.dtype
+        sent = chunk.reshape(-1).to(wire)
+        out = torch.empty(sent.numel() * t.ranks_per_node, dtype=wire, device=chunk.device)
+        self.node.all_gather_into(out, sent, name="the node's aggregate", step=step)
+        if wire == chunk.dtype:
+            return out[:numel], None
+        return out[:numel].to(chunk.dtype), chunk - sent.to(chunk.dtype)
 
     def spread(self, chunk: Tensor, numel: int) -> Tensor:
         """``chunk`` (a residual of this rank's chunk, in node-mean units) as a gradient of

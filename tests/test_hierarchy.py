@@ -62,3 +62,11 @@ def test_a_node_size_that_does_not_divide_the_world_is_refused() -> None:
 def test_a_bad_ranks_per_node_is_refused(value: object) -> None:
     with pytest.raises(ValueError, match=r"ranks_per_node must be None or an integer >= 1"):
         GravacConfig(ranks_per_node=value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", ["fp8", "float16", None, 16])
+def test_a_bad_node_precision_is_refused(value: object) -> None:
+    with pytest.raises(
+        ValueError, match=r"node_precision must be one of \('fp32', 'fp16', 'bf16'\)"
+    ):
+        GravacConfig(node_precision=value)  # type: ignore[arg-type]

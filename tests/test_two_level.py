@@ -48,9 +48,23 @@ def grads(rank: int, step: int) -> list[torch.Tensor]:
     return out
 
 
-def by_hand(rank: int, world_size: int, compressor: str, nodes: int) -> dict[str, Any]:
-    """``STEPS`` steps of plain SGD (lr 1) on gradients set by hand, ``ranks_per_node=nodes``;
-    each step's aggregate, and the weight's residual after the last."""
+def normal_grads(rank: int, step: int) -> list[torch.Tensor]:
+    """Standard normal gradients, per rank and step: a 16-bit stage rounds them."""
+    gen = torch.Generator().manual_seed(100 * rank + step)
+    return [torch.randn(s, generator=gen) for s in ((5, 7), (5,))]
+
+
+def by_hand(
+    rank: int,
+    world_size: int,
+    compressor: str,
+    nodes: int,
+    precision: str = "fp32",
+    by: Callable[[int, int], list[Tensor]] = grads,
+) -> dict[str, Any]:
+    """``STEPS`` steps of plain SGD (lr 1) on gradients set by hand (``by``),
+    ``ranks_per_node=nodes``, ``node_precision=precision``; each step's aggregate, and the
+    weight's residual after the last."""
     m = model()
     policy: dict[str, Any] = (
         {"policy": "fixed", "policy_options": {"cf": CF}} if compressor == "topk" else {}
@@ -59,15 +73,16 @@ def by_hand(rank: int, world_size: int, compressor: str, nodes: int) -> dict[str
         torch.optim.SGD(m.parameters(), lr=1.0),
         compressor=compressor,
         ranks_per_node=nodes,
+        node_precision=precision,
         overlap=False,
         clock=counter_clock(),
         **policy,
     )
     aggregates, absent = [], []
     for step in range(STEPS):
-        for p, g in zip(m.parameters(), grads(rank, step), strict=True):
+        for p, g in zip(m.parameters(), by(rank, step), strict=True):
             p.grad = g
-        if step == ABSENT:
+        if step == ABSENT and by is grads:
             m.weight.grad = None
         opt.step()
         aggregates.append(
@@ -97,8 +112,10 @@ def _all_the_mean(
                 assert torch.equal(a, m) and torch.equal(b, m)
 
 
-def test_two_levels_send_everything_as_the_flat_mean(gloo_pools: Workers) -> None:
-    two = gloo_pools.run(by_hand, WORLD, "none", NODE, timeout=SPAWN_TIMEOUT)
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_two_levels_send_everything_as_the_flat_mean(gloo_pools: Workers, precision: str) -> None:
+    # bfloat16 inside the nodes holds the small integers' halves and quarters exactly
+    two = gloo_pools.run(by_hand, WORLD, "none", NODE, precision, timeout=SPAWN_TIMEOUT)
     flat = gloo_pools.run(by_hand, WORLD, "none", 1, timeout=SPAWN_TIMEOUT)
     assert two[0]["topology"] == "2 node(s) of 2 ranks"
     # a weight without a gradient on any rank keeps None: nothing was held back to send
@@ -115,13 +132,30 @@ def _node_means(step: int) -> list[torch.Tensor]:
     ]
 
 
+def _chunk_residuals(out: list[dict[str, Any]], numel: int = 35) -> Tensor:
+    """Each node's residuals of the weight, its ranks' chunks at their places (nodes x
+    ``numel``)."""
+    residual = torch.zeros(WORLD // NODE, numel)
+    for r in range(WORLD):
+        node, local = divmod(r, NODE)
+        chunk = math.ceil(numel / NODE)
+        start, end = min(local * chunk, numel), min((local + 1) * chunk, numel)
+        residual[node, start:end] = out[r]["residual"][: end - start]
+    return residual
+
+
+def _ranks_alike(out: list[dict[str, Any]]) -> None:
+    """Every rank applied the same aggregates, bit for bit."""
+    for r in range(1, WORLD):
+        for a, b in zip(out[0]["aggregates"], out[r]["aggregates"], strict=True):
+            assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
 def test_two_level_topk_keeps_its_bound_and_error_feedback_identity(
     gloo_pools: Workers,
 ) -> None:
     out = gloo_pools.run(by_hand, WORLD, "topk", NODE, timeout=SPAWN_TIMEOUT)
-    for r in range(1, WORLD):  # every rank holds the same aggregate
-        for a, b in zip(out[0]["aggregates"], out[r]["aggregates"], strict=True):
-            assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    _ranks_alike(out)
     # the first step (no residual yet): each node's chunks lose at most 1 - 1/CF of their
     # energy to Top-k, so the mean over nodes is that close to the mean over ranks
     s = _node_means(0)
@@ -131,21 +165,35 @@ def test_two_level_topk_keeps_its_bound_and_error_feedback_identity(
     assert 0 < float((agg - mean) @ (agg - mean)) <= bound
     # error feedback per chunk: what was applied plus the nodes' residuals, each at its
     # chunk's place, is every gradient's mean, summed over the steps
-    numel = 35
-    residual = torch.zeros(WORLD // NODE, numel)
-    for r in range(WORLD):
-        node, local = divmod(r, NODE)
-        chunk = math.ceil(numel / NODE)
-        start, end = min(local * chunk, numel), min((local + 1) * chunk, numel)
-        residual[node, start:end] = out[r]["residual"][: end - start]
     applied = sum(a[0].reshape(-1) for a in out[0]["aggregates"])
     wanted = sum(torch.stack(_node_means(t)).mean(0) for t in range(STEPS))
+    residual = _chunk_residuals(out)
     torch.testing.assert_close(applied + residual.mean(0), wanted, rtol=0, atol=1e-5)
     # at the step without the weight's gradient its chunks' residuals were sent, and applied
     assert not out[0]["absent"][ABSENT]
     # the bias (1-D) travels dense in two levels too: the exact mean
     bias = torch.stack([grads(r, STEPS - 1)[1] for r in range(WORLD)]).mean(0)
     assert torch.equal(out[0]["aggregates"][-1][1], bias)
+
+
+def test_a_16_bit_node_stage_feeds_its_all_gather_rounding_back(gloo_pools: Workers) -> None:
+    out = gloo_pools.run(by_hand, WORLD, "topk", NODE, "fp16", normal_grads, timeout=SPAWN_TIMEOUT)
+    _ranks_alike(out)
+    half = torch.float16
+    # every weight aggregate applied went through the node's all-gather in float16
+    assert all(torch.equal(a[0], a[0].to(half).float()) for a in out[0]["aggregates"])
+
+    def node_means(step: int) -> list[Tensor]:
+        """Each node's float16 reduce-scatter: its ranks' gradients halved, rounded, summed."""
+        rounded = [(normal_grads(r, step)[0] / NODE).to(half).reshape(-1) for r in range(WORLD)]
+        return [(rounded[2 * n] + rounded[2 * n + 1]).float() for n in range(WORLD // NODE)]
+
+    # error feedback's identity over what the nodes reduce-scattered: the all-gather's
+    # rounding went into the residuals and is held there, not lost
+    applied = sum(a[0].reshape(-1) for a in out[0]["aggregates"])
+    wanted = sum(torch.stack(node_means(t)).mean(0) for t in range(STEPS))
+    residual = _chunk_residuals(out)
+    torch.testing.assert_close(applied + residual.mean(0), wanted, rtol=0, atol=1e-5)
 
 
 def searched(rank: int, world_size: int, resume_at: int | None) -> dict[str, Any]:
@@ -218,8 +266,11 @@ def test_a_bad_node_size_or_a_checkpoint_of_other_nodes_is_refused(gloo_pools: W
     assert "flat (4 ranks)" in errors["load"]
 
 
-def hook_by_hand(rank: int, world_size: int, compressor: str, nodes: int) -> dict[str, Any]:
-    """DDP with gravac's hook, ``ranks_per_node=nodes``: ``STEPS`` steps of SGD (lr 1) on
+def hook_by_hand(
+    rank: int, world_size: int, compressor: str, nodes: int, precision: str = "fp32"
+) -> dict[str, Any]:
+    """DDP with gravac's hook, ``ranks_per_node=nodes``, ``node_precision=precision``:
+    ``STEPS`` steps of SGD (lr 1) on
     the weight gradients of :func:`grads` (:func:`hook_grads`); each step's aggregate, and the
     residual pieces the hook's state holds after the last (by parameter numel)."""
     m = model()
@@ -228,7 +279,11 @@ def hook_by_hand(rank: int, world_size: int, compressor: str, nodes: int) -> dic
         {"policy": "fixed", "policy_options": {"cf": CF}} if compressor == "topk" else {}
     )
     state = GravacHookState(
-        compressor=compressor, ranks_per_node=nodes, clock=counter_clock(), **policy
+        compressor=compressor,
+        ranks_per_node=nodes,
+        node_precision=precision,
+        clock=counter_clock(),
+        **policy,
     )
     net.register_comm_hook(state, gravac_hook)
     opt = torch.optim.SGD(m.parameters(), lr=1.0)
@@ -251,8 +306,12 @@ def hook_grads(rank: int, step: int) -> list[torch.Tensor]:
     return [gw, gw.sum(1)]
 
 
-def test_the_hook_in_two_levels_sends_everything_as_the_flat_mean(gloo_pools: Workers) -> None:
-    two = gloo_pools.run(hook_by_hand, WORLD, "none", NODE, timeout=SPAWN_TIMEOUT)
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_the_hook_in_two_levels_sends_everything_as_the_flat_mean(
+    gloo_pools: Workers, precision: str
+) -> None:
+    # float16 inside the nodes holds the small integers' halves and quarters exactly
+    two = gloo_pools.run(hook_by_hand, WORLD, "none", NODE, precision, timeout=SPAWN_TIMEOUT)
     flat = gloo_pools.run(hook_by_hand, WORLD, "none", 1, timeout=SPAWN_TIMEOUT)
     assert two[0]["topology"] == "2 node(s) of 2 ranks"
     _all_the_mean(two, flat, hook_grads)

@@ -163,6 +163,8 @@ class Engine:
         nonfinite: ``"skip"`` or ``"raise"`` for a non-finite gradient or aggregate.
         ranks_per_node: the nodes to aggregate in two levels (:mod:`gravac.hierarchy`):
             :class:`gravac.GravacConfig`'s field of that name.
+        node_precision: what the two levels' dense stages inside a node send a compressed
+            unit in (:data:`gravac.hierarchy.NODE_PRECISIONS`).
         monitor: a :class:`Monitor`, a ``SummaryWriter`` or a log directory, opened on rank 0
             once the rank is known; or ``None``.
         clock: seconds, for step times (tests inject a deterministic one).
@@ -181,6 +183,7 @@ class Engine:
         monitor: Any,
         clock: Callable[[], float],
         ranks_per_node: int | None = None,
+        node_precision: str = "fp32",
     ) -> None:
         # What the engine works with.
         self.compressor = compressor  # compresses every compressed unit
@@ -188,6 +191,7 @@ class Engine:
         self._stats_rule: StatsRule | None = stats_rule(compressor)
         self.comm = comm  # the process group: every rank, the step's scalars agreed in it
         self.ranks_per_node = ranks_per_node  # the option the topology is planned from
+        self.node_precision = node_precision  # what a node's dense stages send (two levels)
         self.topology = self._plan_topology()  # the nodes, planned, agreed at the first step
         # the two-level groups once formed (form_nodes); None: flat, or not formed yet
         self.hierarchy: Hierarchy | None = None
@@ -277,7 +281,9 @@ class Engine:
         (:meth:`agreement_parts`), so that no rank waits in a group another did not make."""
         if self.hierarchy is not None or self.topology.ranks_per_node == 1:
             return
-        self.hierarchy = Hierarchy(self.topology, timeout=self.comm.timeout)
+        self.hierarchy = Hierarchy(
+            self.topology, precision=self.node_precision, timeout=self.comm.timeout
+        )
         self.peers = self.hierarchy.peers
 
     def agreement_parts(self) -> dict[str, str]:
@@ -287,6 +293,7 @@ class Engine:
         taken (ranks that loaded checkpoints of different steps would plan different CFs)."""
         return {
             "the nodes (ranks_per_node, or torchrun's LOCAL_WORLD_SIZE)": str(self.topology),
+            "the precision inside a node": f"node_precision={self.node_precision}",
             "the compressor": repr(self.compressor),
             "the policy": repr(self.policy),
             "the controller settings": repr(self.controller_config),
@@ -436,7 +443,7 @@ class Engine:
         hierarchy = self.hierarchy
         assert hierarchy is not None  # formed: two levels
         carried = None if carry is None else hierarchy.scatter(carry, step=step.index)
-        summed = hierarchy.scatter(flat, step=step.index)
+        summed = hierarchy.scatter(flat, lossy=unit.compressed, step=step.index)
         step.scattering.append((self.chunk_unit(unit), summed, carried))
         step.wholes.append(unit.numel)
         self.launch_scattered(step, wait=False)
@@ -814,12 +821,21 @@ class Engine:
 
     def _whole(self, step: Step, totals: list[Tensor]) -> tuple[Tensor, ...]:
         """Each unit's aggregate: ``totals``, or in two levels every unit's chunks all-gathered
-        inside the node (in launch order, on every rank)."""
+        inside the node (in launch order, on every rank); what a 16-bit gather rounded off
+        this rank's chunk is added to the chunk's residual, where it has one, to be sent again
+        (the same on each of the chunk's peers: their mean sends it once)."""
         if self.hierarchy is None:
             return tuple(totals)
-        gather = self.hierarchy.gather
-        wholes = zip(totals, step.wholes, strict=True)
-        return tuple(gather(g, n, step=step.index) for g, n in wholes)
+        out = []
+        for f, g, n in zip(step.flights, totals, step.wholes, strict=True):
+            whole, rounded_off = self.hierarchy.gather(
+                g, n, lossy=f.unit.compressed, step=step.index
+            )
+            residual = self.memory.residual(f.unit.key)
+            if rounded_off is not None and residual is not None:
+                residual.view(-1).add_(rounded_off)
+            out.append(whole)
+        return tuple(out)
 
     def _check(self, step: Step) -> tuple[Table, float]:
         """Stage 1: every rank's scalars and the seconds the step waited for them since its

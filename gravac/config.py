@@ -51,7 +51,7 @@ MIN_STEP_TIMEOUT = 1e-3
 LOCAL_FIELDS = ("monitor", "clock")
 #: the search options, once policy options (``policy_options={"search": ...}``): that spelling
 #: still works, with a DeprecationWarning
-SEARCH_OPTIONS = ("search", "progress", "horizon", "noise")
+SEARCH_OPTIONS = ("search", "progress", "horizon", "noise", "prefer")
 
 
 def learning_rate(optimizer: torch.optim.Optimizer | None) -> float | None:
@@ -117,9 +117,9 @@ class GravacConfig:
         search: how an adaptive ladder's CFs are judged (``"auto"``, ``"shadow"``,
             ``"trial"``, ``"paper"``; :data:`gravac.control.options.SEARCHES`); ``None``:
             ``"auto"``.
-        progress, horizon, noise: options of the searches by trial and shadow (``None``: the
-            search's default). The spelling ``policy_options={"search": ...}`` (and the same
-            for these three) still works, with a ``DeprecationWarning``.
+        progress, horizon, noise, prefer: options of the searches by trial and shadow
+            (``None``: the search's default). The spelling ``policy_options={"search": ...}``
+            (and the same for these) still works, with a ``DeprecationWarning``.
         theta_min, theta_max, epsilon, omega, window, warmup_steps, ewma_alpha: the
             controller's hyperparameters (:class:`gravac.control.options.ControllerConfig`
             says what each means and why its default is what it is, and checks the search
@@ -165,6 +165,7 @@ class GravacConfig:
     progress: str | None = None
     horizon: int | None = None
     noise: bool | None = None
+    prefer: str | None = None
     theta_min: float = ControllerConfig.theta_min
     theta_max: float = ControllerConfig.theta_max
     epsilon: float = ControllerConfig.epsilon

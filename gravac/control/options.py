@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from gravac.checks import check_cf, is_integer, is_real
 from gravac.control.window import PROGRESS_MEASURES
 
-__all__ = ["DEFAULT_HORIZON", "SEARCHES", "SHADOW_ONLY", "ControllerConfig"]
+__all__ = ["DEFAULT_HORIZON", "PREFERENCES", "SEARCHES", "SHADOW_ONLY", "ControllerConfig"]
 
 #: how an adaptive ladder's candidates are judged: each sent for a window and judged by the
 #: gain error feedback delivered over it (:mod:`gravac.control.searches.trial`), GraVAC's
@@ -28,6 +28,11 @@ SHADOW_ONLY = ("shadow", "auto")
 #: it over more of what error feedback delivers; 2 sent as many bytes as 1 or fewer and reached
 #: the target as soon, and 3 or 4 did no better (``docs/studies/2026-12-01-window-horizon.md``)
 DEFAULT_HORIZON = 2
+#: which CF the searches by trial and shadow send among those whose compression throughput is
+#: within omega of the largest (as soon at the target by their model): the largest (``"bytes"``:
+#: fewest bytes) or the smallest (``"gain"``: least compression error, which a window gain may
+#: underrate; Algorithm 1 settles so, on ``min(cf1, cf2)``)
+PREFERENCES = ("bytes", "gain")
 #: EWMA smoothing per worker: alpha = min(1, N * _ALPHA_PER_WORKER), the paper's N / 100.
 _ALPHA_PER_WORKER = 0.01
 
@@ -55,6 +60,8 @@ class ControllerConfig:
             :data:`DEFAULT_HORIZON`); only it takes more than one.
         noise: whether the search by shadow counts held-back energy by its signal share
             (:mod:`gravac.control.noise`; ``None``: on); only it measures the share.
+        prefer: which CF the searches by trial and shadow send among those as good within
+            omega (:data:`PREFERENCES`; ``None``: ``"bytes"``). Algorithm 1 takes none.
 
     Defaults: the CF range 10..1000 is the paper's; window 25 is the reference code's
     (sahiltyagi4/GraVAC). ``omega`` is 0.1, not that code's 0.05: the searches by trial and by
@@ -86,6 +93,7 @@ class ControllerConfig:
     progress: str | None = None
     horizon: int | None = None
     noise: bool | None = None
+    prefer: str | None = None
 
     def __post_init__(self) -> None:
         check_cf(self.theta_min, name="theta_min")
@@ -121,6 +129,14 @@ class ControllerConfig:
                 "progress applies to the searches by trial and shadow; search='paper' ranks by "
                 f"Algorithm 1's per-step gain, got progress={p!r}"
             )
+        w = self.prefer
+        if w is not None and w not in PREFERENCES:
+            raise ValueError(f"prefer must be one of {PREFERENCES} or None, got {w!r}")
+        if self.search == "paper" and w is not None:
+            raise ValueError(
+                "prefer applies to the searches by trial and shadow; search='paper' settles on "
+                f"the smaller of two CFs within omega, got prefer={w!r}"
+            )
         h = self.horizon
         if h is not None and not (is_integer(h) and h >= 1):
             raise ValueError(f"horizon must be None or an integer >= 1, got {h!r}")
@@ -145,6 +161,11 @@ class ControllerConfig:
     def progress_measure(self) -> str:
         """The progress measure the searches by trial and shadow rank by."""
         return "energy" if self.progress is None else self.progress
+
+    @property
+    def preference(self) -> str:
+        """Which CF within omega the searches by trial and shadow send (:data:`PREFERENCES`)."""
+        return "bytes" if self.prefer is None else self.prefer
 
     def alpha(self, world_size: int) -> float:
         """The EWMA factor for ``world_size`` workers."""

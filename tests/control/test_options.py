@@ -58,6 +58,15 @@ def test_the_horizon_is_the_searchs_default_unless_told() -> None:
     assert search(TrialController, search="trial", horizon=1).plan().horizon == 1
 
 
+def test_the_searches_prefer_fewer_bytes_within_omega_unless_told() -> None:
+    assert ControllerConfig().preference == "bytes"
+    assert ControllerConfig(prefer="gain").preference == "gain"
+    with pytest.raises(ValueError, match=r"prefer must be one of \('bytes', 'gain'\) or None"):
+        ControllerConfig(prefer="speed")
+    with pytest.raises(ValueError, match="prefer applies to the searches by trial and shadow"):
+        ControllerConfig(search="paper", prefer="gain")
+
+
 def test_noise_is_on_for_the_search_by_shadow_unless_told() -> None:
     assert search(ShadowController).plan().signal
     assert not search(ShadowController, noise=False).plan().signal

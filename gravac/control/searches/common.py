@@ -1,4 +1,5 @@
-"""What several searches share as plain functions: a ladder's candidates, a saved CF's check."""
+"""What several searches share as plain functions: a ladder's candidates, the CF chosen among
+those as good within omega, a saved CF's check."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from gravac.control.options import ControllerConfig
 from gravac.control.policies.base import ScalingPolicy
 from gravac.control.tables import Smoothed
 
-__all__ = ["DENSE_CF", "Setting", "check_saved_theta_min", "ladder"]
+__all__ = ["DENSE_CF", "Setting", "check_saved_theta_min", "ladder", "within_omega"]
 
 #: the dense fallback: the CF sent when no compressed CF keeps epsilon of the gradient
 DENSE_CF = 1.0
@@ -88,6 +89,15 @@ def ladder(
             out.append((cf, s, j))
         if want >= theta_max:
             return out
+
+
+def within_omega(tput: dict[float, float], omega: float, prefer: str) -> float:
+    """Among the CFs of ``tput`` (compression throughputs, not empty) whose throughput is at
+    least ``(1 - omega)`` times the largest, the largest CF (``prefer="bytes"``) or the smallest
+    (``"gain"``): :data:`gravac.control.options.PREFERENCES`."""
+    floor = (1.0 - omega) * max(tput.values())
+    good = [cf for cf, t in tput.items() if t >= floor]
+    return max(good) if prefer == "bytes" else min(good)
 
 
 def check_saved_theta_min(saved: float, lo: float, hi: float) -> float:

@@ -25,7 +25,8 @@ around it or the link model (:func:`gravac.control.link.between_seconds`,
         tput[cf] = tsys[cf] * p(judged[cf]), for cf with judged[cf] >= epsilon
         keep the CF sent if its tput is within omega of the largest; else send for the next
         window the largest cf whose tput is within omega of the largest (as fast to the
-        target, for fewer bytes); dense if no cf keeps epsilon
+        target, for fewer bytes; the smallest with the option prefer="gain",
+        :data:`gravac.control.options.PREFERENCES`); dense if no cf keeps epsilon
     where p(g) is the progress per step a gain predicts, as in the search by trial (the policy
     option ``progress``: by default the gain itself,
     :func:`gravac.control.window.predicted_progress`)
@@ -89,7 +90,7 @@ from gravac.control.link import between_seconds, link_seconds
 from gravac.control.noise import signal_gain
 from gravac.control.options import DEFAULT_HORIZON
 from gravac.control.records import DENSE, Decision, Observation, Phase, Plan, Report, Skipped
-from gravac.control.searches.common import DENSE_CF, Setting, ladder
+from gravac.control.searches.common import DENSE_CF, Setting, ladder, within_omega
 from gravac.control.searches.sent import MIN_WARMUP_STEPS, SentWindows
 from gravac.control.tables import cf_key
 from gravac.control.window import predicted_progress
@@ -319,17 +320,17 @@ class ShadowController:
 
     def _choose(self) -> float:
         """The CF sent if its compression throughput is within omega of the largest, else the
-        largest CF that is; dense if no CF keeps epsilon."""
+        largest CF that is (the smallest, ``prefer="gain"``); dense if no CF keeps epsilon."""
         tput = self.shadow_tput()
         if not tput:
             return DENSE_CF
         top = max(tput.values())
-        if math.isinf(top):
-            return max(cf for cf, t in tput.items() if math.isinf(t))
-        floor = (1.0 - self.config.omega) * top
-        if tput.get(self.windows.current, -math.inf) >= floor:
+        if math.isinf(top):  # as fast as anything can be: omega's tolerance means nothing
+            fastest = {cf: t for cf, t in tput.items() if math.isinf(t)}
+            return within_omega(fastest, 0.0, self.config.preference)
+        if tput.get(self.windows.current, -math.inf) >= (1.0 - self.config.omega) * top:
             return self.windows.current
-        return max(cf for cf, t in tput.items() if t >= floor)
+        return within_omega(tput, self.config.omega, self.config.preference)
 
     def worth(self, gain: float) -> float:
         """The fraction of a dense step's progress that a window ``gain`` predicts, as the

@@ -57,7 +57,7 @@ from typing import Any
 
 from gravac.control.link import link_seconds
 from gravac.control.records import DENSE, Decision, Observation, Phase, Plan, Report, Skipped
-from gravac.control.searches.common import DENSE_CF, Setting, ladder
+from gravac.control.searches.common import DENSE_CF, Setting, ladder, within_omega
 from gravac.control.searches.sent import SentWindows
 from gravac.control.window import predicted_progress
 
@@ -248,13 +248,13 @@ class TrialController:
         }
 
     def _best(self) -> float:
-        """The largest kept CF whose compression throughput is within omega of the largest:
-        as soon at the target, for fewer bytes; dense if no CF was kept."""
+        """The largest kept CF whose compression throughput is within omega of the largest
+        (as soon at the target, for fewer bytes), or the smallest with ``prefer="gain"``;
+        dense if no CF was kept."""
         tput = self.kept_tput()
         if not tput:
             return DENSE_CF
-        floor = (1.0 - self.config.omega) * max(tput.values())
-        return max(cf for cf, t in tput.items() if t >= floor)
+        return within_omega(tput, self.config.omega, self.config.preference)
 
     def predicted_tsys(self, cf: float) -> float | None:
         """System throughput at ``cf`` from the link model (:func:`link_seconds`), anchored at

@@ -19,6 +19,7 @@ from gravac.control.searches.trial import TrialController
 from tests.control.searches.test_trial import (
     COMPUTE_BOUND,
     MODERATE,
+    OMEGA,
     SLOW,
     WINDOW,
     Link,
@@ -73,10 +74,13 @@ def make(
     progress: str | None = None,
     horizon: int | None = None,
     noise: bool | None = None,
+    prefer: str | None = None,
     **config: float,
 ) -> ShadowController:
-    """A search by shadow (``progress``, ``horizon`` and ``noise``: the config's options)."""
-    options = {"progress": progress, "horizon": horizon, "noise": noise, **config}
+    """A search by shadow (``progress``, ``horizon``, ``noise`` and ``prefer``: the config's
+    options)."""
+    options = {"progress": progress, "horizon": horizon, "noise": noise, "prefer": prefer}
+    options.update(config)
     c = scripted(policy, "shadow", warmup, **options)
     assert isinstance(c, ShadowController)
     return c
@@ -201,6 +205,21 @@ def test_of_cfs_within_omega_of_the_best_throughput_the_largest_is_chosen() -> N
     top = max(tput.values())
     assert c.windows.theta_ideal == max(cf for cf, t in tput.items() if t >= 0.95 * top)
     assert c.windows.theta_ideal == 1000.0  # equal gains: the cheapest CF
+
+
+def test_with_prefer_gain_of_cfs_within_omega_the_smallest_is_chosen() -> None:
+    """CF 160 judged best (91.2 samples/s of progress), CF 40 within omega of it (87.1: its step
+    slower, its gain higher), CF 10 not (66.6): the search sends CF 40, by default CF 160."""
+    gains = {10.0: 0.999, 20.0: 0.995, 40.0: 0.98, 160.0: 0.94, 1000.0: 0.86}
+    chosen = {}
+    for prefer in ("gain", None):
+        c = make(prefer=prefer)
+        run(c, 3, lambda step, cf: gains[cf], MODERATE)  # warm-up (2 steps) and its bridge
+        tput = c.shadow_tput()
+        good = sorted(cf for cf, t in tput.items() if t >= (1 - OMEGA) * max(tput.values()))
+        chosen[prefer] = c.windows.theta_ideal
+    assert good == [40.0, 160.0]
+    assert chosen == {"gain": 40.0, None: 160.0}
 
 
 def test_with_progress_cosine_it_ranks_cfs_by_the_square_root_of_their_gains() -> None:

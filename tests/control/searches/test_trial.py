@@ -57,10 +57,13 @@ def scripted(policy: str, search: str, warmup: int, **options: Any) -> Any:
 
 
 def make(
-    policy: str = "exponential", warmup: int = 2, progress: str | None = None
+    policy: str = "exponential",
+    warmup: int = 2,
+    progress: str | None = None,
+    prefer: str | None = None,
 ) -> TrialController:
-    """A search by trial (``progress``: the config's option)."""
-    c = scripted(policy, "trial", warmup, progress=progress)
+    """A search by trial (``progress`` and ``prefer``: the config's options)."""
+    c = scripted(policy, "trial", warmup, progress=progress, prefer=prefer)
     assert isinstance(c, TrialController)
     return c
 
@@ -171,6 +174,18 @@ def test_of_cfs_within_omega_of_the_best_throughput_the_largest_is_chosen() -> N
     assert windows(sent) == [10.0, 20.0, 40.0, 160.0, 40.0]
     assert c.windows.theta_ideal == 40.0
     assert c.kept_tput()[40.0] == pytest.approx(0.97 * c.kept_tput()[20.0], rel=0.01)
+
+
+def test_with_prefer_gain_of_cfs_within_omega_the_smallest_is_chosen() -> None:
+    """The same windows as above: CF 20's throughput and CF 40's, 3% apart, are as good within
+    omega; the smaller CF, which holds back less, is settled on."""
+    tsys = {10.0: 100.0, 20.0: 110.0, 40.0: 115.0, 160.0: 130.0}
+    comm = {10.0: 0.004, 20.0: 0.002, 40.0: 0.001, 160.0: 0.0005}
+    gains = {10.0: 0.95, 20.0: 0.95, 40.0: 0.88, 160.0: 0.3}
+    c = make(prefer="gain")
+    sent = run(c, 40, gains.__getitem__, tsys.__getitem__, comm.__getitem__)
+    assert windows(sent) == [10.0, 20.0, 40.0, 160.0, 20.0]
+    assert c.windows.theta_ideal == 20.0
 
 
 def test_with_progress_cosine_a_window_gain_predicts_its_square_roots_progress() -> None:

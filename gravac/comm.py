@@ -40,6 +40,7 @@ from torch import Tensor
 from torch._C._distributed_c10d import (
     AllgatherOptions,
     AllreduceOptions,
+    AllToAllOptions,
     BroadcastOptions,
     ReduceScatterOptions,
 )
@@ -57,6 +58,8 @@ __all__ = [
 
 T = TypeVar("T")
 S = TypeVar("S")
+#: a collective's options, which take a timeout
+_Options = TypeVar("_Options", AllgatherOptions, AllToAllOptions, ReduceScatterOptions)
 
 #: seconds the backend's per-operation timeout exceeds the step timeout: gravac's wait expires
 #: first (and names the collective), then the backend fails the collective and frees its thread
@@ -298,24 +301,33 @@ class Communicator:
             work = self._process_group().allgather([out], [tensor], opts)
         return self._parts("all-gather", work, started)
 
+    def _timed(self, opts: _Options) -> _Options:
+        """``opts`` with the backend's timeout under :attr:`timeout`, if there is one."""
+        if self.timeout is not None:
+            opts.timeout = self._backend_timeout()
+        return opts
+
     def _reduce_scatter(self, out: Tensor, tensor: Tensor) -> list[_Part]:
         """Start summing ``tensor`` (``world_size`` equal chunks) over ranks, rank ``r``'s
         chunk into ``out``."""
         started = time.monotonic()
-        opts = ReduceScatterOptions()
-        if self.timeout is not None:
-            opts.timeout = self._backend_timeout()
+        opts = self._timed(ReduceScatterOptions())
         work = self._process_group()._reduce_scatter_base(out, tensor, opts)
         return self._parts("reduce-scatter", work, started)
 
     def _gather_into(self, out: Tensor, tensor: Tensor) -> list[_Part]:
         """Start gathering every rank's ``tensor`` into ``out``, end to end in rank order."""
         started = time.monotonic()
-        opts = AllgatherOptions()
-        if self.timeout is not None:
-            opts.timeout = self._backend_timeout()
-        work = self._process_group()._allgather_base(out, tensor, opts)
+        work = self._process_group()._allgather_base(out, tensor, self._timed(AllgatherOptions()))
         return self._parts("all-gather", work, started)
+
+    def _all_to_all(self, out: Tensor, tensor: Tensor) -> list[_Part]:
+        """Start sending chunk ``r`` of ``tensor`` (``world_size`` equal chunks) to rank ``r``,
+        every rank's chunk for this one into ``out``, end to end in rank order."""
+        started = time.monotonic()
+        opts = self._timed(AllToAllOptions())
+        work = self._process_group().alltoall_base(out, tensor, [], [], opts)
+        return self._parts("all-to-all", work, started)
 
     def _broadcast(self, tensor: Tensor, src: int) -> list[_Part]:
         """Start overwriting ``tensor`` with global rank ``src``'s."""
@@ -359,6 +371,20 @@ class Communicator:
         if self.world_size == 1:
             return _done(out.copy_(tensor))
         parts = self._reduce_scatter(out, tensor.contiguous())
+        return Arrival(parts, lambda: out, step).named(name)
+
+    def all_to_all_async(
+        self, tensor: Tensor, *, name: str = "", step: int | None = None
+    ) -> Arrival[Tensor]:
+        """Start exchanging chunks: ``tensor`` (flat, a multiple of :attr:`world_size`
+        elements, unchanged until the arrival is waited for) cut into ``world_size`` equal
+        chunks, chunk ``r`` sent to rank ``r``; the arrival is a new tensor of this rank's
+        chunk from every rank, end to end in rank order. Errors call it ``name`` and name
+        ``step``."""
+        if self.world_size == 1:
+            return _done(tensor.clone())
+        out = torch.empty_like(tensor)
+        parts = self._all_to_all(out, tensor.contiguous())
         return Arrival(parts, lambda: out, step).named(name)
 
     def all_gather_into(

@@ -27,7 +27,10 @@ Stages 1 and 3 move the whole gradient inside the node, dense. With a 16-bit ``p
 (:data:`NODE_PRECISIONS`, ``GravacConfig.node_precision``) a compressed unit's stages run in
 float16 or bfloat16, half the bytes, as PyTorch's fp16 compression hook sends DDP's buckets:
 stage 1 sends ``round(g_r / L)`` (divided before rounding, so that float16 overflows only where
-``|g_r| / L`` does: a non-finite chunk skips the step), summed in 16 bits; stage 3 sends
+``|g_r| / L`` does: a non-finite chunk skips the step), each chunk to its owner by an
+all-to-all, and the owner sums the ``L`` pieces in the gradient's dtype (a 16-bit
+reduce-scatter would round every partial sum, and on gloo it took longer: 31.9 against 28.8 ms
+for 21 MB on 2 ranks, ``docs/studies/2026-12-04-two-level.md``); stage 3 sends
 ``round(a_l)``, which every rank applies, the owner too, so that ranks stay identical. The
 rounding of stage 3, ``a_l - round(a_l)``, is the same on the ``N`` peers of chunk ``l``; each
 adds it to its residual of the chunk (:meth:`gravac.engine.Engine.commit`), so error feedback
@@ -198,8 +201,8 @@ class Hierarchy:
         if wire != flat.dtype:  # divided first: float16 overflows only where the mean would
             sent = torch.zeros(size, dtype=wire, device=flat.device)
             torch.mul(flat, 1.0 / t.ranks_per_node, out=sent[:n])
-            summed = self.node.reduce_scatter_async(sent, name="a unit's node sum", step=step)
-            return summed.map(lambda chunk: chunk.to(flat.dtype))
+            pieces = self.node.all_to_all_async(sent, name="a unit's node sum", step=step)
+            return pieces.map(lambda got: got.view(t.ranks_per_node, -1).to(flat.dtype).sum(0))
         sent = flat
         if size != n:
             sent = torch.zeros(size, dtype=flat.dtype, device=flat.device)

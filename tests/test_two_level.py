@@ -184,9 +184,12 @@ def test_a_16_bit_node_stage_feeds_its_all_gather_rounding_back(gloo_pools: Work
     assert all(torch.equal(a[0], a[0].to(half).float()) for a in out[0]["aggregates"])
 
     def node_means(step: int) -> list[Tensor]:
-        """Each node's float16 reduce-scatter: its ranks' gradients halved, rounded, summed."""
-        rounded = [(normal_grads(r, step)[0] / NODE).to(half).reshape(-1) for r in range(WORLD)]
-        return [(rounded[2 * n] + rounded[2 * n + 1]).float() for n in range(WORLD // NODE)]
+        """Each node's mean as its ranks sent it: their gradients halved and rounded to
+        float16, summed in float32 (exactly, two of them)."""
+        sent = [
+            (normal_grads(r, step)[0] / NODE).to(half).float().reshape(-1) for r in range(WORLD)
+        ]
+        return [sent[2 * n] + sent[2 * n + 1] for n in range(WORLD // NODE)]
 
     # error feedback's identity over what the nodes reduce-scattered: the all-gather's
     # rounding went into the residuals and is held there, not lost

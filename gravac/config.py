@@ -150,8 +150,9 @@ class GravacConfig:
         node_precision: in two levels, what the dense stages inside a node (the reduce-scatter
             and the all-gather) send a compressed unit in: ``"fp32"`` (default, exact),
             ``"fp16"`` or ``"bf16"`` (half the bytes inside the node; the all-gather's rounding
-            is fed back into the residual, the reduce-scatter's is not, as under PyTorch's fp16
-            hook; float16 overflows past 65504 times the node's ranks, a non-finite step).
+            is fed back into the residual, that of what each rank sends first is not, as under
+            PyTorch's fp16 hook; float16 overflows past 65504 times the node's ranks, a
+            non-finite step).
         monitor: a :class:`gravac.monitor.Monitor`, a ``SummaryWriter``, or a log directory;
             used on rank 0 only.
         clock: seconds for step timing (tests inject a deterministic one).

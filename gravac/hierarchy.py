@@ -186,17 +186,24 @@ class Hierarchy:
         #: the ranks that own the same chunk, one per node: the compressed aggregation
         self.peers = Communicator(peer_group, timeout=timeout)
 
+    def _wire(self, dtype: torch.dtype, lossy: bool) -> torch.dtype:
+        """What a tensor of ``dtype`` is sent in: :attr:`wire` where ``lossy`` and ``dtype``
+        is wider than 16 bits, else ``dtype`` itself (a 16-bit gradient is sent as it is)."""
+        if lossy and self.wire is not None and dtype.itemsize > 2:
+            return self.wire
+        return dtype
+
     def scatter(
         self, flat: Tensor, *, lossy: bool = False, step: int | None = None
     ) -> Arrival[Tensor]:
         """Start reducing this rank's chunk of the node's mean of ``flat`` (stage 1): the
         arrival is a new tensor of :meth:`Topology.chunk` elements in ``flat``'s dtype (the
         padding past ``flat``'s end is zeros). ``lossy``: sent in :attr:`wire` where that is a
-        16-bit dtype (a compressed unit's gradient); else exact. ``flat`` must not change
-        until it has arrived."""
+        16-bit dtype narrower than ``flat``'s (a compressed unit's gradient); else exact.
+        ``flat`` must not change until it has arrived."""
         t = self.topology
         size, n = t.chunk(flat.numel()) * t.ranks_per_node, flat.numel()
-        wire = self.wire if lossy and self.wire is not None else flat.dtype
+        wire = self._wire(flat.dtype, lossy)
         flat = flat.reshape(-1)
         if wire != flat.dtype:  # divided first: float16 overflows only where the mean would
             sent = torch.zeros(size, dtype=wire, device=flat.device)
@@ -218,7 +225,7 @@ class Hierarchy:
         rounding ``chunk`` to :attr:`wire` took from it (``chunk - round(chunk)``; ``None``:
         sent exactly). ``lossy`` as for :meth:`scatter`."""
         t = self.topology
-        wire = self.wire if lossy and self.wire is not None else chunk.dtype
+        wire = self._wire(chunk.dtype, lossy)
         sent = chunk.reshape(-1).to(wire)
         out = torch.empty(sent.numel() * t.ranks_per_node, dtype=wire, device=chunk.device)
         self.node.all_gather_into(out, sent, name="the node's aggregate", step=step)

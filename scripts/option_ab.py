@@ -14,44 +14,53 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gravac_lab.compare.scoreboard import Row, score_setup
+from gravac_lab.compare import workloads
+from gravac_lab.compare.scoreboard import reach, score_setup
 
 #: where the results page's scoreboards lie (their dense, ladder and timing studies)
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "results" / "page"
 
 
-def _seconds(row: Row) -> list[float | None]:
-    return [r.seconds for r in row.reaches]
-
-
-def _over(a: list[float | None], b: list[float | None]) -> list[float]:
-    """Seed by seed, ``a / b`` (NaN where either did not reach the bar)."""
-    return [x / y if x and y else float("nan") for x, y in zip(a, b, strict=True)]
-
-
 def _cells(values: list[float]) -> str:
+    if not values:
+        return "–"
     return f"{statistics.median(values):.2f} ({' / '.join(f'{v:.2f}' for v in values)})"
+
+
+def _over(a: dict[int, float | None], b: dict[int, float | None]) -> list[float]:
+    """Seed by seed (the seeds of ``a`` that ``b`` has), ``a / b`` (NaN where either did not
+    reach the bar)."""
+    return [x / y if x and y else float("nan") for s, x in a.items() if s in b for y in [b[s]]]
 
 
 def report(path: Path) -> list[str]:
     """The lines of one setup's study: per variant, seeds reaching the bar, time over the
-    default's, time over the page's yardstick, median MB sent a rank."""
+    default's, time over the page's yardstick (on the seeds the page ran), median MB sent a
+    rank."""
     workload, link = path.stem.rsplit("-", 1)
     ab: dict[str, Any] = json.loads(path.read_text())
     page = json.loads((PAGE / f"{workload}.json").read_text())
-    studies = [s for s in page["studies"] if not (s["role"] == "searches" and s["link"] == link)]
-    studies.append({"role": "searches", "workload": workload, "link": link, "summary": ab})
-    score = score_setup(studies, workload, link)
-    default = _seconds(score.row("default"))
+    score = score_setup(page["studies"], workload, link)
+    yard = {} if score.yardstick is None else score.row(score.yardstick).reaches
+    yard_seconds = {r.seed: r.seconds for r in yard}
+    higher = workloads.get(workload).higher_is_better
     lines = [f"## {score.setup}: bar {score.bar:.4f}, yardstick {score.yardstick}"]
     labels = sorted({run["variant"] for run in ab["runs"]}, key=lambda v: v != "default")
+    seconds = {
+        label: {
+            run["seed"]: reach(run, score.bar, higher).seconds
+            for run in ab["runs"]
+            if run["variant"] == label
+        }
+        for label in labels
+    }
     for label in labels:
-        row = score.row(label)
         mb = [run["wire_bytes"] / 1e6 for run in ab["runs"] if run["variant"] == label]
+        reached = sum(v is not None for v in seconds[label].values())
         lines.append(
-            f"{label}: bar reached {row.reached}/{len(row.reaches)}; time over the default's "
-            f"{_cells(_over(_seconds(row), default))}; over the yardstick "
-            f"{_cells(list(row.ratios or ()))}; MB sent {statistics.median(mb):.0f}"
+            f"{label}: bar reached {reached}/{len(seconds[label])}; time over the default's "
+            f"{_cells(_over(seconds[label], seconds['default']))}; over the yardstick "
+            f"{_cells(_over(seconds[label], yard_seconds))}; MB sent {statistics.median(mb):.0f}"
         )
     return lines
 

@@ -124,6 +124,16 @@ def test_two_levels_send_everything_as_the_flat_mean(gloo_pools: Workers, precis
     _all_the_mean(two, flat, grads)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_four_ranks_a_node_send_everything_as_the_mean(gloo_pools: Workers, precision: str) -> None:
+    """One node of all 4 ranks: the weight's 35 elements in chunks of 9, 9, 9 and 8 (one of
+    padding), each the peer group of its rank alone."""
+    four = gloo_pools.run(by_hand, WORLD, "none", WORLD, precision, timeout=SPAWN_TIMEOUT)
+    flat = gloo_pools.run(by_hand, WORLD, "none", 1, timeout=SPAWN_TIMEOUT)
+    assert four[0]["topology"] == "1 node(s) of 4 ranks"
+    _all_the_mean(four, flat, grads)
+
+
 def _node_means(step: int) -> list[torch.Tensor]:
     """Each node's mean of the weight's gradient, flat."""
     return [

@@ -121,22 +121,8 @@ class ControllerConfig:
     def _check_search(self) -> None:
         if self.search not in SEARCHES:
             raise ValueError(f"search must be one of {SEARCHES}, got {self.search!r}")
-        p = self.progress
-        if p is not None and p not in PROGRESS_MEASURES:
-            raise ValueError(f"progress must be one of {PROGRESS_MEASURES} or None, got {p!r}")
-        if self.search == "paper" and p is not None:
-            raise ValueError(
-                "progress applies to the searches by trial and shadow; search='paper' ranks by "
-                f"Algorithm 1's per-step gain, got progress={p!r}"
-            )
-        w = self.prefer
-        if w is not None and w not in PREFERENCES:
-            raise ValueError(f"prefer must be one of {PREFERENCES} or None, got {w!r}")
-        if self.search == "paper" and w is not None:
-            raise ValueError(
-                "prefer applies to the searches by trial and shadow; search='paper' settles on "
-                f"the smaller of two CFs within omega, got prefer={w!r}"
-            )
+        self._not_paper("progress", PROGRESS_MEASURES, "ranks by Algorithm 1's per-step gain")
+        self._not_paper("prefer", PREFERENCES, "settles on the smaller of two CFs within omega")
         h = self.horizon
         if h is not None and not (is_integer(h) and h >= 1):
             raise ValueError(f"horizon must be None or an integer >= 1, got {h!r}")
@@ -146,6 +132,18 @@ class ControllerConfig:
             raise ValueError(f"noise must be True, False or None, got {self.noise!r}")
         if self.noise:
             self._shadow_only("noise", self.noise, "does not measure the signal share")
+
+    def _not_paper(self, option: str, choices: tuple[str, ...], why: str) -> None:
+        """Check ``option`` of the searches by trial and shadow: ``None`` or one of
+        ``choices``, and not given to Algorithm 1 (``why``: what it does instead)."""
+        value = getattr(self, option)
+        if value is not None and value not in choices:
+            raise ValueError(f"{option} must be one of {choices} or None, got {value!r}")
+        if self.search == "paper" and value is not None:
+            raise ValueError(
+                f"{option} applies to the searches by trial and shadow; search='paper' {why}, "
+                f"got {option}={value!r}"
+            )
 
     def _shadow_only(self, option: str, value: object, why: str) -> None:
         """Refuse ``option=value``, which only the search by shadow takes, with a search that

@@ -209,7 +209,7 @@ class Hierarchy:
             sent = torch.zeros(size, dtype=wire, device=flat.device)
             torch.mul(flat, 1.0 / t.ranks_per_node, out=sent[:n])
             pieces = self.node.all_to_all_async(sent, name="a unit's node sum", step=step)
-            return pieces.map(lambda got: got.view(t.ranks_per_node, -1).to(flat.dtype).sum(0))
+            return pieces.map(lambda got: got.view(t.ranks_per_node, -1).sum(0, dtype=flat.dtype))
         sent = flat
         if size != n:
             sent = torch.zeros(size, dtype=flat.dtype, device=flat.device)

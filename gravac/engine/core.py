@@ -831,9 +831,8 @@ class Engine:
             whole, rounded_off = self.hierarchy.gather(
                 g, n, lossy=f.unit.compressed, step=step.index
             )
-            residual = self.memory.residual(f.unit.key)
-            if rounded_off is not None and residual is not None:
-                residual.view(-1).add_(rounded_off)
+            if rounded_off is not None and (e := self.memory.residual(f.unit.key)) is not None:
+                e.view(-1).add_(rounded_off)
             out.append(whole)
         return tuple(out)
 

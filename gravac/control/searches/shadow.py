@@ -325,9 +325,8 @@ class ShadowController:
         if not tput:
             return DENSE_CF
         top = max(tput.values())
-        if math.isinf(top):  # as fast as anything can be: omega's tolerance means nothing
-            fastest = {cf: t for cf, t in tput.items() if math.isinf(t)}
-            return within_omega(fastest, 0.0, self.config.preference)
+        if math.isinf(top):  # as fast as anything can be: only the infinite ones are as good
+            return within_omega(tput, 0.0, self.config.preference)
         if tput.get(self.windows.current, -math.inf) >= (1.0 - self.config.omega) * top:
             return self.windows.current
         return within_omega(tput, self.config.omega, self.config.preference)

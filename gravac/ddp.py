@@ -193,10 +193,15 @@ class GravacHookState:
         inside the node, the chunks launched as they arrive, in order."""
         buffer = bucket.buffer()
         first = len(step.wholes)
+        hierarchy = self.engine.hierarchy
+        assert hierarchy is not None  # formed: two levels
         for i, unit in enumerate(units):
-            # a new flat tensor, in parameter order: the buffer's gradients stay as they are
-            flat = _flat(buffer, plan.spans[i], None)
-            gather_spans(buffer, plan.spans[i], flat)
+            # a new flat tensor in parameter order, padded to the node's chunks (stage 1 sends
+            # it as it is): the buffer's gradients stay as they are
+            n = spans_numel(plan.spans[i])
+            flat = buffer.new_empty(hierarchy.topology.padded(n))
+            flat[n:].zero_()
+            gather_spans(buffer, plan.spans[i], flat[:n])
             carry = self._orphans_of(plan, buffer) if unit.compressed else None
             self.engine.scatter(step, unit, flat, carry)
         if bucket.is_last():

@@ -109,6 +109,10 @@ class Topology:
         """Elements in each chunk of a unit of ``numel`` elements: ``ceil(numel / L)``."""
         return math.ceil(numel / self.ranks_per_node)
 
+    def padded(self, numel: int) -> int:
+        """Elements in a unit of ``numel`` elements padded to its ``L`` chunks: ``L * chunk``."""
+        return self.chunk(numel) * self.ranks_per_node
+
     def bounds(self, numel: int) -> tuple[int, int]:
         """Where this rank's chunk lies in a unit of ``numel`` elements (``start, end``; the
         last chunks may reach past ``numel``: their padding is cut off)."""
@@ -198,11 +202,13 @@ class Hierarchy:
     ) -> Arrival[Tensor]:
         """Start reducing this rank's chunk of the node's mean of ``flat`` (stage 1): the
         arrival is a new tensor of :meth:`Topology.chunk` elements in ``flat``'s dtype (the
-        padding past ``flat``'s end is zeros). ``lossy``: sent in :attr:`wire` where that is a
-        16-bit dtype narrower than ``flat``'s (a compressed unit's gradient); else exact.
+        padding past ``flat``'s end is zeros; a ``flat`` already of :meth:`Topology.padded`
+        elements, zeros past the unit's end, is sent uncopied). ``lossy``: sent in
+        :attr:`wire` where that is a 16-bit dtype narrower than ``flat``'s (a compressed
+        unit's gradient); else exact.
         ``flat`` must not change until it has arrived."""
         t = self.topology
-        size, n = t.chunk(flat.numel()) * t.ranks_per_node, flat.numel()
+        size, n = t.padded(flat.numel()), flat.numel()
         wire = self._wire(flat.dtype, lossy)
         flat = flat.reshape(-1)
         if wire != flat.dtype:  # divided first: float16 overflows only where the mean would

@@ -8,9 +8,10 @@ import pickle
 import time
 
 import pytest
+import torch
 
 import gravac
-from gravac.comm import Arrival, CollectiveError, StepTimeoutError, _Part, collect
+from gravac.comm import Arrival, CollectiveError, Communicator, StepTimeoutError, _Part, collect
 
 #: the message of a fake collective that failed
 BROKEN = "Connection reset by peer"
@@ -131,3 +132,18 @@ def test_the_errors_pickle_and_are_exported(error: CollectiveError) -> None:
     assert type(again) is type(error) and str(again) == str(error)
     assert gravac.CollectiveError is CollectiveError
     assert gravac.StepTimeoutError is StepTimeoutError
+
+
+def test_one_rank_keeps_its_own_tensor_in_a_new_one_for_every_exchange() -> None:
+    """A group of one rank (a node of one, no process group here) exchanges nothing: its
+    reduce-scatter, all-to-all and all-gather give back ``tensor`` itself, in a new tensor
+    (the caller may change ``tensor`` once it has arrived)."""
+    one = Communicator()
+    assert one.world_size == 1
+    tensor = torch.arange(6.0)
+    for arrived in (
+        one.reduce_scatter_async(tensor).wait(),
+        one.all_to_all_async(tensor).wait(),
+        one.all_gather_into(torch.empty(6), tensor),
+    ):
+        assert torch.equal(arrived, tensor) and arrived.data_ptr() != tensor.data_ptr()

@@ -16,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gravac import GravacOptimizer, broadcast_parameters
 from gravac.ddp import GravacHookState, gravac_hook
+from gravac.engine.records import piece_key
 from tests.helpers import batch, counter_clock, through_torch_save, tiny_model, train_step
 from tests.workers import Workers
 
@@ -368,8 +369,14 @@ def hook_resume(rank: int, world_size: int) -> dict[str, Any]:
             opt.step()
 
     ref = tiny_model(seed=0)
-    net, _ = hooked(ref)
+    net, first = hooked(ref)
     fit(net, torch.optim.SGD(ref.parameters(), lr=0.1), range(10))
+    # the window and shadow sums held by layer id, and the ids of the chunks now sent
+    engine = first.engine
+    held = {k for sums in (engine.windows.sent, *engine.windows.earlier) for k in sums}
+    held |= {k for _, unit in (*engine.shadows.residual, *engine.shadows.sent) for k in unit}
+    held |= {k for sums in engine.shadows.earlier for _, k in sums}
+    chunks = {piece_key(key, 0) for key in first._units}
     m = tiny_model(seed=0)
     net, state = hooked(m)
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
@@ -382,11 +389,13 @@ def hook_resume(rank: int, world_size: int) -> dict[str, Any]:
     net, _ = hooked(m2, restored)
     fit(net, torch.optim.SGD(m2.parameters(), lr=0.1), range(4, 10))
     same = all(torch.equal(a, b) for a, b in zip(ref.parameters(), m2.parameters(), strict=True))
-    return {"same": same, "topology": str(restored.engine.topology)}
+    return {"same": same, "topology": str(restored.engine.topology), "stale": held - chunks}
 
 
 def test_the_hook_in_two_levels_resumes_bit_exactly(gloo_pools: Workers) -> None:
     """DDP starts the resumed run in its first buckets and rebuilds them after a step, as the
-    uninterrupted run did at its start: the chunks hold the same elements in both."""
+    uninterrupted run did at its start: the chunks hold the same elements in both. No window
+    or shadow sums of the chunks of the first buckets outlive their rebuild."""
     for r in gloo_pools.run(hook_resume, WORLD, timeout=SPAWN_TIMEOUT):
         assert r["same"] and r["topology"] == "2 node(s) of 2 ranks"
+        assert r["stale"] == set()

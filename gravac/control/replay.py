@@ -24,7 +24,7 @@ well, so its shadow gain can be compared with its real window gain
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -247,6 +247,19 @@ class ShadowSums:
         self.earlier = [moved(sums) for sums in self.earlier]
         self.residual, self.sent = {}, {}
         self._sizes, self._index, self._used = {}, {}, set()
+
+    def forget(self, layers: Collection[int]) -> None:
+        """Drop the shadows of every unit that holds one of ``layers`` and those of the
+        tensors ``layers`` themselves, tensors that no longer exist (a chunk of a unit that
+        DDP's bucket rebuild retired, :meth:`gravac.engine.Engine.forget`)."""
+        gone = set(layers)
+        for store in (self.residual, self.sent):
+            for unit in [k for k in store if gone & set(k[1])]:
+                del store[unit]
+        for pieces in (*self._loose.values(), *self.earlier):
+            for piece in [k for k in pieces if k[1] in gone]:
+                del pieces[piece]
+        self._sizes = {unit: n for unit, n in self._sizes.items() if not gone & set(unit)}
 
     def clear(self, keep: int = 0) -> None:
         """Start a new window: the sums restart (those of the last ``keep`` windows, the one

@@ -33,7 +33,7 @@ gain itself stays the default (``docs/studies/2026-11-30-which-gain.md``,
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -270,6 +270,13 @@ class WindowSums:
         self.sent = rekeyed(self.sent, layers)
         self.earlier = [rekeyed(sums, layers) for sums in self.earlier]
         self._index = {}
+
+    def forget(self, layers: Collection[int]) -> None:
+        """Drop the sums of ``layers``, tensors that no longer exist (a chunk of a unit that
+        DDP's bucket rebuild retired, :meth:`gravac.engine.Engine.forget`)."""
+        for sums in (self.sent, *self.earlier):
+            for layer in layers:
+                sums.pop(layer, None)
 
     def clear(self, keep: int = 0) -> None:
         """Start a new window; the sums of the last ``keep`` windows (the one that ended

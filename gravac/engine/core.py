@@ -45,8 +45,6 @@ from gravac.control.searches.static import StaticController
 from gravac.control.window import WindowSums
 from gravac.engine.checkpoint import check_keys, check_tables
 from gravac.engine.records import (
-    PIECE_KEY_BASE,
-    PIECE_KEY_STRIDE,
     Flight,
     Given,
     Handover,
@@ -55,6 +53,7 @@ from gravac.engine.records import (
     Piece,
     Step,
     Unit,
+    piece_key,
 )
 from gravac.engine.scalars import Row, Table, Terms, terms_size
 from gravac.gain import squared_norm
@@ -637,7 +636,7 @@ class Engine:
         step.ends.append(_ends(x))
         pieces = []
         for first, last, start, end in _runs(unit.shapes, settings):
-            key = PIECE_KEY_BASE + unit.key * PIECE_KEY_STRIDE + first
+            key = piece_key(unit.key, first)
             cf, rank = settings[first]
             ranks = None if rank is None else (rank,) * (last - first)
             base = Round(step.index, key, world, layout=unit.shapes[first:last], ranks=ranks)
@@ -1209,9 +1208,15 @@ class Engine:
 
     def forget(self, key: int) -> None:
         """Drop everything kept for unit ``key`` (its residual, the compressor's state and
-        buffers), a unit that no longer exists (DDP's bucket rebuild)."""
+        buffers), a unit that no longer exists (DDP's bucket rebuild); in two levels also the
+        window and shadow sums of its chunk, whose layer id is made of ``key`` (a flat unit's
+        tensors keep theirs: their ids outlive the rebuild)."""
         self.memory.reset(key)
         self.compressor.forget(key)
+        if self.hierarchy is not None:
+            chunk = (piece_key(key, 0),)  # its one tensor's id (:meth:`chunk_unit`)
+            self.windows.forget(chunk)
+            self.shadows.forget(chunk)
 
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self, *, with_memory: bool = True) -> dict[str, Any]:

@@ -30,6 +30,7 @@ __all__ = [
     "Piece",
     "Step",
     "Unit",
+    "piece_key",
 ]
 
 #: keys of the pieces of a unit sent at per-layer CFs (:meth:`Engine._launch_layers`), apart
@@ -37,6 +38,12 @@ __all__ = [
 #: index of the piece's first tensor (and the default layer ids of :attr:`Unit.layers`)
 PIECE_KEY_BASE = 1 << 40
 PIECE_KEY_STRIDE = 1 << 20
+
+
+def piece_key(key: int, index: int) -> int:
+    """The key of unit ``key``'s piece that starts at its tensor ``index`` (and the default
+    layer id of that tensor): ``PIECE_KEY_BASE + key * PIECE_KEY_STRIDE + index``."""
+    return PIECE_KEY_BASE + key * PIECE_KEY_STRIDE + index
 
 
 @dataclass(frozen=True)
@@ -63,9 +70,7 @@ class Unit:
     @property
     def layer_ids(self) -> tuple[int, ...]:
         """:attr:`layers`, or ids made of :attr:`key` when the front end gives none."""
-        return self.layers or tuple(
-            PIECE_KEY_BASE + self.key * PIECE_KEY_STRIDE + i for i in range(len(self.shapes))
-        )
+        return self.layers or tuple(piece_key(self.key, i) for i in range(len(self.shapes)))
 
     @property
     def numel(self) -> int:

@@ -252,3 +252,20 @@ def test_sums_kept_for_the_horizon_add_the_windows_before_to_the_terms() -> None
     assert kept.nbytes() > plain.nbytes()
     kept.clear()
     assert kept.earlier == []
+
+
+def test_forgotten_tensors_lose_every_shadow_of_their_units_and_others_keep_theirs() -> None:
+    """A retired chunk's id (DDP's bucket rebuild in two levels): the shadows of units that
+    hold it, in every store and the earlier windows, go; another unit's stay bit for bit."""
+    shadows = ShadowSums()
+    g = torch.arange(8.0)
+    for layers in ((1,), (2,)):
+        shadows.step((2.0,), layers, (8,), g, TOPK.shadow_kept, accumulate=True)
+    shadows.clear(keep=1)
+    kept = shadows.residual[(2.0, (2,))].clone()
+    shadows.forget([1])
+    held = [*shadows.residual, *shadows.sent]
+    assert all(1 not in unit for _, unit in held)
+    assert all(layer != 1 for earlier in shadows.earlier for _, layer in earlier)
+    assert torch.equal(shadows.residual[(2.0, (2,))], kept)
+    assert any(layer == 2 for earlier in shadows.earlier for _, layer in earlier)

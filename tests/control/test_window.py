@@ -93,3 +93,18 @@ def test_a_sparse_send_is_held_compact_and_adds_up_bit_for_bit() -> None:
         assert torch.equal(got.view(torch.int32), want.view(torch.int32))
     dense = held.sampled_send(held.taken(x, numels), 0.5 * x, numels)
     assert dense.positions is None and dense.values.numel() == dense.size
+
+
+def test_forgotten_tensors_lose_their_sums_in_every_window_kept_and_others_keep_theirs() -> None:
+    """A retired chunk's id (DDP's bucket rebuild in two levels) leaves the current and the
+    earlier windows' sums; another tensor's sums and terms stay as they were."""
+    sums = WindowSums()
+    for layers in ((1,), (2,)):
+        sums.add(layers, (64,), sums.taken(torch.ones(64), (64,)), None)
+    sums.clear(keep=2)
+    sums.add((1,), (64,), sums.taken(torch.ones(64), (64,)), None)
+    before = sums.terms((2,), (64,), None)
+    sums.forget([1, 9])
+    assert 1 not in sums.sent and all(1 not in earlier for earlier in sums.earlier)
+    assert torch.equal(sums.terms((2,), (64,), None), before)
+    assert torch.equal(sums.terms((1,), (64,), None), torch.zeros(3, dtype=torch.float64))

@@ -10,6 +10,8 @@ One module a job:
   (``gravac bench multilevel``);
 * :mod:`gravac_lab.bench.memory`: the extra peak memory of a training step per compressor
   (``gravac bench memory``);
+* :mod:`gravac_lab.bench.step`: what gravac adds to a training step of a real model on one
+  device (``gravac bench step``);
 * :mod:`gravac_lab.bench.cli`: their command line, :func:`add_parser`.
 
 This package re-exports the public names of those modules.

@@ -1,5 +1,5 @@
 """``gravac bench``'s command line: ``gravac bench compressors``, ``multilevel``, ``kernels``,
-``shadow`` and ``memory``.
+``shadow``, ``memory`` and ``step``.
 
 :func:`add_parser` adds both to the ``gravac`` command line (:mod:`gravac.cli`); the handlers run
 the benchmarks of :mod:`gravac_lab.bench.compressors` and :mod:`gravac_lab.bench.multilevel` with
@@ -25,7 +25,9 @@ from gravac_lab.bench import kernels as kernel_bench
 from gravac_lab.bench import memory as memory_bench
 from gravac_lab.bench import multilevel as multilevel_bench
 from gravac_lab.bench import shadow as shadow_bench
+from gravac_lab.bench import step as step_bench
 from gravac_lab.bench.common import DEFAULT_REPEATS, DEFAULT_SEED, DEFAULT_SIZE, parse_size
+from gravac_lab.compare import workloads
 
 __all__ = ["add_parser"]
 
@@ -212,6 +214,23 @@ def _run_memory(args: argparse.Namespace) -> int:
         print(json.dumps([r.to_json() for r in results], indent=2, allow_nan=False))
     else:
         print(memory_bench.format_memory_table(results))
+    return 0
+
+
+def _run_step(args: argparse.Namespace) -> int:
+    with _torch_threads(args.threads):
+        results = step_bench.bench_step(
+            workload=args.workload,
+            steps=args.steps,
+            warmup=args.warmup,
+            policy=args.policy,
+            cf=args.cf,
+            device=args.device,
+        )
+        if args.json:
+            print(json.dumps([r.to_json() for r in results], indent=2, allow_nan=False))
+        else:
+            print(step_bench.format_step_table(results))
     return 0
 
 
@@ -407,3 +426,53 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     _add_selection(mem)
     mem.set_defaults(func=_run_memory)
+
+    step = kinds.add_parser(
+        "step",
+        help="what gravac adds to a training step of a real model, on one device",
+        description=(
+            "On a one-process gloo group: plain SGD, GravacOptimizer around it, DDP and DDP "
+            "with the gravac hook train copies of a workload's model on the same batches, one "
+            "step each in turn; the median step of each gravac front over its plain "
+            "counterpart's (ratio) and gravac's share of a plain step (extra = ratio - 1; "
+            "target <= 0.10 at Top-k CF 100). CUDA steps are synchronised."
+        ),
+    )
+    step.add_argument(
+        "--workload",
+        choices=workloads.names(),
+        default="vgg-digits",
+        help="the model and data (default vgg-digits; mlp-digits is the wide MLP)",
+    )
+    step.add_argument(
+        "--steps",
+        type=_positive_int("--steps"),
+        default=step_bench.DEFAULT_STEPS,
+        help=f"timed steps of each front (default {step_bench.DEFAULT_STEPS})",
+    )
+    step.add_argument(
+        "--warmup",
+        type=_positive_int("--warmup"),
+        default=step_bench.DEFAULT_WARMUP,
+        help=f"untimed steps of each front first (default {step_bench.DEFAULT_WARMUP})",
+    )
+    step.add_argument(
+        "--policy",
+        choices=step_bench.POLICIES,
+        default="fixed",
+        help="what gravac sends: Top-k at a static CF (--cf; default), or the default search",
+    )
+    step.add_argument(
+        "--cf",
+        type=_cf("--cf"),
+        default=step_bench.DEFAULT_CF,
+        help=f"the static CF (default {step_bench.DEFAULT_CF:g})",
+    )
+    step.add_argument(
+        "--device",
+        type=argtype(_device),
+        default=torch.device("cpu"),
+        help="torch device to run on (default cpu; CUDA times are synchronised)",
+    )
+    _add_selection(step, selection=False)
+    step.set_defaults(func=_run_step)

@@ -1,0 +1,256 @@
+"""``gravac bench step``: what gravac adds to a training step of a real model, on one device.
+
+Issue 37 asks what gravac costs a step on a GPU: its own work (compression, error feedback,
+bookkeeping) against a plain step, at world size 1, where no link hides or adds anything. On a
+one-process gloo group (the device's tensors; gloo moves CUDA tensors through the host), four
+copies of a workload's model (:mod:`gravac_lab.compare.workloads`, the same initial weights)
+train on the same batches, one step each in turn within every repeat, so that a drift of the
+machine's pace falls on all of them alike:
+
+* ``sgd``: plain ``torch.optim.SGD`` (momentum 0.9), no communication;
+* ``optimizer``: :class:`gravac.GravacOptimizer` around the same SGD;
+* ``ddp``: ``DistributedDataParallel`` with its own all-reduce, then SGD;
+* ``hook``: the same DDP with :func:`gravac.ddp.gravac_hook`.
+
+A step is ``zero_grad(set_to_none=True)``, forward, loss, backward and ``step()``, the device
+synchronised before the clock stops. gravac sends Top-k at a static CF (``--cf``, 100 by
+default) or runs its default search (``--policy default``). Each gravac front is reported against
+its plain counterpart (``optimizer`` against ``sgd``, ``hook`` against ``ddp``) as the ratio of
+the median step times and as ``extra = ratio - 1``, gravac's share of a plain step (issue 37's
+target: at most 0.10 at world size 1 with Top-k CF 100).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+
+from gravac import GravacOptimizer
+from gravac.ddp import GravacHookState, gravac_hook
+from gravac_lab.bench.common import environment, format_table, json_row
+from gravac_lab.compare import workloads
+
+__all__ = [
+    "DEFAULT_STEPS",
+    "DEFAULT_WARMUP",
+    "FRONTS",
+    "StepResult",
+    "bench_step",
+    "format_step_table",
+]
+
+#: the timed steps of each front (medians are reported)
+DEFAULT_STEPS = 20
+#: untimed steps of each front first (layouts, the first window, allocator growth)
+DEFAULT_WARMUP = 5
+#: samples per step
+BATCH_SIZE = 32
+#: the static CF of gravac's fronts unless ``--cf`` (issue 37's target is stated at CF 100)
+DEFAULT_CF = 100.0
+#: SGD's momentum, as ``gravac compare`` trains
+MOMENTUM = 0.9
+#: the fronts, each gravac one after its plain counterpart
+FRONTS = ("sgd", "optimizer", "ddp", "hook")
+#: the plain counterpart of each gravac front
+_BASELINE = {"optimizer": "sgd", "hook": "ddp"}
+#: what gravac sends: a static CF, or the defaults (the adaptive search)
+POLICIES = ("fixed", "default")
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One front of ``gravac bench step`` (seconds are medians of the timed steps).
+
+    ``ratio = seconds / baseline_seconds`` against the front's plain counterpart (1.0 for the
+    plain fronts themselves), ``extra = ratio - 1``.
+    """
+
+    front: str
+    workload: str
+    device: str
+    policy: str
+    cf: float
+    steps: int
+    seconds: float
+    baseline: str
+    baseline_seconds: float
+
+    @property
+    def ratio(self) -> float:
+        return self.seconds / self.baseline_seconds
+
+    @property
+    def extra(self) -> float:
+        return self.ratio - 1.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {**json_row(self), "ratio": self.ratio, "extra": self.extra}
+
+
+def _options(policy: str, cf: float) -> dict[str, Any]:
+    if policy == "fixed":
+        return {"compressor": "topk", "policy": "fixed", "policy_options": {"cf": cf}}
+    return {"compressor": "topk"}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _Front:
+    """One model copy and what steps it."""
+
+    def __init__(
+        self, front: str, work: workloads.Workload, device: torch.device, options: dict[str, Any]
+    ) -> None:
+        torch.manual_seed(0)
+        model = work.model().to(device)
+        self.module: nn.Module = model
+        if front in ("ddp", "hook"):
+            ddp = DistributedDataParallel(model, gradient_as_bucket_view=True)
+            if front == "hook":
+                ddp.register_comm_hook(
+                    GravacHookState(**options, batch_size=BATCH_SIZE), gravac_hook
+                )
+            self.module = ddp
+        sgd = torch.optim.SGD(model.parameters(), lr=work.lr, momentum=MOMENTUM)
+        self.optimizer: Any = sgd
+        if front == "optimizer":
+            self.optimizer = GravacOptimizer(sgd, **options, batch_size=BATCH_SIZE)
+        self.loss: Callable[[Tensor, Tensor], Tensor] = work.loss
+
+    def step(self, x: Tensor, y: Tensor) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.loss(self.module(x), y).backward()
+        self.optimizer.step()
+
+    def close(self) -> None:
+        if isinstance(self.optimizer, GravacOptimizer):
+            self.optimizer.close()
+
+
+def _batches(
+    work: workloads.Workload, count: int, device: torch.device
+) -> list[tuple[Tensor, Tensor]]:
+    train_x, train_y, _, _ = work.data()
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(count):
+        idx = torch.randint(0, len(train_y), (BATCH_SIZE,), generator=gen)
+        out.append((train_x[idx].to(device), train_y[idx].to(device)))
+    return out
+
+
+def _time_fronts(
+    fronts: Sequence[_Front],
+    batches: Sequence[tuple[Tensor, Tensor]],
+    warmup: int,
+    device: torch.device,
+) -> list[float]:
+    """Median seconds of a step of each front, the fronts stepping in turn on each batch."""
+    times: list[list[float]] = [[] for _ in fronts]
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for i, (x, y) in enumerate(batches):
+            for front, kept in zip(fronts, times, strict=True):
+                _sync(device)
+                start = time.perf_counter()
+                front.step(x, y)
+                _sync(device)
+                if i >= warmup:
+                    kept.append(time.perf_counter() - start)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return [statistics.median(t) for t in times]
+
+
+def bench_step(
+    *,
+    workload: str = "vgg-digits",
+    steps: int = DEFAULT_STEPS,
+    warmup: int = DEFAULT_WARMUP,
+    policy: str = "fixed",
+    cf: float = DEFAULT_CF,
+    device: str | torch.device = "cpu",
+) -> list[StepResult]:
+    """Time a step of every front of :data:`FRONTS` (see the module docstring).
+
+    Runs on a one-process gloo group of its own (a rendezvous file in a temporary folder);
+    refuses to run inside an initialised process group, whose world it would not be.
+
+    Raises:
+        ValueError: an unknown workload or policy, or ``steps`` / ``warmup`` out of range.
+        RuntimeError: a process group is already initialised.
+    """
+    work = workloads.get(workload)
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    if steps < 1 or warmup < 0:
+        raise ValueError(f"steps must be >= 1 and warmup >= 0, got {steps} and {warmup}")
+    if dist.is_initialized():
+        raise RuntimeError("gravac bench step runs its own one-process group; one is initialised")
+    dev = torch.device(device)
+    options = _options(policy, cf)
+    with tempfile.TemporaryDirectory(prefix="gravac-bench-step-") as folder:
+        store = os.path.join(folder, "rendezvous")
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+        fronts = [_Front(f, work, dev, options) for f in FRONTS]
+        try:
+            seconds = _time_fronts(fronts, _batches(work, warmup + steps, dev), warmup, dev)
+        finally:
+            for f in fronts:
+                f.close()
+            dist.destroy_process_group()
+    by_front = dict(zip(FRONTS, seconds, strict=True))
+    return [
+        StepResult(
+            front=f,
+            workload=workload,
+            device=str(dev),
+            policy=policy,
+            cf=cf,
+            steps=steps,
+            seconds=by_front[f],
+            baseline=_BASELINE.get(f, f),
+            baseline_seconds=by_front[_BASELINE.get(f, f)],
+        )
+        for f in FRONTS
+    ]
+
+
+def format_step_table(results: Sequence[StepResult]) -> str:
+    """The report: a header, then one row per front."""
+    r0 = results[0]
+    sends = f"Top-k at a static CF of {r0.cf:g}" if r0.policy == "fixed" else "the default search"
+    header = (
+        f"gravac bench step: {r0.workload}, batch {BATCH_SIZE}, one process on "
+        f"{environment(torch.device(r0.device))}; gravac sends {sends}; median of {r0.steps} "
+        "steps each, the fronts in turn\n"
+        "  ratio = a front's step / its plain counterpart's (optimizer: sgd, hook: ddp); "
+        "extra = ratio - 1, gravac's share of a plain step (target <= 0.10)\n"
+    )
+    rows = [
+        [
+            r.front,
+            f"{r.seconds * 1e3:.2f}",
+            r.baseline,
+            f"{r.ratio:.3f}",
+            f"{r.extra:+.3f}",
+        ]
+        for r in results
+    ]
+    return header + format_table(["front", "step ms", "against", "ratio", "extra"], rows)

@@ -22,5 +22,6 @@ timeout 120 "$PY" -m gravac demo --device cuda --workers 1 --max-steps 100 --log
 for w in vgg-digits mlp-digits; do
   timeout 90 "$PY" -m gravac bench step --device cuda --workload $w 2>&1 | tee "$OUT/gpu_step_$w.log" || status=1
 done
+timeout 90 "$PY" -m gravac bench step --device cuda --workers 2 2>&1 | tee "$OUT/gpu_step_2w.log" || status=1
 timeout 90 "$PY" scripts/gpu_profile.py > "$OUT/gpu_profile.log" 2>&1 || status=1
 exit $status

@@ -226,6 +226,7 @@ def _run_step(args: argparse.Namespace) -> int:
             policy=args.policy,
             cf=args.cf,
             device=args.device,
+            workers=args.workers,
         )
         if args.json:
             print(json.dumps([r.to_json() for r in results], indent=2, allow_nan=False))
@@ -473,6 +474,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         type=argtype(_device),
         default=torch.device("cpu"),
         help="torch device to run on (default cpu; CUDA times are synchronised)",
+    )
+    step.add_argument(
+        "--workers",
+        type=_positive_int("--workers"),
+        default=1,
+        help="processes sharing the device on one gloo group (default 1: in this process; "
+        "with more, rank 0's times)",
     )
     _add_selection(step, selection=False)
     step.set_defaults(func=_run_step)

@@ -17,22 +17,27 @@ synchronised before the clock stops. gravac sends Top-k at a static CF (``--cf``
 default) or runs its default search (``--policy default``). Each gravac front is reported against
 its plain counterpart (``optimizer`` against ``sgd``, ``hook`` against ``ddp``) as the ratio of
 the median step times and as ``extra = ratio - 1``, gravac's share of a plain step (issue 37's
-target: at most 0.10 at world size 1 with Top-k CF 100).
+target: at most 0.10 at world size 1 with Top-k CF 100). With ``workers > 1`` the processes
+share the device on one group, rank 0's times are reported, and the optimizer is judged against
+``ddp`` (plain SGD sends nothing).
 """
 
 from __future__ import annotations
 
 import gc
+import json
 import os
 import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -64,6 +69,16 @@ MOMENTUM = 0.9
 FRONTS = ("sgd", "optimizer", "ddp", "hook")
 #: the plain counterpart of each gravac front
 _BASELINE = {"optimizer": "sgd", "hook": "ddp"}
+
+
+def baseline(front: str, workers: int) -> str:
+    """``front``'s plain counterpart: :data:`_BASELINE`'s, but DDP for the optimizer where
+    several workers communicate (plain SGD does not), and the plain fronts' own."""
+    if front == "optimizer" and workers > 1:
+        return "ddp"
+    return _BASELINE.get(front, front)
+
+
 #: what gravac sends: a static CF, or the defaults (the adaptive search)
 POLICIES = ("fixed", "default")
 
@@ -82,6 +97,7 @@ class StepResult:
     policy: str
     cf: float
     steps: int
+    workers: int
     seconds: float
     baseline: str
     baseline_seconds: float
@@ -142,10 +158,10 @@ class _Front:
 
 
 def _batches(
-    work: workloads.Workload, count: int, device: torch.device
+    work: workloads.Workload, count: int, device: torch.device, *, seed: int
 ) -> list[tuple[Tensor, Tensor]]:
     train_x, train_y, _, _ = work.data()
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(count):
         idx = torch.randint(0, len(train_y), (BATCH_SIZE,), generator=gen)
@@ -178,6 +194,45 @@ def _time_fronts(
     return [statistics.median(t) for t in times]
 
 
+@dataclass(frozen=True)
+class _Job:
+    """What each process of :func:`bench_step` measures (picklable, for spawned workers)."""
+
+    workload: str
+    steps: int
+    warmup: int
+    options: dict[str, Any]
+    device: str
+    workers: int
+
+
+#: the file rank 0 of spawned workers writes its medians to, in the run's temporary folder
+_RESULT = "medians.json"
+
+
+def _measure(rank: int, job: _Job, folder: str) -> list[float]:
+    """This rank's median step of each front, on the group of ``job.workers`` ranks whose
+    rendezvous file is in ``folder``; rank 0 of spawned workers also writes them there."""
+    if job.workers > 1:
+        torch.set_num_threads(torch.get_num_threads() // job.workers or 1)
+    store = os.path.join(folder, "rendezvous")
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store}", rank=rank, world_size=job.workers
+    )
+    work, dev = workloads.get(job.workload), torch.device(job.device)
+    fronts = [_Front(f, work, dev, job.options) for f in FRONTS]
+    try:
+        batches = _batches(work, job.warmup + job.steps, dev, seed=rank)
+        seconds = _time_fronts(fronts, batches, job.warmup, dev)
+    finally:
+        for f in fronts:
+            f.close()
+        dist.destroy_process_group()
+    if rank == 0 and job.workers > 1:
+        Path(folder, _RESULT).write_text(json.dumps(seconds))
+    return seconds
+
+
 def bench_step(
     *,
     workload: str = "vgg-digits",
@@ -186,35 +241,36 @@ def bench_step(
     policy: str = "fixed",
     cf: float = DEFAULT_CF,
     device: str | torch.device = "cpu",
+    workers: int = 1,
 ) -> list[StepResult]:
     """Time a step of every front of :data:`FRONTS` (see the module docstring).
 
-    Runs on a one-process gloo group of its own (a rendezvous file in a temporary folder);
-    refuses to run inside an initialised process group, whose world it would not be.
+    Runs on a gloo group of its own (a rendezvous file in a temporary folder): in this process
+    at ``workers=1``; else ``workers`` spawned processes sharing ``device``, whose times are
+    rank 0's. Refuses to run inside an initialised process group, whose world it would not be.
 
     Raises:
-        ValueError: an unknown workload or policy, or ``steps`` / ``warmup`` out of range.
+        ValueError: an unknown workload or policy, or ``steps`` / ``warmup`` / ``workers`` out
+            of range.
         RuntimeError: a process group is already initialised.
     """
-    work = workloads.get(workload)
+    workloads.get(workload)  # an unknown name raises here, before any process starts
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
-    if steps < 1 or warmup < 0:
-        raise ValueError(f"steps must be >= 1 and warmup >= 0, got {steps} and {warmup}")
+    if steps < 1 or warmup < 0 or workers < 1:
+        raise ValueError(
+            f"steps and workers must be >= 1 and warmup >= 0, got {steps}, {workers} and {warmup}"
+        )
     if dist.is_initialized():
         raise RuntimeError("gravac bench step runs its own one-process group; one is initialised")
     dev = torch.device(device)
-    options = _options(policy, cf)
+    job = _Job(workload, steps, warmup, _options(policy, cf), str(dev), workers)
     with tempfile.TemporaryDirectory(prefix="gravac-bench-step-") as folder:
-        store = os.path.join(folder, "rendezvous")
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-        fronts = [_Front(f, work, dev, options) for f in FRONTS]
-        try:
-            seconds = _time_fronts(fronts, _batches(work, warmup + steps, dev), warmup, dev)
-        finally:
-            for f in fronts:
-                f.close()
-            dist.destroy_process_group()
+        if workers == 1:
+            seconds = _measure(0, job, folder)
+        else:
+            mp.spawn(_measure, args=(job, folder), nprocs=workers)
+            seconds = json.loads(Path(folder, _RESULT).read_text())
     by_front = dict(zip(FRONTS, seconds, strict=True))
     return [
         StepResult(
@@ -224,12 +280,17 @@ def bench_step(
             policy=policy,
             cf=cf,
             steps=steps,
+            workers=workers,
             seconds=by_front[f],
-            baseline=_BASELINE.get(f, f),
-            baseline_seconds=by_front[_BASELINE.get(f, f)],
+            baseline=baseline(f, workers),
+            baseline_seconds=by_front[baseline(f, workers)],
         )
         for f in FRONTS
     ]
+
+
+def _processes(workers: int) -> str:
+    return "one process" if workers == 1 else f"{workers} processes (rank 0's times) sharing"
 
 
 def format_step_table(results: Sequence[StepResult]) -> str:
@@ -237,10 +298,11 @@ def format_step_table(results: Sequence[StepResult]) -> str:
     r0 = results[0]
     sends = f"Top-k at a static CF of {r0.cf:g}" if r0.policy == "fixed" else "the default search"
     header = (
-        f"gravac bench step: {r0.workload}, batch {BATCH_SIZE}, one process on "
+        f"gravac bench step: {r0.workload}, batch {BATCH_SIZE}, {_processes(r0.workers)} on "
         f"{environment(torch.device(r0.device))}; gravac sends {sends}; median of {r0.steps} "
         "steps each, the fronts in turn\n"
-        "  ratio = a front's step / its plain counterpart's (optimizer: sgd, hook: ddp); "
+        f"  ratio = a front's step / its plain counterpart's (optimizer: "
+        f"{baseline('optimizer', r0.workers)}, hook: ddp); "
         "extra = ratio - 1, gravac's share of a plain step (target <= 0.10)\n"
     )
     rows = [

@@ -36,8 +36,10 @@ def test_the_default_search_runs_and_the_table_says_what_was_sent() -> None:
 def test_bad_arguments_and_an_initialised_group_are_refused() -> None:
     with pytest.raises(ValueError, match="policy must be one of"):
         step.bench_step(workload="tiny-digits", policy="trial")
-    with pytest.raises(ValueError, match="steps must be >= 1"):
+    with pytest.raises(ValueError, match="steps and workers must be >= 1"):
         step.bench_step(workload="tiny-digits", steps=0)
+    with pytest.raises(ValueError, match="steps and workers must be >= 1"):
+        step.bench_step(workload="tiny-digits", workers=0)
     with tempfile.TemporaryDirectory() as folder:
         store = os.path.join(folder, "rendezvous")
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
@@ -59,3 +61,14 @@ def test_the_command_prints_json_rows_and_names_a_bad_option(
     with pytest.raises(SystemExit):
         main([*argv, "--steps", "0"])
     assert "--steps must be an integer >= 1, got '0'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_two_workers_share_the_device_and_rank_0_reports() -> None:
+    rows = step.bench_step(workload="tiny-digits", steps=2, warmup=1, workers=2)
+    assert [r.front for r in rows] == ["sgd", "optimizer", "ddp", "hook"]
+    assert {r.workers for r in rows} == {2}
+    assert [r.baseline for r in rows] == ["sgd", "ddp", "ddp", "ddp"]  # SGD alone sends nothing
+    assert all(r.seconds > 0.0 for r in rows)
+    assert "2 processes (rank 0's times) sharing" in step.format_step_table(rows)
+    assert not dist.is_initialized()

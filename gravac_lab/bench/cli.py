@@ -210,10 +210,7 @@ def _run_memory(args: argparse.Namespace) -> int:
         cf=args.cf,
         set_to_none=args.set_to_none,
     )
-    if args.json:
-        print(json.dumps([r.to_json() for r in results], indent=2, allow_nan=False))
-    else:
-        print(memory_bench.format_memory_table(results))
+    _show(args, results, memory_bench.format_memory_table)
     return 0
 
 
@@ -228,11 +225,16 @@ def _run_step(args: argparse.Namespace) -> int:
             device=args.device,
             workers=args.workers,
         )
-        if args.json:
-            print(json.dumps([r.to_json() for r in results], indent=2, allow_nan=False))
-        else:
-            print(step_bench.format_step_table(results))
+        _show(args, results, step_bench.format_step_table)
     return 0
+
+
+def _show(args: argparse.Namespace, results: Sequence[Any], table: Callable[[Any], str]) -> None:
+    """Print ``results`` as a JSON list of rows (``--json``) or as ``table(results)``."""
+    if args.json:
+        print(json.dumps([r.to_json() for r in results], indent=2, allow_nan=False))
+    else:
+        print(table(results))
 
 
 def _common_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -20,8 +20,8 @@ timeout 240 "$PY" -m pytest -q -m cuda -p no:cacheprovider tests/kernels/test_cu
 timeout 150 "$PY" -m gravac bench kernels --size 64M --repeats 7 2>&1 | tee "$OUT/gpu_bench.log" || status=1
 timeout 120 "$PY" -m gravac demo --device cuda --workers 1 --max-steps 100 --log-dir /tmp/gravac-demo-runs 2>&1 | tee "$OUT/gpu_demo.log" | tail -15 || status=1
 for w in vgg-digits mlp-digits; do
-  timeout 90 "$PY" -m gravac bench step --device cuda --workload $w 2>&1 | tee "$OUT/gpu_step_$w.log" || status=1
+  timeout 45 "$PY" -m gravac bench step --device cuda --workload $w 2>&1 | tee "$OUT/gpu_step_$w.log" || status=1
 done
-timeout 90 "$PY" -m gravac bench step --device cuda --workers 2 2>&1 | tee "$OUT/gpu_step_2w.log" || status=1
+timeout 45 "$PY" -m gravac bench step --device cuda --workers 2 2>&1 | tee "$OUT/gpu_step_2w.log" || status=1
 timeout 90 "$PY" scripts/gpu_profile.py > "$OUT/gpu_profile.log" 2>&1 || status=1
 exit $status

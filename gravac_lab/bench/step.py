@@ -24,12 +24,9 @@ share the device on one group, rank 0's times are reported, and the optimizer is
 
 from __future__ import annotations
 
-import gc
 import json
 import os
-import statistics
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +40,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gravac import GravacOptimizer
 from gravac.ddp import GravacHookState, gravac_hook
-from gravac_lab.bench.common import environment, format_table, json_row
+from gravac_lab.bench.common import environment, format_table, interleaved_medians, json_row
 from gravac_lab.compare import workloads
 
 __all__ = [
@@ -67,16 +64,14 @@ DEFAULT_CF = 100.0
 MOMENTUM = 0.9
 #: the fronts, each gravac one after its plain counterpart
 FRONTS = ("sgd", "optimizer", "ddp", "hook")
-#: the plain counterpart of each gravac front
-_BASELINE = {"optimizer": "sgd", "hook": "ddp"}
 
 
 def baseline(front: str, workers: int) -> str:
-    """``front``'s plain counterpart: :data:`_BASELINE`'s, but DDP for the optimizer where
-    several workers communicate (plain SGD does not), and the plain fronts' own."""
-    if front == "optimizer" and workers > 1:
+    """``front``'s plain counterpart: DDP for the hook; for the optimizer plain SGD, or DDP
+    where several workers communicate (plain SGD does not); a plain front's is its own."""
+    if front == "hook" or (front == "optimizer" and workers > 1):
         return "ddp"
-    return _BASELINE.get(front, front)
+    return "sgd" if front == "optimizer" else front
 
 
 #: what gravac sends: a static CF, or the defaults (the adaptive search)
@@ -118,11 +113,6 @@ def _options(policy: str, cf: float) -> dict[str, Any]:
     if policy == "fixed":
         return {"compressor": "topk", "policy": "fixed", "policy_options": {"cf": cf}}
     return {"compressor": "topk"}
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class _Front:
@@ -169,29 +159,22 @@ def _batches(
     return out
 
 
-def _time_fronts(
-    fronts: Sequence[_Front],
-    batches: Sequence[tuple[Tensor, Tensor]],
-    warmup: int,
-    device: torch.device,
-) -> list[float]:
-    """Median seconds of a step of each front, the fronts stepping in turn on each batch."""
-    times: list[list[float]] = [[] for _ in fronts]
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        for i, (x, y) in enumerate(batches):
-            for front, kept in zip(fronts, times, strict=True):
-                _sync(device)
-                start = time.perf_counter()
-                front.step(x, y)
-                _sync(device)
-                if i >= warmup:
-                    kept.append(time.perf_counter() - start)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-    return [statistics.median(t) for t in times]
+def _cases(
+    fronts: Sequence[_Front], batches: Sequence[tuple[Tensor, Tensor]]
+) -> list[Callable[[], Callable[[], object]]]:
+    """For :func:`gravac_lab.bench.common.interleaved_medians`: each front's step on the next
+    of ``batches`` (each front goes through them in order)."""
+
+    def case(front: _Front) -> Callable[[], Callable[[], object]]:
+        pending = iter(batches)
+
+        def prepare() -> Callable[[], object]:
+            x, y = next(pending)
+            return lambda: front.step(x, y)
+
+        return prepare
+
+    return [case(f) for f in fronts]
 
 
 @dataclass(frozen=True)
@@ -204,6 +187,7 @@ class _Job:
     options: dict[str, Any]
     device: str
     workers: int
+    threads: int
 
 
 #: the file rank 0 of spawned workers writes its medians to, in the run's temporary folder
@@ -213,8 +197,7 @@ _RESULT = "medians.json"
 def _measure(rank: int, job: _Job, folder: str) -> list[float]:
     """This rank's median step of each front, on the group of ``job.workers`` ranks whose
     rendezvous file is in ``folder``; rank 0 of spawned workers also writes them there."""
-    if job.workers > 1:
-        torch.set_num_threads(torch.get_num_threads() // job.workers or 1)
+    torch.set_num_threads(job.threads)
     store = os.path.join(folder, "rendezvous")
     dist.init_process_group(
         "gloo", init_method=f"file://{store}", rank=rank, world_size=job.workers
@@ -222,8 +205,11 @@ def _measure(rank: int, job: _Job, folder: str) -> list[float]:
     work, dev = workloads.get(job.workload), torch.device(job.device)
     fronts = [_Front(f, work, dev, job.options) for f in FRONTS]
     try:
-        batches = _batches(work, job.warmup + job.steps, dev, seed=rank)
-        seconds = _time_fronts(fronts, batches, job.warmup, dev)
+        cases = _cases(fronts, _batches(work, job.warmup + job.steps, dev, seed=rank))
+        for _ in range(job.warmup - 1):  # interleaved_medians takes one untimed step itself
+            for prepare in cases:
+                prepare()()
+        seconds = interleaved_medians(cases, repeats=job.steps, device=dev)
     finally:
         for f in fronts:
             f.close()
@@ -257,14 +243,15 @@ def bench_step(
     workloads.get(workload)  # an unknown name raises here, before any process starts
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
-    if steps < 1 or warmup < 0 or workers < 1:
+    if min(steps, warmup, workers) < 1:
         raise ValueError(
-            f"steps and workers must be >= 1 and warmup >= 0, got {steps}, {workers} and {warmup}"
+            f"steps, warmup and workers must be >= 1, got {steps}, {warmup} and {workers}"
         )
     if dist.is_initialized():
         raise RuntimeError("gravac bench step runs its own one-process group; one is initialised")
     dev = torch.device(device)
-    job = _Job(workload, steps, warmup, _options(policy, cf), str(dev), workers)
+    threads = max(1, torch.get_num_threads() // workers)  # this process's, shared out
+    job = _Job(workload, steps, warmup, _options(policy, cf), str(dev), workers, threads)
     with tempfile.TemporaryDirectory(prefix="gravac-bench-step-") as folder:
         if workers == 1:
             seconds = _measure(0, job, folder)

@@ -29,17 +29,16 @@ def test_each_gravac_front_is_judged_against_its_plain_counterpart() -> None:
 
 
 def test_the_default_search_runs_and_the_table_says_what_was_sent() -> None:
-    rows = step.bench_step(workload="tiny-digits", steps=1, warmup=0, policy="default")
+    rows = step.bench_step(workload="tiny-digits", steps=1, warmup=1, policy="default")
     assert step.format_step_table(rows).count("the default search") == 1
 
 
 def test_bad_arguments_and_an_initialised_group_are_refused() -> None:
     with pytest.raises(ValueError, match="policy must be one of"):
         step.bench_step(workload="tiny-digits", policy="trial")
-    with pytest.raises(ValueError, match="steps and workers must be >= 1"):
-        step.bench_step(workload="tiny-digits", steps=0)
-    with pytest.raises(ValueError, match="steps and workers must be >= 1"):
-        step.bench_step(workload="tiny-digits", workers=0)
+    for bad in ({"steps": 0}, {"warmup": 0}, {"workers": 0}):
+        with pytest.raises(ValueError, match="steps, warmup and workers must be >= 1"):
+            step.bench_step(workload="tiny-digits", **bad)
     with tempfile.TemporaryDirectory() as folder:
         store = os.path.join(folder, "rendezvous")
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)

@@ -18,34 +18,19 @@ stored scoreboard (``docs/studies/2026-12-05-holdout-yardstick.md``)::
 from __future__ import annotations
 
 import json
-import math
-import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gravac_lab.compare.scoreboard import Reach, Row, SetupScore, score
-
-
-def _seconds(reaches: Sequence[Reach], seed: int) -> float:
-    for r in reaches:
-        if r.seed == seed:
-            return math.inf if r.seconds is None else r.seconds
-    raise ValueError(f"no run of seed {seed}")
+from gravac_lab.compare.scoreboard import Row, SetupScore, ratios, score, spread, yardstick
 
 
 def holdout_choice(statics: Sequence[Row], seed: int) -> Row | None:
-    """The static row fastest (median time to the bar) over every seed but ``seed``, among
-    those that reached the bar on all of them; ``None`` if none did. Ties go to the first."""
-    best: tuple[float, Row] | None = None
-    for row in statics:
-        others = [r for r in row.reaches if r.seed != seed]
-        if not others or any(r.seconds is None for r in others):
-            continue
-        median = statistics.median(r.seconds for r in others if r.seconds is not None)
-        if best is None or median < best[0]:
-            best = (median, row)
-    return None if best is None else best[1]
+    """The static row the scoreboard's yardstick rule picks on every seed but ``seed``
+    (:func:`gravac_lab.compare.scoreboard.yardstick`: the lowest median time to the bar among
+    those that reached it on all of them, ties to the first); ``None`` if none did."""
+    label = yardstick({row.label: [r for r in row.reaches if r.seed != seed] for row in statics})
+    return next((row for row in statics if row.label == label), None)
 
 
 def holdout_ratios(s: SetupScore) -> list[tuple[int, str, float]]:
@@ -60,7 +45,7 @@ def holdout_ratios(s: SetupScore) -> list[tuple[int, str, float]]:
         chosen = holdout_choice(statics, seed)
         if chosen is None:
             continue
-        ratio = _seconds(chosen.reaches, seed) / _seconds(yard.reaches, seed)
+        (ratio,) = ratios([r for r in chosen.reaches if r.seed == seed], yard.reaches)
         out.append((seed, chosen.label, ratio))
     return out
 
@@ -68,8 +53,8 @@ def holdout_ratios(s: SetupScore) -> list[tuple[int, str, float]]:
 def _cell(values: Sequence[float]) -> str:
     if not values:
         return "-"
-    med = statistics.median(values)
-    return f"{med:.2f} ({min(values):.2f}-{max(values):.2f})"
+    med, low, high = spread(values)
+    return f"{med:.2f} ({low:.2f}-{high:.2f})"
 
 
 def main(paths: Sequence[str]) -> None:

@@ -53,7 +53,14 @@ from torch import Tensor
 
 from gravac.comm import Arrival, Communicator
 
-__all__ = ["NODE_PRECISIONS", "Hierarchy", "Topology", "plan_topology", "torchrun_node_size"]
+__all__ = [
+    "NODE_PRECISIONS",
+    "Hierarchy",
+    "Topology",
+    "group_topology",
+    "plan_topology",
+    "torchrun_node_size",
+]
 
 #: what a node's dense stages may send a compressed unit in, by name: ``None`` is the
 #: gradient's own dtype (exact)
@@ -159,6 +166,28 @@ def plan_topology(
             f"got {ranks_per_node}"
         )
     return Topology(world_size, size, rank)
+
+
+def group_topology(comm: Communicator, ranks_per_node: int | None) -> Topology:
+    """The nodes a rank of ``comm`` plans to aggregate in (:func:`plan_topology`): flat for
+    one worker, and in a group other than the default one (two levels need groups made by
+    every rank of the default group).
+
+    Raises:
+        ValueError: ``ranks_per_node`` does not divide the world size, or asks for two levels
+            in a group other than the default one.
+    """
+    if not comm.distributed:
+        return Topology(1, 1, 0)
+    if comm.group is not None and comm.world_size != dist.get_world_size():
+        if ranks_per_node is not None and ranks_per_node > 1:
+            raise ValueError(
+                f"ranks_per_node={ranks_per_node} needs the default process group (two-level "
+                "groups are made by every rank of it), got a process_group of "
+                f"{comm.world_size} of its {dist.get_world_size()} ranks"
+            )
+        return Topology(comm.world_size, 1, comm.rank)
+    return plan_topology(ranks_per_node, comm.world_size, comm.rank)
 
 
 class Hierarchy:

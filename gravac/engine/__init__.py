@@ -35,15 +35,19 @@ decision never waits for the step's own gains, so each unit's collective starts 
 is still computing the next one's gradient; the only values exchanged per step besides the
 payloads are those few scalars, in one asynchronous collective.
 
-The package: :mod:`gravac.engine.records` (units, how a buffer is handed over, what is in flight,
-the step and its outcome), :mod:`gravac.engine.scalars` (the row of scalars every rank sends
-and the table of every rank's), :mod:`gravac.engine.core` (the :class:`Engine`: its state and
-the stages of a step).
+The package: :mod:`gravac.engine.core` (the :class:`Engine`: its state and the order of a
+step's stages), and the parts it calls: :mod:`gravac.engine.records` (units, how a buffer is
+handed over, what is in flight, the step and its outcome), :mod:`gravac.engine.scalars` (the
+row of scalars every rank sends, the table of every rank's, and the errors it raises),
+:mod:`gravac.engine.stats` (a compressor's statistics agreed over ranks, and those that lag),
+:mod:`gravac.engine.flights` (a unit's aggregate and residual update at commit),
+:mod:`gravac.engine.observe` (what a step shows the controller and the log) and
+:mod:`gravac.engine.checkpoint` (what a saved state must hold and match).
 """
 
-from gravac.engine.core import Engine, SparseGradientError, all_finite
+from gravac.engine.core import Engine, all_finite
 from gravac.engine.records import Given, Handover, Lent, Outcome, Step, Unit
-from gravac.engine.scalars import layout_check
+from gravac.engine.scalars import SparseGradientError, layout_check
 
 __all__ = [
     "Engine",

@@ -14,7 +14,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["REQUIRED_KEYS", "check_keys", "check_tables"]
+from gravac.control.searches.paper import PaperController
+from gravac.control.searches.static import PHASE as STATIC_PHASE
+from gravac.control.searches.static import StaticController
+from gravac.hierarchy import Topology
+
+__all__ = ["REQUIRED_KEYS", "check_compatible", "check_keys", "check_tables", "interval_norms"]
 
 #: the keys every saved engine state holds (``memory`` too where the engine saves residuals)
 REQUIRED_KEYS = (
@@ -26,6 +31,12 @@ REQUIRED_KEYS = (
     "compressor",
     "controller",
 )
+#: the controllers whose checkpoints load into each other: the search by shadow's state is the
+#: search by trial's and its shadows
+_WINDOW_SEARCHES = {"TrialController", "ShadowController"}
+#: the kind checkpoints saved before the searches were split record for a static CF and for
+#: Algorithm 1 alike; the saved phase tells them apart
+_OLD_KIND = "Controller"
 
 
 def check_keys(state: Mapping[str, Any], *, with_memory: bool) -> None:
@@ -83,3 +94,67 @@ def _check_unit(where: str, value: Tensor, unit: tuple[int, torch.dtype] | None)
             f"the checkpoint's {where} has {value.numel()} elements of {value.dtype}; its "
             f"bucket's gradient has {numel} of {dtype}"
         )
+
+
+def check_compatible(
+    state: Mapping[str, Any],
+    *,
+    topology: Topology,
+    compressor: str,
+    controller_kind: str,
+    policy: str,
+) -> None:
+    """``state`` was saved by an engine like this one: aggregating in the same nodes
+    (``topology``: residuals are of a node's chunks), with the same compressor (``compressor``:
+    its ``repr``, name and options) and a controller of the same kind (``controller_kind``, or
+    a window search for a window search; ``policy``: the policy's ``repr``, for the message).
+
+    Raises:
+        ValueError: naming what differs and how to resume.
+    """
+    nodes = state.get("ranks_per_node", 1)
+    if nodes != topology.ranks_per_node:
+        raise ValueError(
+            f"the checkpoint was saved with ranks_per_node={nodes}, this optimizer "
+            f"aggregates in {topology}: its residuals are of other chunks; resume "
+            f"with ranks_per_node={nodes}"
+        )
+    saved = state.get("compressor_config")
+    if saved is not None and saved != compressor:
+        raise ValueError(
+            f"the checkpoint was saved with compressor {saved}, this one has "
+            f"{compressor}: its compressor state and residuals do not apply"
+        )
+    kind = controller_kind
+    saved_kind = _saved_kind(state)
+    unwindowed = "current" not in state.get("controller", {})
+    if saved_kind is None and kind in _WINDOW_SEARCHES and unwindowed:
+        saved_kind = "another controller"  # saved before the kind was: no window search
+    if (
+        saved_kind is not None
+        and saved_kind != kind
+        and not ({saved_kind, kind} <= _WINDOW_SEARCHES)
+    ):
+        raise ValueError(
+            f"the checkpoint was saved by {saved_kind}, this optimizer runs {kind} "
+            f"({policy}): its search state does not apply; build the "
+            "optimizer with the policy and search options it was saved with"
+        )
+
+
+def interval_norms(state: Mapping[str, Any]) -> dict[str, Any]:
+    """The interval's gradient sums a checkpoint holds: the engine's, or, saved before the
+    engine kept them, Accordion's (none for other controllers)."""
+    if "interval_norms" in state:
+        return dict(state["interval_norms"])
+    accordion = state.get("controller", {}).get("accordion", {})
+    return {"acc": accordion.get("acc", {}), "tracked": accordion.get("tracked", [])}
+
+
+def _saved_kind(state: Mapping[str, Any]) -> str | None:
+    """The controller kind a checkpoint was saved by (``None``: not recorded)."""
+    kind = state.get("controller_kind")
+    if kind == _OLD_KIND:
+        fixed = state.get("controller", {}).get("phase") == STATIC_PHASE
+        return StaticController.__name__ if fixed else PaperController.__name__
+    return None if kind is None else str(kind)

@@ -8,8 +8,7 @@ import dataclasses
 import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, NoReturn, cast
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -18,16 +17,13 @@ from torch.futures import Future
 
 from gravac.comm import Arrival, Communicator, collect
 from gravac.compressors.base import (
-    Agreeing,
     Collective,
     Compressor,
     Multilevel,
     Payload,
     Replayable,
     Round,
-    StatsRule,
     payload_tensors,
-    stats_rule,
     wire_bytes,
 )
 from gravac.compressors.dense import NoneCompressor
@@ -37,13 +33,12 @@ from gravac.control.norms import IntervalNorms
 from gravac.control.options import ControllerConfig
 from gravac.control.policies.base import ScalingPolicy
 from gravac.control.protocol import Controller, LayerKeyed
-from gravac.control.records import DENSE, Decision, Observation, Plan, Report, Sample, Skipped
+from gravac.control.records import DENSE, Plan, Report, Skipped
 from gravac.control.replay import ShadowSums
-from gravac.control.searches.paper import PaperController
-from gravac.control.searches.static import PHASE as STATIC_PHASE
-from gravac.control.searches.static import StaticController
 from gravac.control.window import WindowSums
-from gravac.engine.checkpoint import check_keys, check_tables
+from gravac.engine import flights
+from gravac.engine.checkpoint import check_compatible, check_keys, check_tables, interval_norms
+from gravac.engine.observe import Seen, observation, step_record
 from gravac.engine.records import (
     Flight,
     Given,
@@ -56,18 +51,15 @@ from gravac.engine.records import (
     piece_key,
 )
 from gravac.engine.scalars import Row, Table, Terms, terms_size
+from gravac.engine.stats import AgreedStats
 from gravac.gain import squared_norm
-from gravac.hierarchy import Hierarchy, Topology, plan_topology
+from gravac.hierarchy import Hierarchy, group_topology
 from gravac.memory import Memory, NoMemory, ResidualMemory
 from gravac.monitor import Monitor, StepRecord, TensorBoardMonitor
-from gravac.spans import scatter_spans, spans_numel
+from gravac.spans import spans_numel
 
-__all__ = ["MAX_SKIP_RUN", "Engine", "SparseGradientError", "all_finite"]
+__all__ = ["MAX_SKIP_RUN", "Engine", "all_finite"]
 
-#: an aggregate is known finite, without a pass over it, when the compressor bounds every value
-#: it computes (:meth:`Compressor.mean_bound`) by the dtype's largest finite value over this:
-#: the bounds leave out rounding (a factor ``1 + 2^-24`` per addition in float32, far from 2)
-_BOUND_MARGIN = 2.0
 #: what sends a piece of a unit planned at CF 1 under a compressor that sends such a tensor as
 #: it is (:attr:`Compressor.dense_at_one`): the tensor itself, all-reduced
 _DENSE_PIECE = NoneCompressor()
@@ -106,45 +98,6 @@ _SKIP = Outcome(skipped=True)
 MAX_SKIP_RUN = 20
 #: a gradient lent, its aggregate into a new tensor
 _LENT = Lent()
-
-
-class SparseGradientError(ValueError):
-    """Some rank had a sparse gradient, which the dense buckets cannot carry: raised by
-    :meth:`Engine.commit` on every rank alike (a front end names the parameter its own way).
-
-    Attributes:
-        index: the lowest parameter index (the front end's order) any rank had one for.
-        ranks: the ranks that had one.
-    """
-
-    def __init__(self, index: int, ranks: list[int]) -> None:
-        super().__init__(
-            f"rank(s) {ranks} had a sparse gradient for parameter {index}: gravac's buckets "
-            "carry dense (torch.strided) gradients only"
-        )
-        self.index = index
-        self.ranks = ranks
-
-
-@dataclass
-class _Seen:
-    """What a committed step's agreed values say (:meth:`Engine._observe`): the plan and the
-    decision it ran (none when nothing was compressed), the compressed flights, the gains."""
-
-    plan: Plan
-    decision: Decision
-    compressed: list[Flight]
-    report: Report
-    gain_min: float = math.nan
-    gain_candidate: float | None = None
-    gain_window: float = math.nan
-    shadow_gains: dict[float, float] = dataclasses.field(default_factory=dict)
-    share: float | None = None
-
-    @property
-    def search(self) -> bool:
-        """Whether the step took part in the controller's search (something compressed)."""
-        return bool(self.compressed)
 
 
 class Engine:
@@ -186,12 +139,12 @@ class Engine:
     ) -> None:
         # What the engine works with.
         self.compressor = compressor  # compresses every compressed unit
-        # how its statistics are agreed (None: it agrees none), read at every unit's launch
-        self._stats_rule: StatsRule | None = stats_rule(compressor)
         self.comm = comm  # the process group: every rank, the step's scalars agreed in it
         self.ranks_per_node = ranks_per_node  # the option the topology is planned from
         self.node_precision = node_precision  # what a node's dense stages send (two levels)
-        self.topology = self._plan_topology()  # the nodes, planned, agreed at the first step
+        self.topology = group_topology(
+            self.comm, self.ranks_per_node
+        )  # the nodes, planned, agreed at the first step
         # the two-level groups once formed (form_nodes); None: flat, or not formed yet
         self.hierarchy: Hierarchy | None = None
         self.peers = comm  # the ranks a unit is aggregated among (two-level: one per node)
@@ -212,9 +165,8 @@ class Engine:
         self.last_cf: float | None = None  # CF sent at the previous step (None: not searching)
         self.last_close: float | None = None  # the clock at the previous step's close()
         self.last_comm = -1.0  # the previous step's exposed communication seconds (-1: none)
-        # compressor statistics agreed at the last step, by the layers of their unit or piece
-        # (compressors whose statistics may lag, under error feedback)
-        self._lagged: dict[tuple[int, ...], Tensor] = {}
+        # the compressor's statistics agreed over ranks, and those kept to lag a step
+        self.stats = AgreedStats(compressor, feedback=not isinstance(memory, NoMemory))
         # what each compressed tensor sent over the controller's current window (sampled)
         self.windows = WindowSums()
         # the shadow residuals and sums of the CFs the controller judges unsent (sampled)
@@ -248,31 +200,9 @@ class Engine:
                     "its first step) after init_process_group"
                 )
             self.comm = self.peers = self.comm.joined()
-            self.topology = self._plan_topology()
+            self.topology = group_topology(self.comm, self.ranks_per_node)
             self.controller = self._make_controller()
         self._open_monitor()
-
-    def _plan_topology(self) -> Topology:
-        """The nodes this rank plans to aggregate in (:func:`gravac.hierarchy.plan_topology`):
-        flat for one worker, and in a group other than the default one (two levels need
-        groups made by every rank of the default group).
-
-        Raises:
-            ValueError: ``ranks_per_node`` does not divide the world size, or asks for two
-                levels in a group other than the default one.
-        """
-        comm, option = self.comm, self.ranks_per_node
-        if not comm.distributed:
-            return Topology(1, 1, 0)
-        if comm.group is not None and comm.world_size != dist.get_world_size():
-            if option is not None and option > 1:
-                raise ValueError(
-                    f"ranks_per_node={option} needs the default process group (two-level "
-                    "groups are made by every rank of it), got a process_group of "
-                    f"{comm.world_size} of its {dist.get_world_size()} ranks"
-                )
-            return Topology(comm.world_size, 1, comm.rank)
-        return plan_topology(option, comm.world_size, comm.rank)
 
     def form_nodes(self) -> None:
         """Make the two-level groups of :attr:`topology`, once: a collective of every rank,
@@ -308,11 +238,7 @@ class Engine:
         self.windows.relayer(layers)
         self.shadows.relayer(layers)
         self.norms.relayer(layers)
-        self._lagged = {
-            tuple(layers[k] for k in key): v
-            for key, v in self._lagged.items()
-            if all(k in layers for k in key)
-        }
+        self.stats.relayer(layers)
         if isinstance(self.controller, LayerKeyed):
             self.controller.relayer(layers)
 
@@ -529,7 +455,7 @@ class Engine:
         cfs = [cf_min] if c_min is c else []
         if direct and plan.candidate is not None:
             cfs.append(plan.candidate)
-        rounds = self._agree_stats(step, x, cfs, base, unit.layer_ids)
+        rounds = self.stats.rounds(step, x, cfs, base, unit.layer_ids, self.peers)
         r_min, r_c = (rounds[0], rounds[1:]) if c_min is c else (base, rounds)
         p_min, ctx_min = c_min.compress(x, cf_min, r_min)
         chosen = (p_min, ctx_min)
@@ -552,7 +478,7 @@ class Engine:
             step.ends.append(xx.reshape(1))
             step.bounds.append(xx.sqrt().reshape(1))  # ||x||_inf <= ||x||_2
             terms.append(xx)
-        elif not (c.sends_input or self._stats_show_nonfinite):
+        elif not (c.sends_input or self.stats.shows_nonfinite):
             ends = _ends(x)
             step.ends.append(ends)
             step.bounds.append(ends.abs().amax(dim=0, keepdim=True) if ends.numel() else ends)
@@ -645,7 +571,7 @@ class Engine:
                 rnd, c = base, _DENSE_PIECE
             else:
                 layers = unit.layer_ids[first:last]
-                (rnd,) = self._agree_stats(step, piece, [cf], base, layers)
+                (rnd,) = self.stats.rounds(step, piece, [cf], base, layers, self.peers)
             payload, ctx = c.compress(piece, cf, rnd)
             arrived = self._send(payload, collective=c.collective)
             pieces.append(Piece(start, end, payload, ctx, arrived, c))
@@ -658,55 +584,6 @@ class Engine:
         """Whether window gains are measured: under error feedback (without it, what a step
         does not send is lost, and the per-step gain is the window's)."""
         return not isinstance(self.memory, NoMemory)
-
-    @property
-    def _stats_show_nonfinite(self) -> bool:
-        """Whether the compressor's statistics are its non-finite check of ``x``."""
-        rule = self._stats_rule
-        return rule is not None and rule.shows_nonfinite
-
-    @property
-    def _stats_lag(self) -> bool:
-        """Whether the compressor's statistics may be the previous step's: it allows it, and
-        error feedback keeps what a stale scale clamps."""
-        rule = self._stats_rule
-        return rule is not None and rule.may_lag and not isinstance(self.memory, NoMemory)
-
-    def _agree_stats(
-        self, step: Step, x: Tensor, cfs: list[float], base: Round, layers: tuple[int, ...]
-    ) -> list[Round]:
-        """One round per CF, with the compressor's statistics reduced over ranks: one blocking
-        collective for all of them; none for compressors without statistics, nor for those
-        whose statistics may lag once a step has agreed them (:attr:`_lagged`)."""
-        c, rule = self.compressor, self._stats_rule
-        if not isinstance(c, Agreeing) or rule is None:
-            return [base] * len(cfs)
-        stats = [c.local_stats(x, cf, base) for cf in cfs]
-        present = [s for s in stats if s is not None]
-        if not present:
-            return [base] * len(cfs)
-        flat = torch.cat([s.reshape(-1).to(torch.float64) for s in present])
-        if rule.shows_nonfinite:  # the non-finite check of x, without a pass of its own
-            step.ends.append(flat.clone())
-        stale = False
-        if self._stats_lag:
-            step.stats.append((layers, flat))
-            lagged = self._lagged.get(layers)
-            stale = lagged is not None and lagged.numel() == flat.numel()
-            if stale and lagged is not None:
-                flat = lagged
-        if not stale:
-            name = f"unit {base.key}'s compressor statistics"
-            self.peers.all_reduce_([flat], op=rule.op, name=name, step=step.index)
-        out, offset = [], 0
-        for s in stats:
-            if s is None:
-                out.append(base)
-                continue
-            agreed = flat[offset : offset + s.numel()].view(s.shape).to(s.dtype)
-            offset += s.numel()
-            out.append(dataclasses.replace(base, agreed=agreed, stale=stale))
-        return out
 
     def close(
         self,
@@ -812,7 +689,7 @@ class Engine:
         present = table.present
         self._feed_back(step, present)
         seen = self._observe(step, table)
-        record = self._record(step, seen, comm_seconds)
+        record = step_record(step, seen, comm_seconds, self.skipped_steps)
         for f, g in zip(step.flights, totals, strict=True):
             f.result.set_result(g)
         self.skip_run = 0
@@ -846,49 +723,21 @@ class Engine:
         comm_seconds = self.clock() - step.closed_at
         terms = terms_size(len(step.plan.shadows))
         table = Table(rows, flags=step.flags, terms=terms, values=step.values)
-        if table.other_step_ranks:
-            self._fail(
-                step,
-                ValueError(
-                    f"the ranks are at different steps {table.steps} (by rank): rank(s) "
-                    f"{table.other_step_ranks} differ from rank 0. Did the ranks load "
-                    "checkpoints of different steps? Load the same step's checkpoint on every "
-                    "rank"
-                ),
-            )
-        if table.other_layout_ranks:
-            self._fail(
-                step,
-                ValueError(
-                    f"rank(s) {table.other_layout_ranks} train other parameters than rank 0 "
-                    f"at step {step.index}, or from the next step on (order, shapes, dtypes, "
-                    "requires_grad): a group added, or a tensor frozen or unfrozen, on some "
-                    "ranks only. Every rank must change its parameters alike, before the same "
-                    "step"
-                ),
-            )
-        if table.sparse_ranks:
-            self._fail(step, SparseGradientError(table.first_sparse, table.sparse_ranks))
-        if table.any_stale:
-            self._fail(
-                step,
-                RuntimeError(
-                    f"rank(s) {table.stale_ranks} changed a gradient after its bucket had been "
-                    "sent during backward(), so the change would be lost: call "
-                    "opt.synchronize() before working on gradients (clipping, unscaling), "
-                    "accumulate inside opt.no_sync(), or pass overlap=False"
-                ),
-            )
+        self._fail_if(step, table.disagreement(step.index))  # no local: see _fail_if
         return table, comm_seconds
 
-    def _fail(self, step: Step, error: Exception) -> NoReturn:
-        """Fail ``step`` on every rank with ``error``, before it changed anything: the
-        compressor's state is as it was before the step, every unit's result fails.
+    def _fail_if(self, step: Step, error: Exception | None) -> None:
+        """Fail ``step`` on every rank with ``error`` (``None``: go on), before it changed
+        anything: the compressor's state is as it was before the step, every unit's result
+        fails.
 
         The results fail with a copy of ``error`` that holds no traceback: a torch future
         holding the raised error would keep the failed step's frames, and with them the front
         end and its buffers, alive for good (Python's collector cannot see through the C++
-        future), and a dropped optimizer's gradient hooks would go on firing."""
+        future), and a dropped optimizer's gradient hooks would go on firing; nor may a frame
+        the traceback holds keep ``error`` in a local (a cycle)."""
+        if error is None:
+            return
         self.compressor.load_state_dict(step.snapshot)
         for f in step.flights:
             f.result.set_exception(_untraced(error))  # type: ignore[arg-type]  # stub: T
@@ -902,9 +751,10 @@ class Engine:
         where one is not finite. The aggregates the compressor does not vouch for, given the
         agreed ``bound`` on every rank's ``max |x|``, are computed and checked first, into
         buffers a skip may overwrite."""
-        vouched = [self._vouched(f, bound) for f in step.flights]
+        c, world = self.compressor, self.peers.world_size
+        vouched = [flights.vouched(f, bound, c, world) for f in step.flights]
         checked = {
-            i: self._aggregate(f, None if f.rotate else f.out)
+            i: flights.aggregate(f, None if f.rotate else f.out, c, world)
             for i, (f, v) in enumerate(zip(step.flights, vouched, strict=True))
             if not v
         }
@@ -912,11 +762,14 @@ class Engine:
             return None
         totals = []
         for i, f in enumerate(step.flights):
-            target = self._target(f)  # swaps a rotating flight's residual in, vouched or not
-            if f.place is None:
-                totals.append(checked[i] if i in checked else self._aggregate(f, target))
+            # swaps a rotating flight's residual in, vouched or not
+            target = flights.target(f, self.memory)
+            if f.place is not None:
+                totals.append(flights.lay(f, target, checked.get(i), c, world))
+            elif i in checked:
+                totals.append(checked[i])
             else:
-                totals.append(self._lay(f, target, checked.get(i)))
+                totals.append(flights.aggregate(f, target, c, world))
         return totals
 
     def _feed_back(self, step: Step, present: tuple[bool, ...]) -> None:
@@ -932,7 +785,7 @@ class Engine:
             self.windows.clear(keep)
             self.shadows.clear(keep)
 
-    def _observe(self, step: Step, table: Table) -> _Seen:
+    def _observe(self, step: Step, table: Table) -> Seen:
         """Stage 4: the agreed gains, throughput and values shown to the controller (when
         something was compressed: otherwise nothing was searched)."""
         compressed = [f for f in step.flights if f.unit.compressed]
@@ -940,7 +793,7 @@ class Engine:
         if not compressed:  # nothing to compress: no gains, no search
             plan, decision = Plan(plan.cf, DENSE, measure=False), DENSE
         terms: Terms = table.summed_terms
-        seen = _Seen(plan, decision, compressed, Report(self.controller.phase))
+        seen = Seen(plan, decision, compressed, Report(self.controller.phase))
         seen.gain_min = terms.gain_min if plan.measure else math.nan
         if plan.candidate is not None and plan.measure:
             seen.gain_candidate = terms.gain_candidate
@@ -950,149 +803,31 @@ class Engine:
             seen.gain_window = terms.gain_window
         if not compressed:
             return seen
-        self._keep_stats(step, table.stats)
+        self.stats.keep(step, table.stats)
         if plan.window_terms and step.signal is not None:
             seen.share = signal_fraction(step.signal.value().cpu(), self.peers.world_size)
-        seen.report = self.controller.observe(self._observation(seen, table))
+        samples = (self.batch_size or 1) * self.comm.world_size
+        shown = observation(
+            seen, table, last_cf=self.last_cf, samples=samples, norm_layers=self.norms.layers
+        )
+        seen.report = self.controller.observe(shown)
         if plan.norms_due:
             self.norms.end_interval()
         return seen
 
-    def _observation(self, seen: _Seen, table: Table) -> Observation:
-        """What the controller is shown of a step that compressed something: every value
-        agreed over ranks, the step before's time counted at the CF it sent."""
-        plan, last = seen.plan, self.last_cf
-        samples = (self.batch_size or 1) * self.comm.world_size
-        interval, exposed = table.interval, table.exposed
-        throughput = comm = None
-        if interval > 0 and last is not None:
-            throughput = Sample(last, samples / interval)
-        if exposed >= 0 and last is not None:
-            comm = Sample(last, exposed / samples)
-        lrs: tuple[float, ...] = ()
-        norms = None
-        if plan.norms:
-            values = table.controller_values.to(torch.float64)
-            lrs = tuple(values[:, 0].tolist())
-            if plan.norms_due:
-                means = values[:, 1:].mean(dim=0).tolist()
-                norms = dict(zip(self.norms.layers, means, strict=True))
-        return Observation(
-            plan,
-            gain=seen.gain_min,
-            gain_candidate=seen.gain_candidate,
-            gain_window=seen.gain_window if plan.window_terms else None,
-            shadow_gains=seen.shadow_gains,
-            signal_share=seen.share,
-            throughput=throughput,
-            comm=comm,
-            lrs=lrs,
-            layer_norms=norms,
-        )
-
-    def _record(self, step: Step, seen: _Seen, comm_seconds: float) -> StepRecord:
-        """Stage 5: what the step did, for the log."""
-        plan, compressed, report = seen.plan, seen.compressed, seen.report
-        return StepRecord(
-            step=step.index,
-            phase=report.phase,
-            cf_sent=_achieved_cf(compressed) if plan.per_layer else seen.decision.cf,
-            cf_achieved=_achieved_cf(compressed),
-            sent=seen.decision.which,
-            theta_min=plan.cf,
-            cf_candidate=plan.candidate,
-            gain_min=report.gain,
-            gain_candidate=report.gain_candidate,
-            gain_min_step=seen.gain_min,
-            gain_candidate_step=seen.gain_candidate,
-            gain_window=seen.gain_window if plan.window_terms else None,
-            gain_shadow=tuple(seen.shadow_gains.items()),
-            signal=seen.share,
-            system_throughput=report.system_throughput,
-            compression_throughput=report.compression_throughput,
-            wire_bytes=sum(f.wire_bytes for f in step.flights),
-            dense_wire_bytes=4 * sum(f.unit.numel for f in step.flights),
-            compress_seconds=step.compress_seconds,
-            comm_seconds=comm_seconds,
-            skipped_steps=self.skipped_steps,
-        )
-
-    def _keep_stats(self, step: Step, table: Tensor) -> None:
-        """Reduce the step's lagging statistics over ranks (every rank's row of them), for the
-        next step."""
-        offset = 0
-        for layers, local in step.stats:
-            cols = table[:, offset : offset + local.numel()]
-            offset += local.numel()
-            rule = self._stats_rule
-            op = "sum" if rule is None else rule.op
-            self._lagged[layers] = cols.amax(dim=0) if op == "max" else cols.sum(dim=0)
-
-    def _aggregate(self, f: Flight, out: Tensor | None) -> Tensor:
-        """The mean over ranks of what ``f`` sent, dense and flat, in ``out`` if given: the
-        all-reduced tensor divided, or the compressor's combination of every rank's payload
-        (once a step: it advances the compressor's shared state)."""
-        arrived, c, n = f.arrived.value(), self.compressor, self.peers.world_size
-        if f.pieces:
-            total = out if out is not None else torch.empty_like(f.x.reshape(-1))
-            for p, payloads in zip(f.pieces, arrived, strict=True):
-                p.by.combine_mean(payloads, p.ctx, n, out=total[p.start : p.end])
-            return total
-        if f.sent is None:
-            total = arrived if out is None or out is arrived else out.copy_(arrived)
-            return total.div_(n) if n > 1 else total
-        return c.combine_mean(arrived, f.sent[1], n, out=out).reshape(-1)
-
-    def _lay(self, f: Flight, target: Tensor | None, checked: Tensor | None) -> Tensor:
-        """Lay ``f``'s aggregate into its place (``checked``: the aggregate, computed already);
-        return a flat buffer the front end may reuse: ``target`` where the compressor wrote
-        into the place itself, else the flat aggregate, copied into the place."""
-        assert f.place is not None  # only called for a placed flight
-        if checked is None and target is not None and f.sent is not None:
-            payloads, (_, ctx), n = f.arrived.value(), f.sent, self.peers.world_size
-            if self.compressor.combine_mean_placed(payloads, ctx, n, f.place):
-                return target
-        total = checked if checked is not None else self._aggregate(f, target)
-        scatter_spans(*f.place, total)
-        return total
-
-    def _vouched(self, f: Flight, bound: float) -> bool:
-        """Whether ``f``'s aggregate is finite without a look at it: the compressor bounds
-        every value aggregating it computes (:meth:`Compressor.mean_bound`), given the
-        agreed ``bound`` on every rank's ``max |x|``, well inside the dtype's range."""
-        if f.sent is None:
-            return False
-        limit = torch.finfo(f.x.dtype).max / _BOUND_MARGIN
-        b = self.compressor.mean_bound(f.sent[1], self.peers.world_size, bound)
-        return b is not None and b <= limit
-
-    def _target(self, f: Flight) -> Tensor | None:
-        """Where ``f``'s vouched aggregate goes: ``f.out``; where ``f`` rotates, the old
-        residual's storage, given up by the memory as ``x``'s becomes the residual (a new
-        tensor, or the front end's spare, when there was none; dropped when the aggregate was
-        checked elsewhere)."""
-        if not f.rotate:
-            return f.out
-        assert f.residual is not None  # rotate: settled at launch
-        old = self.memory.swap(f.unit.key, f.residual)
-        if old is not None:
-            return old
-        return f.spare if f.spare is not None else torch.empty_like(f.residual.reshape(-1))
-
     def _update_residual(self, f: Flight, present: tuple[bool, ...], plan: Plan) -> None:
         """``e <- x - D(sent)``, and what was sent (``x - e``) added to the window's sums
         (:meth:`_sums`)"""
-        if not self._sums(plan):
-            self._update_memory(f, present)
-            return
-        if f.window_send is not None:  # the residual settled at launch, and the send sampled
-            self._update_memory(f, present)
-            self.windows.add_send(f.unit.layer_ids, f.unit.numels, f.window_send)
-            return
-        taken = f.taken if f.taken is not None else self.windows.taken(f.x, f.unit.numels)
-        self._update_memory(f, present)
-        residual = self.memory.residual(f.unit.key)
-        self.windows.add(f.unit.layer_ids, f.unit.numels, taken, residual)
+        sums, window_send = self._sums(plan), f.window_send
+        taken = None  # the window's sample of x, taken before x becomes the residual
+        if sums and window_send is None:
+            taken = f.taken if f.taken is not None else self.windows.taken(f.x, f.unit.numels)
+        flights.update_memory(f, present, self.memory, self.compressor)
+        if window_send is not None and sums:  # the residual settled at launch, the send sampled
+            self.windows.add_send(f.unit.layer_ids, f.unit.numels, window_send)
+        elif taken is not None:
+            residual = self.memory.residual(f.unit.key)
+            self.windows.add(f.unit.layer_ids, f.unit.numels, taken, residual)
 
     def _replay(self, f: Flight, plan: Plan) -> None:
         """Replay error feedback at each of ``plan.shadows`` on ``f``'s sampled gradient
@@ -1107,45 +842,6 @@ class Engine:
             f.shadow,
             select,
             accumulate=self._sums(plan),
-        )
-
-    def _update_memory(self, f: Flight, present: tuple[bool, ...]) -> None:
-        """``e <- x - D(sent)``; what belongs to a tensor with a gradient on no rank stays in
-        the residual (it is applied to nothing); after a dense send, ``e <- 0``."""
-        if f.residual is not None:  # settled at launch, where every tensor had a gradient
-            if not f.rotate:  # a rotating one was swapped in by _target()
-                self.memory.keep(f.unit.key, f.residual)
-            return
-        absent = self._absent_mask(f, present)
-        if f.dense and absent is None:
-            self.memory.reset(f.unit.key)
-            return
-        if absent is None and f.sent is not None:
-            self.memory.update_sent(f.unit.key, f.x, self.compressor, *f.sent)
-            return
-        applied = f.x if f.dense else self._decompressed(f)
-        if absent is not None:
-            applied = applied.masked_fill(absent, 0)
-        self.memory.update(f.unit.key, f.x, applied)
-
-    def _decompressed(self, f: Flight) -> Tensor:
-        """What ``f`` sent, dense (its pieces written side by side)."""
-        if f.sent is not None:
-            return self.compressor.decompress(*f.sent)
-        dense = torch.empty_like(f.x.reshape(-1))
-        for p in f.pieces:
-            p.by.decompress_into(p.payload, p.ctx, dense[p.start : p.end])
-        return dense
-
-    @staticmethod
-    def _absent_mask(f: Flight, present: tuple[bool, ...]) -> Tensor | None:
-        if not f.unit.slots or all(present[i] for i in f.unit.slots):
-            return None
-        return torch.cat(
-            [
-                torch.full((math.prod(s),), not present[i], dtype=torch.bool, device=f.x.device)
-                for s, i in zip(f.unit.shapes, f.unit.slots, strict=True)
-            ]
         )
 
     def finish(self, outcome: Outcome) -> None:
@@ -1229,7 +925,7 @@ class Engine:
             "total_wire_bytes": self.total_wire_bytes,
             "total_dense_wire_bytes": self.total_dense_wire_bytes,
             "last_cf": self.last_cf,
-            "lagged_stats": [(list(k), v.tolist()) for k, v in self._lagged.items()],
+            "lagged_stats": self.stats.state_dict(),
             "window_sums": self.windows.state_dict(),
             "shadow_sums": self.shadows.state_dict(),
             "interval_norms": self.norms.state_dict(),
@@ -1260,34 +956,13 @@ class Engine:
             ValueError: naming what is wrong.
         """
         check_keys(state, with_memory=with_memory)
-        nodes = state.get("ranks_per_node", 1)
-        if nodes != self.topology.ranks_per_node:
-            raise ValueError(
-                f"the checkpoint was saved with ranks_per_node={nodes}, this optimizer "
-                f"aggregates in {self.topology}: its residuals are of other chunks; resume "
-                f"with ranks_per_node={nodes}"
-            )
-        saved = state.get("compressor_config")
-        if saved is not None and saved != repr(self.compressor):
-            raise ValueError(
-                f"the checkpoint was saved with compressor {saved}, this one has "
-                f"{self.compressor!r}: its compressor state and residuals do not apply"
-            )
-        kind = type(self.controller).__name__
-        saved_kind = _saved_kind(state)
-        unwindowed = "current" not in state.get("controller", {})
-        if saved_kind is None and kind in _WINDOW_SEARCHES and unwindowed:
-            saved_kind = "another controller"  # saved before the kind was: no window search
-        if (
-            saved_kind is not None
-            and saved_kind != kind
-            and not ({saved_kind, kind} <= _WINDOW_SEARCHES)
-        ):
-            raise ValueError(
-                f"the checkpoint was saved by {saved_kind}, this optimizer runs {kind} "
-                f"({self.policy!r}): its search state does not apply; build the "
-                "optimizer with the policy and search options it was saved with"
-            )
+        check_compatible(
+            state,
+            topology=self.topology,
+            compressor=repr(self.compressor),
+            controller_kind=type(self.controller).__name__,
+            policy=repr(self.policy),
+        )
         if with_memory:
             check_tables("memory", state["memory"], units)
         self._check_controller_state(state["controller"])
@@ -1327,36 +1002,10 @@ class Engine:
         self.total_dense_wire_bytes = int(state["total_dense_wire_bytes"])
         self.last_cf = state["last_cf"]
         self.last_close, self.last_comm = None, -1.0
-        lagged = state.get("lagged_stats", [])
-        self._lagged = {tuple(k): torch.tensor(v, dtype=torch.float64) for k, v in lagged}
+        self.stats.load_state_dict(state.get("lagged_stats", []))
         self.windows.load_state_dict(state.get("window_sums", {"sent": []}))
         self.shadows.load_state_dict(state.get("shadow_sums", {}))
-        self.norms.load_state_dict(_interval_norms(state))
-
-
-#: the controllers whose checkpoints load into each other (:meth:`Engine.check_state`)
-_WINDOW_SEARCHES = {"TrialController", "ShadowController"}
-#: the kind checkpoints saved before the searches were split record for a static CF and for
-#: Algorithm 1 alike; the saved phase tells them apart
-_OLD_KIND = "Controller"
-
-
-def _saved_kind(state: dict[str, Any]) -> str | None:
-    """The controller kind a checkpoint was saved by (``None``: not recorded)."""
-    kind = state.get("controller_kind")
-    if kind == _OLD_KIND:
-        fixed = state.get("controller", {}).get("phase") == STATIC_PHASE
-        return StaticController.__name__ if fixed else PaperController.__name__
-    return None if kind is None else str(kind)
-
-
-def _interval_norms(state: dict[str, Any]) -> dict[str, Any]:
-    """The interval's gradient sums a checkpoint holds: the engine's, or, saved before the
-    engine kept them, Accordion's (none for other controllers)."""
-    if "interval_norms" in state:
-        return dict(state["interval_norms"])
-    accordion = state.get("controller", {}).get("accordion", {})
-    return {"acc": accordion.get("acc", {}), "tracked": accordion.get("tracked", [])}
+        self.norms.load_state_dict(interval_norms(state))
 
 
 def _untraced(error: Exception) -> Exception:
@@ -1383,13 +1032,6 @@ def _aliases(payload: Payload, x: Tensor) -> bool:
 
 def _nbytes(t: Tensor) -> int:
     return t.numel() * t.element_size()
-
-
-def _achieved_cf(flights: Sequence[Flight]) -> float:
-    """The CF achieved over the compressed units: elements over float32 elements sent."""
-    numel = sum(f.unit.numel for f in flights)
-    sent = sum(f.sent_elements for f in flights)
-    return numel / sent if sent > 0 else 1.0
 
 
 def _settings(plan: Plan, unit: Unit) -> tuple[_Setting, ...]:

@@ -41,7 +41,15 @@ from torch import Tensor
 from gravac.agreement import digest
 from gravac.gain import gain_from_terms
 
-__all__ = ["STEP_TERMS", "Row", "Table", "Terms", "layout_check", "terms_size"]
+__all__ = [
+    "STEP_TERMS",
+    "Row",
+    "SparseGradientError",
+    "Table",
+    "Terms",
+    "layout_check",
+    "terms_size",
+]
 
 #: gain terms every step carries: ``<c_min, x>, ||c_min||^2, <c_c, x>, ||c_c||^2, ||x||^2``
 #: (the CFs compressed at, :mod:`gravac.gain`), then the window's ``<S, X>, ||S||^2, ||X||^2``
@@ -56,6 +64,24 @@ _HEAD = 8
 _STEP, _LAYOUT, _SPARSE = 5, 6, 7
 #: bits of the layout digest the row carries: a float64 holds integers below 2**53 exactly
 _LAYOUT_BITS = 52
+
+
+class SparseGradientError(ValueError):
+    """Some rank had a sparse gradient, which the dense buckets cannot carry: raised by
+    :meth:`Engine.commit` on every rank alike (a front end names the parameter its own way).
+
+    Attributes:
+        index: the lowest parameter index (the front end's order) any rank had one for.
+        ranks: the ranks that had one.
+    """
+
+    def __init__(self, index: int, ranks: list[int]) -> None:
+        super().__init__(
+            f"rank(s) {ranks} had a sparse gradient for parameter {index}: gravac's buckets "
+            "carry dense (torch.strided) gradients only"
+        )
+        self.index = index
+        self.ranks = ranks
 
 
 def layout_check(text: str) -> int:
@@ -201,6 +227,34 @@ class Table:
         """The lowest parameter index any rank had a sparse gradient for (-1: none)."""
         found = [int(v) for v in self.rows[:, _SPARSE] if v >= 0]
         return min(found, default=-1)
+
+    def disagreement(self, step: int) -> Exception | None:
+        """The error every rank raises at ``step`` when the table shows the ranks cannot
+        step together (``None``: they can): ranks at different steps, training different
+        parameters, a sparse gradient on some rank, or a gradient changed after its launch."""
+        if self.other_step_ranks:
+            return ValueError(
+                f"the ranks are at different steps {self.steps} (by rank): rank(s) "
+                f"{self.other_step_ranks} differ from rank 0. Did the ranks load "
+                "checkpoints of different steps? Load the same step's checkpoint on every rank"
+            )
+        if self.other_layout_ranks:
+            return ValueError(
+                f"rank(s) {self.other_layout_ranks} train other parameters than rank 0 "
+                f"at step {step}, or from the next step on (order, shapes, dtypes, "
+                "requires_grad): a group added, or a tensor frozen or unfrozen, on some "
+                "ranks only. Every rank must change its parameters alike, before the same step"
+            )
+        if self.sparse_ranks:
+            return SparseGradientError(self.first_sparse, self.sparse_ranks)
+        if self.any_stale:
+            return RuntimeError(
+                f"rank(s) {self.stale_ranks} changed a gradient after its bucket had been "
+                "sent during backward(), so the change would be lost: call "
+                "opt.synchronize() before working on gradients (clipping, unscaling), "
+                "accumulate inside opt.no_sync(), or pass overlap=False"
+            )
+        return None
 
     @property
     def present(self) -> tuple[bool, ...]:

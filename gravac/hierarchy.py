@@ -219,6 +219,17 @@ class Hierarchy:
         #: the ranks that own the same chunk, one per node: the compressed aggregation
         self.peers = Communicator(peer_group, timeout=timeout)
 
+    def signal_slot(self, payload: Tensor) -> Tensor:
+        """``payload`` (:func:`gravac.control.noise.signal_payload`: samples, then an energy)
+        as this rank adds it to the all-reduce over every rank: its samples at this rank's
+        local rank's place among ``L`` (the chunks' samples summed over nodes, each chunk
+        apart, every rank's energy summed), so that every rank estimates one share."""
+        t, n = self.topology, payload.numel() - 1
+        out = payload.new_zeros(t.ranks_per_node * n + 1)
+        out[t.local_rank * n : (t.local_rank + 1) * n] = payload[:n]
+        out[-1] = payload[-1]
+        return out
+
     def _wire(self, dtype: torch.dtype, lossy: bool) -> torch.dtype:
         """What a tensor of ``dtype`` is sent in: :attr:`wire` where ``lossy`` and ``dtype``
         is wider than 16 bits, else ``dtype`` itself (a 16-bit gradient is sent as it is)."""

@@ -40,12 +40,14 @@ step's stages), and the parts it calls: :mod:`gravac.engine.records` (units, how
 handed over, what is in flight, the step and its outcome), :mod:`gravac.engine.scalars` (the
 row of scalars every rank sends, the table of every rank's, and the errors it raises),
 :mod:`gravac.engine.stats` (a compressor's statistics agreed over ranks, and those that lag),
+:mod:`gravac.engine.finite` (the non-finite flag and the bound on ``max |x|`` a rank sends),
 :mod:`gravac.engine.flights` (a unit's aggregate and residual update at commit),
 :mod:`gravac.engine.observe` (what a step shows the controller and the log) and
 :mod:`gravac.engine.checkpoint` (what a saved state must hold and match).
 """
 
-from gravac.engine.core import Engine, all_finite
+from gravac.engine.core import Engine
+from gravac.engine.finite import all_finite
 from gravac.engine.records import Given, Handover, Lent, Outcome, Step, Unit
 from gravac.engine.scalars import SparseGradientError, layout_check
 

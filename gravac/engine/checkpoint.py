@@ -8,18 +8,27 @@ step would be skipped, the parameters frozen for ever).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from gravac.control.protocol import Controller
 from gravac.control.searches.paper import PaperController
 from gravac.control.searches.static import PHASE as STATIC_PHASE
 from gravac.control.searches.static import StaticController
 from gravac.hierarchy import Topology
 
-__all__ = ["REQUIRED_KEYS", "check_compatible", "check_keys", "check_tables", "interval_norms"]
+__all__ = [
+    "REQUIRED_KEYS",
+    "check_compatible",
+    "check_controller_state",
+    "check_keys",
+    "check_tables",
+    "interval_norms",
+]
 
 #: the keys every saved engine state holds (``memory`` too where the engine saves residuals)
 REQUIRED_KEYS = (
@@ -140,6 +149,21 @@ def check_compatible(
             f"({policy}): its search state does not apply; build the "
             "optimizer with the policy and search options it was saved with"
         )
+
+
+def check_controller_state(probe: Controller, saved: object) -> None:
+    """The saved controller state loads into ``probe``, a fresh controller like the engine's
+    (a dry run on a copy: nothing of the engine changes).
+
+    Raises:
+        ValueError: it does not, naming what is missing or wrong.
+    """
+    try:
+        probe.load_state_dict(copy.deepcopy(saved))  # type: ignore[arg-type]
+    except KeyError as exc:
+        raise ValueError(f"the checkpoint's controller state is missing {exc}") from None
+    except (TypeError, AttributeError, IndexError) as exc:
+        raise ValueError(f"the checkpoint's controller state does not load: {exc}") from None
 
 
 def interval_norms(state: Mapping[str, Any]) -> dict[str, Any]:

@@ -33,12 +33,19 @@ from gravac.control.norms import IntervalNorms
 from gravac.control.options import ControllerConfig
 from gravac.control.policies.base import ScalingPolicy
 from gravac.control.protocol import Controller, LayerKeyed
-from gravac.control.records import DENSE, Plan, Report, Skipped
+from gravac.control.records import DENSE, Plan, Skipped
 from gravac.control.replay import ShadowSums
 from gravac.control.window import WindowSums
 from gravac.engine import flights
-from gravac.engine.checkpoint import check_compatible, check_keys, check_tables, interval_norms
-from gravac.engine.observe import Seen, observation, step_record
+from gravac.engine.checkpoint import (
+    check_compatible,
+    check_controller_state,
+    check_keys,
+    check_tables,
+    interval_norms,
+)
+from gravac.engine.finite import all_finite, ends, ends_finite, note_x, step_bound
+from gravac.engine.observe import Seen, agreed_gains, observation, step_record
 from gravac.engine.records import (
     Flight,
     Given,
@@ -50,45 +57,20 @@ from gravac.engine.records import (
     Unit,
     piece_key,
 )
-from gravac.engine.scalars import Row, Table, Terms, terms_size
+from gravac.engine.scalars import Row, Table, terms_size
 from gravac.engine.stats import AgreedStats
-from gravac.gain import squared_norm
 from gravac.hierarchy import Hierarchy, group_topology
 from gravac.memory import Memory, NoMemory, ResidualMemory
 from gravac.monitor import Monitor, StepRecord, TensorBoardMonitor
 from gravac.spans import spans_numel
 
-__all__ = ["MAX_SKIP_RUN", "Engine", "all_finite"]
+__all__ = ["MAX_SKIP_RUN", "Engine"]
 
 #: what sends a piece of a unit planned at CF 1 under a compressor that sends such a tensor as
 #: it is (:attr:`Compressor.dense_at_one`): the tensor itself, all-reduced
 _DENSE_PIECE = NoneCompressor()
 #: a tensor's CF and rank under a plan (:func:`_settings`)
 _Setting = tuple[float, int | None]
-
-
-def all_finite(tensors: Sequence[Tensor]) -> bool:
-    """Whether every element of every tensor is finite, with one host sync.
-
-    From each tensor's minimum and maximum (``aminmax`` propagates NaN, and an Inf is one of
-    them): one reduction without a boolean copy, 25x faster than ``isfinite(t).all()`` on 2M
-    float32 elements on one CPU thread (0.26 against 6.8 ms).
-    """
-    return _ends_finite([_ends(t) for t in tensors])
-
-
-def _ends(t: Tensor) -> Tensor:
-    """``[min, max]`` of ``t``, in float64 (NaN if ``t`` holds one); empty for an empty ``t``
-    (``aminmax`` has no identity)."""
-    if t.numel() == 0:
-        return torch.empty(0, dtype=torch.float64, device=t.device)
-    return torch.stack(torch.aminmax(t.detach().reshape(-1))).to(torch.float64)
-
-
-def _ends_finite(ends: Sequence[Tensor]) -> bool:
-    if not ends:
-        return True
-    return bool(torch.isfinite(torch.cat([e.to(ends[0].device) for e in ends])).all())
 
 
 _SKIP = Outcome(skipped=True)
@@ -471,21 +453,8 @@ class Engine:
                 chosen = (p_c, ctx_c)
         else:
             terms += [zero, zero]
-        # x = g + e with a finite residual: x is finite exactly when g is, and ||x||^2 is NaN
-        # or Inf exactly when x is not (float64 where float32 overflows): the non-finite flag
-        if plan.measure:
-            xx = squared_norm(x)
-            step.ends.append(xx.reshape(1))
-            step.bounds.append(xx.sqrt().reshape(1))  # ||x||_inf <= ||x||_2
-            terms.append(xx)
-        elif not (c.sends_input or self.stats.shows_nonfinite):
-            ends = _ends(x)
-            step.ends.append(ends)
-            step.bounds.append(ends.abs().amax(dim=0, keepdim=True) if ends.numel() else ends)
-            terms.append(zero)
-        else:  # its aggregate, a plain sum, is checked at commit, or its statistics were
-            step.bounds.append(torch.full((1,), math.inf, dtype=torch.float64, device=x.device))
-            terms.append(zero)
+        checked = c.sends_input or self.stats.shows_nonfinite
+        terms.append(note_x(step, x, measure=plan.measure, checked=checked))
         e = None  # the residual x holds: still the previous step's, until commit
         if (plan.window_terms and self._windowed) or plan.shadows:
             e = self.memory.residual(unit.key)
@@ -559,7 +528,7 @@ class Engine:
         each run of adjacent tensors at one setting is a piece, a view of ``x`` compressed and
         sent on its own. No gains are measured (a per-layer policy reads none)."""
         world = self.peers.world_size
-        step.ends.append(_ends(x))
+        step.ends.append(ends(x))
         pieces = []
         for first, last, start, end in _runs(unit.shapes, settings):
             key = piece_key(unit.key, first)
@@ -616,16 +585,14 @@ class Engine:
         self.last_close = now
         step.closed_at = now
         step.flags = len(has_grad)
-        bounds = [b.reshape(-1) for b in step.bounds if b.numel()]
-        device = bounds[0].device if bounds else None
         values = torch.tensor(self._local_values(step), dtype=torch.float64)
         step.values = len(values)
         row = Row(
-            nonfinite=not _ends_finite(step.ends),
+            nonfinite=not ends_finite(step.ends),
             stale=stale,
             interval=interval,
             exposed=self.last_comm,
-            bound=float(torch.cat([b.to(device) for b in bounds]).max()) if bounds else 0.0,
+            bound=step_bound(step),
             step=step.index,
             layout=layout,
             sparse=sparse,
@@ -640,23 +607,13 @@ class Engine:
             *(f.arrived.named(_carries(f)) for f in step.flights),
         ]
         if step.totals:
-            payload = self._signal_slot(signal_payload(step.totals)).to(self.comm.device)
+            payload = signal_payload(step.totals)
+            if self.hierarchy is not None:
+                payload = self.hierarchy.signal_slot(payload)
+            payload = payload.to(self.comm.device)
             step.signal = self.comm.all_reduce_async(payload)
             waits.append(step.signal.named("the window's signal sample"))
         return collect(waits, step.index)
-
-    def _signal_slot(self, payload: Tensor) -> Tensor:
-        """``payload`` (:func:`gravac.control.noise.signal_payload`) as this rank adds it to the
-        all-reduce over every rank: as it is when flat; in two levels its samples at this
-        rank's local rank's place among ``L`` (the chunks' samples summed over nodes, each
-        chunk apart, every rank's energy summed), so that every rank estimates one share."""
-        if self.hierarchy is None:
-            return payload
-        t, n = self.topology, payload.numel() - 1
-        out = payload.new_zeros(t.ranks_per_node * n + 1)
-        out[t.local_rank * n : (t.local_rank + 1) * n] = payload[:n]
-        out[-1] = payload[-1]
-        return out
 
     def _local_values(self, step: Step) -> list[float]:
         """What this rank adds to the step's scalars for the controller: with a plan's
@@ -788,22 +745,11 @@ class Engine:
     def _observe(self, step: Step, table: Table) -> Seen:
         """Stage 4: the agreed gains, throughput and values shown to the controller (when
         something was compressed: otherwise nothing was searched)."""
-        compressed = [f for f in step.flights if f.unit.compressed]
-        plan, decision = step.plan, step.decision
-        if not compressed:  # nothing to compress: no gains, no search
-            plan, decision = Plan(plan.cf, DENSE, measure=False), DENSE
-        terms: Terms = table.summed_terms
-        seen = Seen(plan, decision, compressed, Report(self.controller.phase))
-        seen.gain_min = terms.gain_min if plan.measure else math.nan
-        if plan.candidate is not None and plan.measure:
-            seen.gain_candidate = terms.gain_candidate
-        if plan.window_terms and plan.shadows:
-            seen.shadow_gains = terms.shadow_gains(plan.shadows)
-        if plan.window_terms and self._windowed:
-            seen.gain_window = terms.gain_window
-        if not compressed:
+        seen = agreed_gains(step, table.summed_terms, self.controller.phase, self._windowed)
+        if not seen.compressed:
             return seen
         self.stats.keep(step, table.stats)
+        plan = seen.plan  # the step's: something was compressed
         if plan.window_terms and step.signal is not None:
             seen.share = signal_fraction(step.signal.value().cpu(), self.peers.world_size)
         samples = (self.batch_size or 1) * self.comm.world_size
@@ -965,7 +911,7 @@ class Engine:
         )
         if with_memory:
             check_tables("memory", state["memory"], units)
-        self._check_controller_state(state["controller"])
+        check_controller_state(self._make_controller(), state["controller"])
         world = state.get("world_size")
         if world is not None and world != self.comm.world_size:
             warnings.warn(
@@ -974,21 +920,6 @@ class Engine:
                 "for other ranks' unsent gradients (a one-off perturbation)",
                 stacklevel=4,
             )
-
-    def _check_controller_state(self, saved: object) -> None:
-        """The saved controller state loads into a controller like this one (a dry run on a
-        fresh one: nothing of this engine changes).
-
-        Raises:
-            ValueError: it does not, naming what is missing or wrong.
-        """
-        probe = self._make_controller()
-        try:
-            probe.load_state_dict(copy.deepcopy(saved))  # type: ignore[arg-type]
-        except KeyError as exc:
-            raise ValueError(f"the checkpoint's controller state is missing {exc}") from None
-        except (TypeError, AttributeError, IndexError) as exc:
-            raise ValueError(f"the checkpoint's controller state does not load: {exc}") from None
 
     def load_state_dict(self, state: dict[str, Any], *, with_memory: bool = True) -> None:
         """Restore what :meth:`state_dict` returned (the caller validates and rolls back)."""

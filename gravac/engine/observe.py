@@ -15,12 +15,12 @@ from dataclasses import dataclass
 
 import torch
 
-from gravac.control.records import Decision, Observation, Plan, Report, Sample
+from gravac.control.records import DENSE, Decision, Observation, Plan, Report, Sample
 from gravac.engine.records import Flight, Step
-from gravac.engine.scalars import Table
+from gravac.engine.scalars import Table, Terms
 from gravac.monitor import StepRecord
 
-__all__ = ["Seen", "achieved_cf", "observation", "step_record"]
+__all__ = ["Seen", "achieved_cf", "agreed_gains", "observation", "step_record"]
 
 
 @dataclass
@@ -42,6 +42,27 @@ class Seen:
     def search(self) -> bool:
         """Whether the step took part in the controller's search (something compressed)."""
         return bool(self.compressed)
+
+
+def agreed_gains(step: Step, terms: Terms, phase: str, windowed: bool) -> Seen:
+    """What ``step``'s gain ``terms``, summed over ranks, say (:mod:`gravac.gain`): the gain
+    at ``theta_min`` and at the candidate where the plan measured them, the window's where
+    it closed one (``windowed``: window gains are measured) and its shadows'; a step that
+    compressed nothing ran no search (its plan dense, no gains). ``phase``: the controller's
+    phase, until it reports after observing."""
+    compressed = [f for f in step.flights if f.unit.compressed]
+    plan, decision = step.plan, step.decision
+    if not compressed:  # nothing to compress: no gains, no search
+        plan, decision = Plan(plan.cf, DENSE, measure=False), DENSE
+    seen = Seen(plan, decision, compressed, Report(phase))
+    seen.gain_min = terms.gain_min if plan.measure else math.nan
+    if plan.candidate is not None and plan.measure:
+        seen.gain_candidate = terms.gain_candidate
+    if plan.window_terms and plan.shadows:
+        seen.shadow_gains = terms.shadow_gains(plan.shadows)
+    if plan.window_terms and windowed:
+        seen.gain_window = terms.gain_window
+    return seen
 
 
 def observation(

@@ -1,7 +1,9 @@
-"""The engine's parts on their own (``gravac/engine/``: scalars, stats, flights, observe,
+"""The engine's parts on their own (``gravac/engine/``: scalars, stats, flights, observe, finite,
 checkpoint); the multi-process tests run them through the engine's steps."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ from gravac.compressors.topk import TopKCompressor
 from gravac.control.records import DENSE, Plan
 from gravac.engine import flights
 from gravac.engine.checkpoint import check_compatible, interval_norms
+from gravac.engine.finite import ends_finite, note_x, step_bound
 from gravac.engine.observe import achieved_cf
 from gravac.engine.records import Flight, Step, Unit
 from gravac.engine.scalars import Row, SparseGradientError, Table
@@ -147,3 +150,24 @@ def test_interval_norms_are_read_from_where_the_checkpoint_kept_them() -> None:
 
 def test_one_worker_plans_a_flat_topology() -> None:
     assert group_topology(Communicator(), 2) == Topology(1, 1, 0)
+
+
+@pytest.mark.parametrize("measure", [True, False])
+def test_a_non_finite_x_raises_the_flag_and_a_finite_one_bounds_its_largest_magnitude(
+    measure: bool,
+) -> None:
+    step = _step(0)
+    x = torch.tensor([3.0, -4.0])
+    term = note_x(step, x, measure=measure, checked=False)
+    assert float(term) == (25.0 if measure else 0.0)
+    assert ends_finite(step.ends)
+    assert step_bound(step) == (5.0 if measure else 4.0)  # ||x||_2 >= ||x||_inf
+    note_x(step, torch.tensor([1.0, math.nan]), measure=measure, checked=False)
+    assert not ends_finite(step.ends)
+
+
+def test_an_x_checked_elsewhere_leaves_the_flag_and_bounds_nothing() -> None:
+    step = _step(0)
+    note_x(step, torch.tensor([math.inf]), measure=False, checked=True)
+    assert ends_finite(step.ends) and step_bound(step) == math.inf
+    assert step_bound(_step(1)) == 0.0

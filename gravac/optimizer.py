@@ -448,9 +448,27 @@ class GravacOptimizer(torch.optim.Optimizer):
         Raises:
             FloatingPointError: ``nonfinite="raise"`` and a gradient or aggregate is not finite.
         """
-        if self._pending is not None and self._pending is not _SKIPPED:
-            self.engine.skipped_steps += 1  # aggregated, never stepped: dropped
+        self._drop_pending()
         self._pending = self._synchronize(explicit=True)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero the gradients (free them with ``set_to_none``), as
+        ``torch.optim.Optimizer.zero_grad`` does; first drop what was aggregated or launched
+        for them and never stepped.
+
+        A backward pass launches its gradients' buckets as they become ready. Where one is
+        followed by ``zero_grad()`` instead of :meth:`step` (a GAN's generator loss
+        backpropagated through the discriminator this optimizer trains, gradients computed
+        for a look only), the launched step is dropped on every rank: its collectives
+        complete, and the residuals, compressor and search are as if it had not been. Every
+        rank must then call ``zero_grad()`` alike: where one steps instead, both raise. A
+        step aggregated by :meth:`synchronize` and never stepped is dropped too (counted in
+        :attr:`skipped_steps`).
+        """
+        if self._step is not None:
+            self._synchronize(explicit=False, dropped=True)
+        self._drop_pending()
+        super().zero_grad(set_to_none)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -469,10 +487,17 @@ class GravacOptimizer(torch.optim.Optimizer):
         finally:
             self._accumulating = before
 
-    def _synchronize(self, *, explicit: bool) -> Any:
+    def _drop_pending(self) -> None:
+        """Drop a step aggregated by :meth:`synchronize` and never stepped (counted in
+        :attr:`skipped_steps`), so that the next step aggregates its own gradients."""
+        if self._pending is not None and self._pending is not _SKIPPED:
+            self.engine.skipped_steps += 1
+        self._pending = None
+
+    def _synchronize(self, *, explicit: bool, dropped: bool = False) -> Any:
         """Everything of a step but the wrapped optimizer's: launch what backward did not,
         wait, commit, write ``p.grad``; :data:`_SKIPPED` when the step is skipped on every
-        rank."""
+        rank, or ``dropped`` (:meth:`zero_grad`) on every rank."""
         step = self._step if self._step is not None else self._begin()
         try:
             layout = self._layout
@@ -482,7 +507,9 @@ class GravacOptimizer(torch.optim.Optimizer):
             has_grad = [p.grad is not None for p in layout.params]
             stale = any(_stamp(p) != stamp for p, stamp in self._stamps)
             digest = self._layout_digest if self._proposal is None else self._proposal.digest
-            self.engine.close(step, has_grad, stale, layout=digest, sparse=self._sparse).wait()
+            self.engine.close(
+                step, has_grad, stale, layout=digest, sparse=self._sparse, dropped=dropped
+            ).wait()
             outcome = self.engine.commit(step)
         except SparseGradientError as exc:
             raise self._sparse_error(exc.index, f"rank(s) {exc.ranks}") from None
@@ -548,8 +575,9 @@ class GravacOptimizer(torch.optim.Optimizer):
     def _grad_ready(self, p: Tensor) -> None:
         """A gradient is accumulated: launch every bucket, in order, whose gradients are all
         ready (a bucket waits for those before it, so every rank launches in one order)."""
-        if self._accumulating or self._pending is not None:
+        if self._accumulating:
             return
+        self._drop_pending()  # a backward after synchronize() without a step: a new step
         step = self._step if self._step is not None else self._begin()
         indices = self._unit_of.get(id(p))
         if indices is None:  # not compressed or sent by this optimizer (frozen)

@@ -258,6 +258,111 @@ def test_a_sparse_gradient_is_refused_on_every_rank(gloo_pools: Workers) -> None
     assert torch.equal(out[0]["after"], out[1]["after"])
 
 
+def gan(rank: int, world_size: int, pass_through: str) -> dict[str, Any]:
+    """A GAN's loop: two optimizers, the generator's loss backpropagated through the
+    discriminator. ``pass_through="dropped"``: the discriminator's gradients from it are
+    launched and dropped by ``opt_d.zero_grad()``; ``"frozen"``: it is frozen for that pass.
+    Both send a static CF (their decisions do not read the clock)."""
+    torch.manual_seed(0)
+    gen = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 16))
+    disc = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    opt_g, opt_d = (
+        GravacOptimizer(
+            torch.optim.SGD(m.parameters(), lr=0.1), policy="fixed", policy_options={"cf": 10}
+        )
+        for m in (gen, disc)
+    )
+    data = torch.Generator().manual_seed(rank)
+    bce = torch.nn.functional.binary_cross_entropy_with_logits
+    for _ in range(6):
+        real, z = torch.randn(16, 16, generator=data) + 2, torch.randn(16, 8, generator=data)
+        fake = gen(z)
+        opt_d.zero_grad()
+        d_loss = bce(disc(real), torch.ones(16, 1)) + bce(disc(fake.detach()), torch.zeros(16, 1))
+        d_loss.backward()
+        opt_d.step()
+        opt_g.zero_grad()
+        disc.requires_grad_(pass_through == "dropped")
+        bce(disc(fake), torch.ones(16, 1)).backward()
+        disc.requires_grad_(True)
+        opt_g.step()
+    params = torch.cat([p.detach().reshape(-1) for m in (gen, disc) for p in m.parameters()])
+    out = {"params": params, "steps": (opt_d.steps, opt_g.steps), "skipped": opt_d.skipped_steps}
+    opt_g.close()
+    opt_d.close()
+    return out
+
+
+def test_a_backward_through_another_optimizers_parameters_is_dropped_by_its_zero_grad(
+    gloo_pools: Workers,
+) -> None:
+    """The discriminator's gradients from the generator's pass, launched during backward,
+    are dropped on every rank by ``zero_grad()``: training is bit for bit as with the
+    discriminator frozen for that pass (before, the next step raised that a gradient changed
+    after its bucket was sent)."""
+    dropped = gloo_pools.run(gan, 2, "dropped", timeout=SPAWN_TIMEOUT)
+    frozen = gloo_pools.run(gan, 2, "frozen", timeout=SPAWN_TIMEOUT)
+    for d, f in zip(dropped, frozen, strict=True):
+        assert torch.equal(d["params"], f["params"])
+        assert d["steps"] == (6, 6) and d["skipped"] == 0
+    assert torch.equal(dropped[0]["params"], dropped[1]["params"])
+
+
+def dropped_by_one_rank(rank: int, world_size: int) -> dict[str, Any]:
+    """Rank 0 zeroes the gradients its backward launched, rank 1 steps them: both raise,
+    then train on alike."""
+    model = tiny_model(seed=0)
+    opt = make(model, "topk")
+    train_step(model, opt, rank, 0)
+    x, y = batch(rank, 1)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    try:
+        opt.zero_grad() if rank == 0 else opt.step()
+        error = ""
+    except RuntimeError as exc:
+        error = str(exc)
+    for step in range(2, 5):
+        train_step(model, opt, rank, step)
+    return {"error": error, "params": [p.detach().clone() for p in model.parameters()]}
+
+
+def test_a_step_dropped_on_some_ranks_only_raises_on_every_rank(gloo_pools: Workers) -> None:
+    out = gloo_pools.run(dropped_by_one_rank, 2, timeout=SPAWN_TIMEOUT)
+    for r in out:
+        assert r["error"].startswith("rank(s) [0] dropped step 1 (zero_grad() after a backward")
+    for a, b in zip(out[0]["params"], out[1]["params"], strict=True):
+        assert torch.equal(a, b)
+
+
+def synchronized_not_stepped(rank: int, world_size: int) -> dict[str, Any]:
+    """A step aggregated by synchronize() and then not stepped (a condition skips the
+    update), and the loop goes on with plain steps."""
+    model = tiny_model(seed=0)
+    opt = make(model, "topk")
+    for step in range(5):
+        opt.zero_grad() if step != 3 else None  # the next backward must drop it alone, too
+        x, y = batch(rank, step)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        if step in (1, 2):
+            opt.synchronize()
+            continue
+        opt.step()
+    params = [p.detach().clone() for p in model.parameters()]
+    return {"params": params, "steps": opt.steps, "skipped": opt.skipped_steps}
+
+
+def test_a_synchronized_step_never_stepped_is_dropped_and_ranks_stay_identical(
+    gloo_pools: Workers,
+) -> None:
+    """Before, the next step() stepped the wrapped optimizer on each rank's own gradients
+    (the hooks ignored backward while a synchronized step was pending): ranks diverged."""
+    out = gloo_pools.run(synchronized_not_stepped, 2, timeout=SPAWN_TIMEOUT)
+    for r in out:
+        assert r["steps"] == 3 and r["skipped"] == 2
+    for a, b in zip(out[0]["params"], out[1]["params"], strict=True):
+        assert torch.equal(a, b)
+
+
 def nan_on_one_rank(
     rank: int, world_size: int, compressor: str, bucket_bytes: int
 ) -> dict[str, Any]:

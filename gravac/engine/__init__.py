@@ -14,9 +14,10 @@ as each is ready; the engine does the rest. For every step::
              start the collective of what the decision names, an all-reduce in place (a
              future completes with the unit's aggregate at commit)
     close:   one small all-gather of the step's scalars [non-finite flag, step time, bound
-             on |x|, step index, layout digest, has-gradient flags, gain terms], overlapped
-             with the payloads in flight
-    commit:  ranks at different steps, or with different layouts: raise on every rank
+             on |x|, step index, layout digest, dropped flag, has-gradient flags, gain
+             terms], overlapped with the payloads in flight
+    commit:  ranks at different steps, or with different layouts, or dropping the step on
+             some ranks only: raise on every rank; every rank dropping it: drop it
     commit:  any rank non-finite: skip; else combine every unit's payloads into the mean
              over ranks in its ``out`` buffer (the front end's gradient buffer: no gradient-
              sized temporary); a non-finite mean: skip (a mean that the compressor bounds well

@@ -561,6 +561,7 @@ class Engine:
         stale: bool = False,
         layout: int = 0,
         sparse: int = -1,
+        dropped: bool = False,
     ) -> Arrival[Any]:
         """Start agreeing the step's scalars (after the last :meth:`launch`); the arrival's
         ``wait()`` returns once they and every unit's aggregate have arrived, or raises
@@ -578,9 +579,13 @@ class Engine:
             sparse: the index of the first parameter this rank has a sparse gradient for
                 (-1: none), launched as zeros; :meth:`commit` then raises
                 :class:`SparseGradientError` on every rank.
+            dropped: the front end discards the step's gradients; :meth:`commit` drops the
+                step where every rank does (:meth:`_drop`), and raises on every rank where
+                only some do.
         """
         self.launch_scattered(step, wait=True)
         now = self.clock()
+        step.previous_close = self.last_close
         interval = -1.0 if self.last_close is None else now - self.last_close
         self.last_close = now
         step.closed_at = now
@@ -596,6 +601,7 @@ class Engine:
             step=step.index,
             layout=layout,
             sparse=sparse,
+            dropped=dropped,
             has_grad=has_grad,
             terms=step.terms,
             values=values,
@@ -633,10 +639,13 @@ class Engine:
         Raises:
             FloatingPointError: ``nonfinite="raise"`` and some value was not finite.
             RuntimeError: some rank changed a gradient after it was launched.
+            RuntimeError: some ranks dropped the step, others did not.
             ValueError: the ranks are at different steps, or train different parameters.
             SparseGradientError: some rank had a sparse gradient.
         """
         table, comm_seconds = self._check(step)
+        if table.all_dropped:
+            return self._drop(step)
         if table.any_nonfinite:
             return self._skip(step)
         totals = self._aggregate_all(step, table.bound)
@@ -815,13 +824,8 @@ class Engine:
                 f"non-finite gradient on at least one rank, or non-finite aggregate, at step "
                 f"{step.index}"
             )
-        self.compressor.load_state_dict(step.snapshot)
+        self._undo(step)
         report = self.controller.observe(Skipped(step.plan))
-        if step.plan.norms:
-            self.norms.restart()
-        for f in step.flights:  # what a skipped step aggregates: NaN (as the DDP hook gives)
-            nan = f.out if f.out is not None else torch.empty_like(f.x.reshape(-1))
-            f.result.set_result(nan.fill_(math.nan))
         self.skipped_steps += 1
         self._alone += not self.comm.distributed
         self.last_cf, self.last_comm = None, -1.0
@@ -847,6 +851,29 @@ class Engine:
                 "checkpoint, or a loss scale that never recovers"
             )
         return _SKIP
+
+    def _drop(self, step: Step) -> Outcome:
+        """Drop a step every rank's front end discarded (:meth:`close`'s ``dropped``): as if
+        its launches had not been, the compressor, residuals and window sums as before it, the
+        controller not told, the next step's interval counted from the close before it. Its
+        per-layer interval sums (Accordion's) cannot be taken back: the interval restarts, as
+        at a skip, and the controller is told so."""
+        self._undo(step)
+        self.last_close = step.previous_close
+        if step.plan.norms:
+            self.controller.observe(Skipped(step.plan))
+        return _SKIP
+
+    def _undo(self, step: Step) -> None:
+        """What a skipped or dropped step's launches did, undone: the compressor's state as
+        before it, the interval's per-layer sums restarted; every unit's result NaN (as the DDP
+        hook gives a skipped step)."""
+        self.compressor.load_state_dict(step.snapshot)
+        if step.plan.norms:
+            self.norms.restart()
+        for f in step.flights:
+            nan = f.out if f.out is not None else torch.empty_like(f.x.reshape(-1))
+            f.result.set_result(nan.fill_(math.nan))
 
     def forget(self, key: int) -> None:
         """Drop everything kept for unit ``key`` (its residual, the compressor's state and

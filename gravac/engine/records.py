@@ -204,6 +204,8 @@ class Step:
             :class:`gravac.engine.scalars.Terms`).
         compress_seconds: time spent compensating, compressing and computing gain terms.
         closed_at: the clock at :meth:`Engine.close`; ``None`` before.
+        previous_close: the clock at the close before it (``None``: none), which a dropped
+            step gives back (:meth:`Engine.close`'s ``dropped``).
         scalars: every rank's scalars (set by :meth:`Engine.close`).
         flags: how many has-gradient flags this step's scalars carry (set by :meth:`Engine.close`).
         values: how many controller values they carry (set by :meth:`Engine.close`).
@@ -231,6 +233,7 @@ class Step:
     terms: Tensor = field(default_factory=lambda: torch.zeros(terms_size(0), dtype=torch.float64))
     compress_seconds: float = 0.0
     closed_at: float | None = None
+    previous_close: float | None = None
     scalars: Arrival[list[Tensor]] | None = None
     flags: int = 0
     values: int = 0
@@ -249,7 +252,8 @@ class Outcome:
     """A committed step: each unit's aggregate, or a skip.
 
     Attributes:
-        skipped: the step is skipped on every rank (non-finite values); nothing else is set.
+        skipped: the step is skipped (non-finite values), or dropped, on every rank; nothing
+            else is set.
         grads: each unit's aggregate divided by the world size, in launch order (for a unit
             launched with a :attr:`Given.place`: a flat buffer for the front end to reuse, the
             aggregate being laid into the place).

@@ -3,7 +3,7 @@
 Besides its payloads, a step exchanges one float64 row per rank, all-gathered in one
 asynchronous collective (:meth:`gravac.engine.Engine.close`)::
 
-    [nonfinite, stale, interval, exposed, bound, step, layout, sparse | has_grad x F
+    [nonfinite, stale, interval, exposed, bound, step, layout, sparse, dropped | has_grad x F
      | terms x T | values x V | stats]
 
 * ``nonfinite``: this rank saw a non-finite gradient (1) or not (0);
@@ -17,6 +17,8 @@ asynchronous collective (:meth:`gravac.engine.Engine.close`)::
   step on (:func:`layout_check`): a rank that changed its parameters alone differs;
 * ``sparse``: the index, among the front end's parameters, of the first tensor this rank has a
   sparse gradient for (-1: none), which the dense buckets cannot carry;
+* ``dropped``: this rank drops the step (its front end discarded the gradients launched, as
+  ``GravacOptimizer.zero_grad()`` after a backward pass without a step does);
 * ``has_grad``: per tensor, whether this rank has its gradient (:attr:`Unit.slots`);
 * ``terms``: the local gain terms (:class:`Terms`), summed over the compressed units;
 * ``values``: what the plan asks this rank to send for the controller (under Accordion's plans,
@@ -58,10 +60,11 @@ STEP_TERMS = 8
 #: terms each of a plan's shadow CFs adds after them (:mod:`gravac.control.replay`)
 TERMS_PER_SHADOW = 3
 #: the scalars before the has-gradient flags: nonfinite, stale, interval, exposed, bound,
-#: step, layout, sparse
-_HEAD = 8
-#: the columns of the step index, the layout digest and the first sparse gradient's index
-_STEP, _LAYOUT, _SPARSE = 5, 6, 7
+#: step, layout, sparse, dropped
+_HEAD = 9
+#: the columns of the step index, the layout digest, the first sparse gradient's index and
+#: the dropped flag
+_STEP, _LAYOUT, _SPARSE, _DROPPED = 5, 6, 7, 8
 #: bits of the layout digest the row carries: a float64 holds integers below 2**53 exactly
 _LAYOUT_BITS = 52
 
@@ -141,11 +144,12 @@ class Row:
     terms: Tensor
     values: Tensor
     stats: Sequence[Tensor]
+    dropped: bool = False
 
     def pack(self, device: torch.device) -> Tensor:
         """The row as one float64 tensor on ``device``, to all-gather."""
         head = [self.nonfinite, self.stale, self.interval, self.exposed, self.bound]
-        head += [self.step, self.layout, self.sparse]
+        head += [self.step, self.layout, self.sparse, self.dropped]
         scalars = torch.tensor([*head, *self.has_grad], dtype=torch.float64)
         stats = [s.cpu() for s in self.stats]
         return torch.cat([scalars, self.terms.cpu(), self.values, *stats]).to(device)
@@ -176,6 +180,16 @@ class Table:
     def any_stale(self) -> bool:
         """Whether some rank changed a gradient after it was launched."""
         return bool(self.rows[:, 1].max() > 0)
+
+    @property
+    def dropped_ranks(self) -> list[int]:
+        """The ranks that drop the step."""
+        return [r for r in range(self.rows.shape[0]) if self.rows[r, _DROPPED] > 0]
+
+    @property
+    def all_dropped(self) -> bool:
+        """Whether every rank drops the step."""
+        return bool(self.rows[:, _DROPPED].min() > 0)
 
     @property
     def any_nonfinite(self) -> bool:
@@ -231,7 +245,9 @@ class Table:
     def disagreement(self, step: int) -> Exception | None:
         """The error every rank raises at ``step`` when the table shows the ranks cannot
         step together (``None``: they can): ranks at different steps, training different
-        parameters, a sparse gradient on some rank, or a gradient changed after its launch."""
+        parameters, dropping the step on some ranks only, a sparse gradient on some rank, or a
+        gradient changed after its launch (the last two do not matter to a step every rank
+        drops)."""
         if self.other_step_ranks:
             return ValueError(
                 f"the ranks are at different steps {self.steps} (by rank): rank(s) "
@@ -244,6 +260,15 @@ class Table:
                 f"at step {step}, or from the next step on (order, shapes, dtypes, "
                 "requires_grad): a group added, or a tensor frozen or unfrozen, on some "
                 "ranks only. Every rank must change its parameters alike, before the same step"
+            )
+        dropped = self.dropped_ranks
+        if dropped:  # every rank's gradients go, whatever they held; or a rank is alone
+            if len(dropped) == self.rows.shape[0]:
+                return None
+            return RuntimeError(
+                f"rank(s) {dropped} dropped step {step} (zero_grad() after a backward pass "
+                "had launched its gradients, without a step), the others stepped it: every "
+                "rank must step, or zero the gradients, alike"
             )
         if self.sparse_ranks:
             return SparseGradientError(self.first_sparse, self.sparse_ranks)

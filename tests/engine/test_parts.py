@@ -26,13 +26,15 @@ from gravac.hierarchy import Topology, group_topology
 _EMPTY = (torch.zeros(0, dtype=torch.float64), ())
 
 
-def _table(*rows: tuple[int, int, int, bool]) -> Table:
-    """A table of rows ``(step, layout, sparse, stale)``, one gradient each."""
+def _table(*rows: tuple[int, int, int, bool], dropped: tuple[bool, ...] = ()) -> Table:
+    """A table of rows ``(step, layout, sparse, stale)``, one gradient each (``dropped``: by
+    rank, none by default)."""
+    drops = dropped or (False,) * len(rows)
     packed = [
         Row(
-            False, stale, 1.0, 0.0, 0.0, step, layout, sparse, [True], torch.zeros(8), *_EMPTY
+            False, stale, 1.0, 0.0, 0.0, step, layout, sparse, [True], torch.zeros(8), *_EMPTY, drop
         ).pack(torch.device("cpu"))
-        for step, layout, sparse, stale in rows
+        for (step, layout, sparse, stale), drop in zip(rows, drops, strict=True)
     ]
     return Table(torch.stack(packed), flags=1, terms=8, values=0)
 
@@ -59,6 +61,19 @@ def test_a_table_names_the_first_disagreement_in_order(
     assert type(error) is kind
     with pytest.raises(kind, match=words):
         raise error
+
+
+def test_a_step_every_rank_drops_raises_nothing_whatever_its_gradients_held() -> None:
+    """A sparse or changed gradient does not matter where every rank discards it; a drop on
+    some ranks only, or a drop at another step, does."""
+    rows = ((3, 9, 2, True), (3, 9, -1, False))
+    assert _table(*rows, dropped=(True, True)).disagreement(3) is None
+    some = _table(*rows, dropped=(False, True)).disagreement(3)
+    assert isinstance(some, RuntimeError) and str(some).startswith("rank(s) [1] dropped step 3")
+    other = _table((3, 9, -1, False), (4, 9, -1, False), dropped=(True, True))
+    assert isinstance(other.disagreement(3), ValueError)
+    assert _table(*rows, dropped=(True, True)).all_dropped
+    assert not _table(*rows, dropped=(False, True)).all_dropped
 
 
 def _step(index: int) -> Step:

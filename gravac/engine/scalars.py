@@ -277,7 +277,9 @@ class Table:
                 f"rank(s) {self.stale_ranks} changed a gradient after its bucket had been "
                 "sent during backward(), so the change would be lost: call "
                 "opt.synchronize() before working on gradients (clipping, unscaling), "
-                "accumulate inside opt.no_sync(), or pass overlap=False"
+                "accumulate inside opt.no_sync(), drop the gradients of a backward pass that "
+                "no step used with opt.zero_grad() (model.zero_grad() does not know them), or "
+                "pass overlap=False"
             )
         return None
 

@@ -408,7 +408,10 @@ class Engine:
         settle: bool,
         given: Given | None,
     ) -> Flight:
-        c, plan = self.compressor, step.plan
+        """Launch a compressed unit in four stages: ``x = g + e``; compress it at the plan's
+        CFs, with the gain terms of each; the window's and shadows' terms; send what the
+        decision names, the residual settled now where nothing reads ``x`` later."""
+        plan = step.plan
         if plan.norms:
             self.norms.add(unit.layer_ids, flat, unit.numels)
         # every tensor has a gradient here: nothing reads x after the send (the residual update
@@ -416,26 +419,75 @@ class Engine:
         early = settle and carry is None
         settings = _settings(plan, unit)
         per_layer = len(set(settings)) > 1
-        if given is not None and given.packed:
-            x: Tensor | None = flat
-        else:
-            in_place = given is not None and early and not per_layer
-            x = self.memory.compensate_(unit.key, flat) if in_place else None
-        in_flat = x is not None
-        if x is None:
-            x = self.memory.compensate(unit.key, flat if carry is None else flat + carry)
+        x, in_flat = self._compensate(unit, flat, carry, given, in_place=early and not per_layer)
         if per_layer:
             return self._launch_layers(step, unit, x, settings, out)
-        cf_min, rank = settings[0]
-        world = self.peers.world_size
+        chosen, as_is, terms = self._compress(step, unit, x, settings[0])
+        e = self._search_terms(step, unit, x, carry, terms)
+        taken = self.windows.taken(x, unit.numels) if early and self._sums(plan) else None
+        shadow = self.shadows.gradient(x, e, unit.numels) if plan.shadows else None
+        if as_is:
+            total = x if early else x.clone()  # all-reduced in place
+            reduced = self.peers.all_reduce_async(total)
+            flight = Flight(unit, x, None, reduced, _nbytes(total), out, taken=taken)
+            flight.shadow = shadow
+            return flight
+        payload, ctx = chosen
+        residual = None
+        if early and not _aliases(payload, x):
+            residual = self.memory.settle(unit.key, x, self.compressor, payload, ctx)
+        window_send = None
+        if taken is not None and residual is not None:  # what was sent is known: held instead
+            window_send = self.windows.sampled_send(taken, residual, unit.numels)
+            taken = None
+        gathered = self._send(payload, read_later=residual is None)
+        if in_flat and residual is None:  # x, in flat, is read at commit: the aggregate goes
+            out = None  # into a new tensor
+        return Flight(
+            unit,
+            x,
+            chosen,
+            gathered,
+            wire_bytes(payload),
+            out,
+            residual=residual,
+            taken=taken,
+            window_send=window_send,
+            shadow=shadow,
+            rotate=in_flat and residual is not None,
+        )
+
+    def _compensate(
+        self, unit: Unit, flat: Tensor, carry: Tensor | None, given: Given | None, *, in_place: bool
+    ) -> tuple[Tensor, bool]:
+        """``x = g + e`` (``g``: ``flat``, plus the residual pieces ``carry``d in) and whether
+        it is in ``flat``'s storage: as the front end packed it there (:attr:`Given.packed`),
+        formed there where ``flat`` is given and ``in_place`` allows, else a tensor of its own."""
+        if given is not None and given.packed:
+            return flat, True
+        if given is not None and in_place:
+            x = self.memory.compensate_(unit.key, flat)
+            if x is not None:
+                return x, True
+        return self.memory.compensate(unit.key, flat if carry is None else flat + carry), False
+
+    def _compress(
+        self, step: Step, unit: Unit, x: Tensor, setting: _Setting
+    ) -> tuple[tuple[Payload, Any], bool, list[Tensor]]:
+        """Compress ``x`` at the plan's ``theta_min`` (``setting``) and candidate CFs (the
+        candidate from the first payload where the compressor is multi-level), with the gain
+        terms ``<c, x>, ||c||^2`` of each and ``||x||^2`` (zeros where not measured). Returns
+        the payload the decision sends, whether ``x`` goes as it is instead (dense, or CF 1
+        with a compressor that then sends ``x``), and the terms."""
+        c, plan = self.compressor, step.plan
+        cf_min, rank = setting
         ranks = None if rank is None else (rank,) * len(unit.shapes)
-        base = Round(step.index, unit.key, world, layout=unit.shapes, ranks=ranks)
+        base = Round(step.index, unit.key, self.peers.world_size, layout=unit.shapes, ranks=ranks)
         # at CF 1 a compressor that sends such a tensor as it is has x itself as its payload
         c_min = _DENSE_PIECE if self._dense_at(cf_min) else c
         multilevel = c if isinstance(c, Multilevel) and c_min is c else None
-        direct = plan.candidate is not None and multilevel is None
         cfs = [cf_min] if c_min is c else []
-        if direct and plan.candidate is not None:
+        if plan.candidate is not None and multilevel is None:
             cfs.append(plan.candidate)
         rounds = self.stats.rounds(step, x, cfs, base, unit.layer_ids, self.peers)
         r_min, r_c = (rounds[0], rounds[1:]) if c_min is c else (base, rounds)
@@ -455,12 +507,25 @@ class Engine:
             terms += [zero, zero]
         checked = c.sends_input or self.stats.shows_nonfinite
         terms.append(note_x(step, x, measure=plan.measure, checked=checked))
-        e = None  # the residual x holds: still the previous step's, until commit
-        if (plan.window_terms and self._windowed) or plan.shadows:
+        which = step.decision.which
+        as_is = which == "dense" or (c_min is not c and which == "min")
+        return chosen, as_is, terms
+
+    def _search_terms(
+        self, step: Step, unit: Unit, x: Tensor, carry: Tensor | None, terms: list[Tensor]
+    ) -> Tensor | None:
+        """Add the unit's gain ``terms`` to the step's, with, at a window's close, the window's
+        terms and each shadow CF's (:mod:`gravac.control.window`, :mod:`gravac.control.replay`);
+        return the residual ``x`` holds (the previous step's, the pieces ``carry``d in added)
+        where the window or the shadows read it, else ``None``."""
+        plan = step.plan
+        windowed = plan.window_terms and self._windowed
+        e = None
+        if windowed or plan.shadows:
             e = self.memory.residual(unit.key)
             if carry is not None:
                 e = carry if e is None else e + carry
-        if plan.window_terms and self._windowed:
+        if windowed:
             totals: list[Tensor] | None = [] if plan.signal else None
             window = self.windows.terms(unit.layer_ids, unit.numels, e, totals).to(x.device)
             step.totals += [signal_sample(t) for t in totals or ()]  # held until close()
@@ -470,41 +535,7 @@ class Engine:
             shadows = torch.zeros(3 * len(plan.shadows), dtype=torch.float64)
         local = [torch.stack(terms), window, shadows.to(x.device)]
         step.terms = step.terms.to(x.device) + torch.cat(local)
-        taken = self.windows.taken(x, unit.numels) if early and self._sums(plan) else None
-        shadow = self.shadows.gradient(x, e, unit.numels) if plan.shadows else None
-        # a per-layer plan's unit whose every tensor is at CF 1 is sent as it is, too
-        if step.decision.which == "dense" or (c_min is not c and step.decision.which == "min"):
-            total = x if early else x.clone()  # all-reduced in place
-            reduced = self.peers.all_reduce_async(total)
-            flight = Flight(unit, x, None, reduced, _nbytes(total), out, taken=taken)
-            flight.shadow = shadow
-            return flight
-        payload, ctx = chosen
-        residual = None
-        if early and not _aliases(payload, x):
-            residual = self.memory.settle(unit.key, x, c, payload, ctx)
-        window_send = None
-        if taken is not None and residual is not None:  # what was sent is known: held instead
-            window_send = self.windows.sampled_send(taken, residual, unit.numels)
-            taken = None
-        gathered = self._send(payload, read_later=residual is None)
-        nbytes = wire_bytes(payload)
-        if in_flat and residual is None:  # x, in flat, is read at commit: the aggregate goes
-            out = None  # into a new tensor
-        rotate = in_flat and residual is not None
-        return Flight(
-            unit,
-            x,
-            chosen,
-            gathered,
-            nbytes,
-            out,
-            residual=residual,
-            taken=taken,
-            window_send=window_send,
-            shadow=shadow,
-            rotate=rotate,
-        )
+        return e
 
     def _send(
         self, payload: Payload, *, read_later: bool = True, collective: Collective | None = None

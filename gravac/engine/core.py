@@ -124,9 +124,8 @@ class Engine:
         self.comm = comm  # the process group: every rank, the step's scalars agreed in it
         self.ranks_per_node = ranks_per_node  # the option the topology is planned from
         self.node_precision = node_precision  # what a node's dense stages send (two levels)
-        self.topology = group_topology(
-            self.comm, self.ranks_per_node
-        )  # the nodes, planned, agreed at the first step
+        # the nodes, planned, agreed at the first step
+        self.topology = group_topology(self.comm, self.ranks_per_node)
         # the two-level groups once formed (form_nodes); None: flat, or not formed yet
         self.hierarchy: Hierarchy | None = None
         self.peers = comm  # the ranks a unit is aggregated among (two-level: one per node)

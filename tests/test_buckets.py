@@ -21,7 +21,7 @@ from gravac.buckets import (
     scatter_grads,
     split_flat,
 )
-from tests.helpers import batch, tiny_model, train_step
+from tests.helpers import batch, counter_clock, tiny_model, train_step
 
 
 def _bucket(*params: torch.Tensor) -> Bucket:
@@ -97,11 +97,15 @@ def test_scatter_gives_a_missing_gradient_its_piece() -> None:
 
 def test_set_to_none_or_zeroing_train_identically() -> None:
     """Fresh gradients (set_to_none) are copied into the buffers and rebound each step; zeroed
-    ones accumulate into the buffers directly: the same training, bit for bit."""
+    ones accumulate into the buffers directly: the same training, bit for bit (the search on a
+    counter clock: on the wall clock, a step slowed by the machine's load could send another
+    CF)."""
     models = []
     for set_to_none in (True, False):
         model = tiny_model()
-        opt = GravacOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), compressor="topk")
+        opt = GravacOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), compressor="topk", clock=counter_clock()
+        )
         for step in range(4):
             opt.zero_grad(set_to_none=set_to_none)
             x, y = batch(0, step)

@@ -322,7 +322,10 @@ def dropped_by_one_rank(rank: int, world_size: int) -> dict[str, Any]:
     x, y = batch(rank, 1)
     torch.nn.functional.cross_entropy(model(x), y).backward()
     try:
-        opt.zero_grad() if rank == 0 else opt.step()
+        if rank == 0:
+            opt.zero_grad()
+        else:
+            opt.step()
         error = ""
     except RuntimeError as exc:
         error = str(exc)
@@ -345,7 +348,8 @@ def synchronized_not_stepped(rank: int, world_size: int) -> dict[str, Any]:
     model = tiny_model(seed=0)
     opt = make(model, "topk")
     for step in range(5):
-        opt.zero_grad() if step != 3 else None  # the next backward must drop it alone, too
+        if step != 3:  # at step 3 the next backward must drop step 2's pending step alone
+            opt.zero_grad()
         x, y = batch(rank, step)
         torch.nn.functional.cross_entropy(model(x), y).backward()
         if step in (1, 2):

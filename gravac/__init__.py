@@ -1,6 +1,6 @@
 """gravac: adaptive gradient compression for distributed PyTorch training (GraVAC)."""
 
-from gravac import compressors
+from gravac import amp, compressors
 from gravac.comm import CollectiveError, StepTimeoutError
 from gravac.config import GravacConfig
 from gravac.control import policies
@@ -22,6 +22,7 @@ __all__ = [
     "StepRecord",
     "StepTimeoutError",
     "TensorBoardMonitor",
+    "amp",
     "broadcast_parameters",
     "compression_gain",
     "compressors",

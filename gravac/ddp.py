@@ -139,6 +139,23 @@ class GravacHookState:
         """The optimizer :meth:`watch` was given, if any."""
         return self._optimizer
 
+    def rescale(self, factor: float) -> None:
+        """Multiply everything kept in the gradients' unit by ``factor``, between steps: the
+        residuals (those of retired and loaded buckets too), DGC's momenta and the search's
+        sums (:meth:`gravac.engine.Engine.rescale`). For a loss scale that changed by
+        ``factor``: ``gravac.amp.GradScaler(hooks=[state])`` calls it.
+
+        Raises:
+            RuntimeError: a backward pass is launching a step.
+            ValueError: ``factor`` is not a finite number above 0.
+        """
+        if self._step is not None:
+            raise RuntimeError("rescale() between steps only: a backward pass is launching one")
+        self.engine.rescale(factor)
+        for pieces in (self._orphans, self._loaded):
+            for e in pieces.values():
+                e.mul_(factor)
+
     # ------------------------------------------------------------------ the hook
     def hook(self, bucket: dist.GradBucket) -> Future[Tensor]:
         """Launch ``bucket`` and return a future of its aggregate (see :func:`gravac_hook`)."""

@@ -99,6 +99,11 @@ class Memory:
     def reset(self, key: int | None = None) -> None:
         """Forget the residual of ``key`` (all keys when ``None``), e.g. after a dense step."""
 
+    def rescale(self, factor: float) -> None:
+        """Multiply everything kept in gradient units by ``factor``, for gradients whose unit
+        changed between steps (a loss scale, :class:`gravac.amp.GradScaler`): ``e <- factor *
+        e``. Nothing to do here; a memory that keeps such state overrides it."""
+
     def residual(self, key: int) -> Tensor | None:
         """The error not yet sent for bucket ``key`` (``None`` if there is none)."""
         return None
@@ -193,6 +198,10 @@ class ResidualMemory(Memory):
 
     def residual(self, key: int) -> Tensor | None:
         return self.residuals.get(key)
+
+    def rescale(self, factor: float) -> None:
+        for e in self.residuals.values():
+            e.mul_(factor)
 
     def state_dict(self) -> dict[str, Any]:
         return {"residuals": {k: v.clone() for k, v in self.residuals.items()}}

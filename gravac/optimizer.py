@@ -59,6 +59,16 @@ __all__ = ["GravacOptimizer", "broadcast_parameters"]
 #: The step is skipped on every rank (nothing to apply).
 _SKIPPED: Any = object()
 
+#: Why a step that a ``torch.amp.GradScaler`` drives must be synchronised first.
+_UNSYNCHRONIZED_SCALER = (
+    "torch.amp.GradScaler.step(opt) reached GravacOptimizer.step() before the gradients were "
+    "aggregated: torch's scaler checks (and unscale_() rescales) each rank's own gradients, "
+    "whose buckets gravac has already sent, so the ranks' loss scales would drift apart and "
+    "the update would use scaled gradients. Use gravac.amp.GradScaler, a drop-in "
+    "torch.amp.GradScaler that aggregates first, or call opt.synchronize() after backward() "
+    "and before scaler.unscale_(opt) and scaler.step(opt)"
+)
+
 
 @dataclass
 class _Proposal:
@@ -151,6 +161,11 @@ class GravacOptimizer(torch.optim.Optimizer):
             :meth:`synchronize` only: a launched bucket's buffer holds the engine's work
             (:meth:`gravac.engine.Engine.launch` with ``Given``) until the aggregate is written.
     """
+
+    #: torch.amp.GradScaler.step hands this optimizer the loss scale and its Inf/NaN flag
+    #: (``grad_scale``, ``found_inf``) and leaves unscaling and skipping to :meth:`step`,
+    #: instead of unscaling gradients that backward() has already sent
+    _step_supports_amp_scaling = True
 
     def __init__(
         self,
@@ -259,6 +274,29 @@ class GravacOptimizer(torch.optim.Optimizer):
     def skipped_steps(self) -> int:
         """Steps skipped on every rank (non-finite values), or synchronised and dropped."""
         return self.engine.skipped_steps
+
+    @property
+    def synchronized(self) -> bool:
+        """Whether this step is aggregated already (:meth:`synchronize` ran, no step since)."""
+        return self._pending is not None
+
+    def rescale(self, factor: float) -> None:
+        """Multiply everything kept in the gradients' unit by ``factor``, between steps:
+        the residuals (error feedback), DGC's momenta and the search's sums
+        (:meth:`gravac.engine.Engine.rescale`). For a loss scale that changed by ``factor``
+        from this step's backward to the next's, so that error feedback adds each residual
+        to gradients of its own unit; :class:`gravac.amp.GradScaler` calls it.
+
+        Raises:
+            RuntimeError: a step is launched or synchronised and not yet stepped.
+            ValueError: ``factor`` is not a finite number above 0.
+        """
+        if self._step is not None or self._pending is not None:
+            raise RuntimeError(
+                "rescale() between steps only: a backward pass launched a step, or "
+                "synchronize() aggregated one, that no step() has used yet"
+            )
+        self.engine.rescale(factor)
 
     @property
     def total_wire_bytes(self) -> int:
@@ -412,12 +450,17 @@ class GravacOptimizer(torch.optim.Optimizer):
         optimizer steps (no second aggregation).
         """
         loss = None
+        found_inf = getattr(self, "found_inf", None)  # set by torch.amp.GradScaler.step
+        if found_inf is not None and self._pending is None:
+            raise RuntimeError(_UNSYNCHRONIZED_SCALER)
         if closure is not None and self._pending is None:
             with torch.enable_grad():
                 loss = closure()
         if self._pending is None:
             self._pending = self._synchronize(explicit=False)
         pending, self._pending = self._pending, None
+        if pending is not _SKIPPED and found_inf is not None:
+            pending = self._unscaled(pending, found_inf, getattr(self, "grad_scale", None))
         if pending is not _SKIPPED:
             self.optimizer.step()
             self.engine.finish(pending)
@@ -425,19 +468,38 @@ class GravacOptimizer(torch.optim.Optimizer):
             self.comm.broadcast_(list(self.sync_buffers.buffers()))
         return loss
 
+    def _unscaled(self, pending: Outcome, found_inf: Tensor, grad_scale: Tensor | None) -> Any:
+        """A synchronised step under a ``torch.amp.GradScaler``
+        (:attr:`_step_supports_amp_scaling`): :data:`_SKIPPED` where the scaler found Inf or
+        NaN in the aggregates (the same on every rank: they are identical), else ``pending``
+        with the aggregates unscaled where the scaler left them scaled (``grad_scale``, the
+        scale; ``None`` after ``scaler.unscale_(opt)``), by the reciprocal ``unscale_``
+        multiplies by."""
+        if bool(found_inf):
+            self.engine.skipped_steps += 1
+            return _SKIPPED
+        if grad_scale is not None:
+            inverse = grad_scale.double().reciprocal().float()
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.grad.mul_(inverse.to(p.grad.device))
+        return pending
+
     def synchronize(self) -> None:
         """Aggregate the gradients now and write the result into ``p.grad``; the next
         :meth:`step` only steps the wrapped optimizer.
 
         For work between aggregation and the update, on the aggregated gradients (identical on
-        every rank): ``GradScaler.unscale_`` (mixed precision), gradient clipping. The pattern,
-        as Horovod's::
+        every rank): gradient clipping, ``GradScaler.unscale_`` (mixed precision; or use
+        :class:`gravac.amp.GradScaler`, which calls this itself and keeps the residuals in the
+        loss scale's unit). The pattern, as Horovod's::
 
             scaler.scale(loss).backward()
             opt.synchronize()
             scaler.unscale_(opt)
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            scaler.step(opt)      # calls opt.step() unless it found Inf/NaN
+            scaler.step(opt)      # steps unless it found Inf/NaN
             scaler.update()
 
         A step skipped for a non-finite gradient (on any rank) or aggregate fills every

@@ -342,11 +342,15 @@ class StatsRule:
             step's other scalars instead of in a blocking collective before compressing.
         shows_nonfinite: the statistics are non-finite exactly when ``x`` holds a non-finite
             value: the engine then takes them as the non-finite check, without a pass of its own.
+        degree: those of ``c * x`` are ``c ** degree`` times those of ``x`` for ``c > 0`` (1: a
+            magnitude or a norm; 2: a squared norm): lagging ones follow a change of the
+            gradients' unit (:meth:`gravac.engine.Engine.rescale`).
     """
 
     op: StatsOp = "sum"
     may_lag: bool = False
     shows_nonfinite: bool = False
+    degree: int = 1
 
 
 @runtime_checkable

@@ -314,6 +314,11 @@ class DGCMemory(Memory):
             self._fresh.pop(key, None)
             self._spare.pop(key, None)
 
+    def rescale(self, factor: float) -> None:
+        """``u <- factor * u`` and ``e <- factor * e`` (:meth:`Memory.rescale`)."""
+        for t in (*self.momenta.values(), *self.residuals.values()):
+            t.mul_(factor)
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "momenta": {k: v.clone() for k, v in self.momenta.items()},

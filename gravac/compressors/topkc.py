@@ -179,7 +179,7 @@ class TopKCCompressor(Compressor):
     name: ClassVar[str] = "topkc"
     collective: Collective = "allreduce"
     #: the chunks' squared norms, summed over ranks
-    stats_rule: ClassVar[StatsRule] = StatsRule(op="sum")
+    stats_rule: ClassVar[StatsRule] = StatsRule(op="sum", degree=2)  # squared norms
 
     def __init__(self, *, chunk_size: int = DEFAULT_CHUNK_SIZE) -> None:
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:

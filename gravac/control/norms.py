@@ -64,6 +64,11 @@ class IntervalNorms:
         self._acc = rekeyed(self._acc, layers)
         self._tracked = dict.fromkeys(layers[k] for k in self._tracked if k in layers)
 
+    def rescale(self, factor: float) -> None:
+        """Multiply the sums by ``factor`` (the gradients' unit changed: a loss scale)."""
+        for acc in self._acc.values():
+            acc.mul_(factor)
+
     def restart(self) -> None:
         """Start the interval again (a step skipped on every rank: its gradients cannot be
         taken back out of the sums)."""

@@ -18,7 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from gravac.control.records import Observation, Plan, Report, Skipped
 
-__all__ = ["Controller", "LayerKeyed"]
+__all__ = ["Controller", "GradientUnits", "LayerKeyed"]
 
 
 class Controller(Protocol):
@@ -61,4 +61,14 @@ class LayerKeyed(Protocol):
     def relayer(self, layers: Mapping[int, int]) -> None:
         """Move the state of each layer to its new id (``layers``: old id -> new id); drop that
         of layers not in ``layers``."""
+        ...
+
+
+@runtime_checkable
+class GradientUnits(Protocol):
+    """A controller that keeps values in the gradients' unit (Accordion's last interval
+    norms): the engine scales them when that unit changes between steps (a loss scale)."""
+
+    def rescale(self, factor: float) -> None:
+        """Multiply every value kept in the gradients' unit by ``factor`` (> 0)."""
         ...

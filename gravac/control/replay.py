@@ -261,6 +261,14 @@ class ShadowSums:
                 del pieces[piece]
         self._sizes = {unit: n for unit, n in self._sizes.items() if not gone & set(unit)}
 
+    def rescale(self, factor: float) -> None:
+        """Multiply every shadow residual and sum kept by ``factor`` (gradients whose unit
+        changed: :meth:`gravac.memory.Memory.rescale`)."""
+        held = [*self.residual.values(), *self.sent.values()]
+        held += [t for pieces in (*self._loose.values(), *self.earlier) for t in pieces.values()]
+        for t in held:
+            t.mul_(factor)
+
     def clear(self, keep: int = 0) -> None:
         """Start a new window: the sums restart (those of the last ``keep`` windows, the one
         that ended included, stay in the terms of the next window's end), the shadow

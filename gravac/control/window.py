@@ -278,6 +278,13 @@ class WindowSums:
             for layer in layers:
                 sums.pop(layer, None)
 
+    def rescale(self, factor: float) -> None:
+        """Multiply every sum kept by ``factor`` (gradients whose unit changed:
+        :meth:`gravac.memory.Memory.rescale`)."""
+        for sums in (self.sent, *self.earlier):
+            for t in sums.values():
+                t.mul_(factor)
+
     def clear(self, keep: int = 0) -> None:
         """Start a new window; the sums of the last ``keep`` windows (the one that ended
         included) stay in the terms of the next window's end."""

@@ -32,7 +32,7 @@ from gravac.control.noise import signal_fraction, signal_payload, signal_sample
 from gravac.control.norms import IntervalNorms
 from gravac.control.options import ControllerConfig
 from gravac.control.policies.base import ScalingPolicy
-from gravac.control.protocol import Controller, LayerKeyed
+from gravac.control.protocol import Controller, GradientUnits, LayerKeyed
 from gravac.control.records import DENSE, Plan, Skipped
 from gravac.control.replay import ShadowSums
 from gravac.control.window import WindowSums
@@ -904,6 +904,29 @@ class Engine:
         for f in step.flights:
             nan = f.out if f.out is not None else torch.empty_like(f.x.reshape(-1))
             f.result.set_result(nan.fill_(math.nan))
+
+    def rescale(self, factor: float) -> None:
+        """The gradients' unit changed between steps (a loss scale that
+        :class:`gravac.amp.GradScaler` changed by ``factor``): multiply what is kept in it by
+        ``factor`` (the residuals and DGC's momenta, the window's and the shadows' sampled
+        sums, the interval's per-layer sums and the norms Accordion compares them with, the
+        lagging compressor statistics).
+        For a power of two (a ``GradScaler``'s growth and backoff) every product is exact:
+        training goes on bit for bit as if the gradients had always been in the new unit.
+        Between steps only, on every rank alike.
+
+        Raises:
+            ValueError: ``factor`` is not a finite number above 0.
+        """
+        if not (isinstance(factor, float | int) and math.isfinite(factor) and factor > 0):
+            raise ValueError(f"factor must be a finite number above 0, got {factor!r}")
+        self.memory.rescale(factor)
+        self.windows.rescale(factor)
+        self.shadows.rescale(factor)
+        self.norms.rescale(factor)
+        self.stats.rescale(factor)
+        if isinstance(self.controller, GradientUnits):
+            self.controller.rescale(factor)
 
     def forget(self, key: int) -> None:
         """Drop everything kept for unit ``key`` (its residual, the compressor's state and

@@ -110,6 +110,13 @@ class AgreedStats:
             if all(k in layers for k in key)
         }
 
+    def rescale(self, factor: float) -> None:
+        """The gradients' unit changed by ``factor`` (a loss scale): the lagging statistics
+        in the new unit (``factor ** degree`` times, :class:`StatsRule`)."""
+        if self.rule is not None:
+            for t in self.lagged.values():
+                t.mul_(factor**self.rule.degree)
+
     def state_dict(self) -> list[tuple[list[int], list[float]]]:
         """The lagging statistics, by layers, as lists."""
         return [(list(k), v.tolist()) for k, v in self.lagged.items()]

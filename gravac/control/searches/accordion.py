@@ -170,6 +170,11 @@ class AccordionController:
         self.high = self.snap(self.policy.high_cf)
         self.smoothed.resnap(self.snap)
 
+    def rescale(self, factor: float) -> None:
+        """The gradients' unit changed (a loss scale): the last interval's norms, which the
+        next interval's are compared with, in the new unit."""
+        self._norms = {k: v * factor for k, v in self._norms.items()}
+
     # ----------------------------------------------------------------- checkpoint
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume exactly (plain Python values)."""

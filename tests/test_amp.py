@@ -47,32 +47,51 @@ def _optimizer(model: nn.Module, variant: str) -> GravacOptimizer:
     )
 
 
+def _scaler(kind: str, hooks: list[GravacHookState] | None = None) -> torch.amp.GradScaler | None:
+    """No scaler (``"none"``), ``gravac.amp.GradScaler`` (``"gravac"``, rescaling ``hooks``)
+    or torch's (``"torch"``), growing every :data:`GROWTH_INTERVAL` clean steps."""
+    if kind == "gravac":
+        return gravac.amp.GradScaler("cpu", growth_interval=GROWTH_INTERVAL, hooks=hooks or [])
+    if kind == "torch":
+        return torch.amp.GradScaler("cpu", growth_interval=GROWTH_INTERVAL)
+    return None
+
+
+def _update(
+    loss: torch.Tensor,
+    opt: torch.optim.Optimizer,
+    amp: torch.amp.GradScaler | None,
+    *,
+    synchronize: bool,
+) -> None:
+    """Backward and step, through ``amp`` where there is one (``opt.synchronize()`` between,
+    with ``synchronize``)."""
+    if amp is None:
+        loss.backward()
+        opt.step()
+        return
+    amp.scale(loss).backward()
+    if synchronize:
+        assert isinstance(opt, GravacOptimizer)
+        opt.synchronize()
+    amp.step(opt)
+    amp.update()
+
+
 def amp_run(rank: int, world_size: int, variant: str, scaler: str) -> dict[str, Any]:
     """Train :data:`STEPS` steps, the last rank's loss NaN at :data:`NAN_STEP`: unscaled
     (``scaler="none"``), through ``gravac.amp.GradScaler`` (``"gravac"``), or through torch's
     with ``opt.synchronize()`` first (``"torch"``)."""
     model = tiny_model(seed=0)
     opt = _optimizer(model, variant)
-    amp: torch.amp.GradScaler | None = None
-    if scaler == "gravac":
-        amp = gravac.amp.GradScaler("cpu", growth_interval=GROWTH_INTERVAL)
-    elif scaler == "torch":
-        amp = torch.amp.GradScaler("cpu", growth_interval=GROWTH_INTERVAL)
+    amp = _scaler(scaler)
     for step in range(STEPS):
         opt.zero_grad()
         x, y = batch(rank, step)
         loss = nn.functional.cross_entropy(model(x), y)
         if step == NAN_STEP and rank == world_size - 1:
             loss = loss * float("nan")
-        if amp is None:
-            loss.backward()
-            opt.step()
-            continue
-        amp.scale(loss).backward()
-        if scaler == "torch":
-            opt.synchronize()
-        amp.step(opt)
-        amp.update()
+        _update(loss, opt, amp, synchronize=scaler == "torch")
     return {
         "params": torch.cat([p.detach().reshape(-1) for p in model.parameters()]),
         "skipped": opt.skipped_steps,
@@ -213,22 +232,11 @@ def hook_amp_run(rank: int, world_size: int, scaler: str) -> dict[str, Any]:
     state = GravacHookState(**VARIANTS["topk"])
     net.register_comm_hook(state, gravac_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    amp: torch.amp.GradScaler | None = None
-    if scaler == "gravac":
-        amp = gravac.amp.GradScaler("cpu", growth_interval=GROWTH_INTERVAL, hooks=[state])
-    elif scaler == "torch":
-        amp = torch.amp.GradScaler("cpu", growth_interval=GROWTH_INTERVAL)
+    amp = _scaler(scaler, hooks=[state])
     for step in range(STEPS):
         opt.zero_grad()
         x, y = batch(rank, step)
-        loss = nn.functional.cross_entropy(net(x), y)
-        if amp is None:
-            loss.backward()
-            opt.step()
-            continue
-        amp.scale(loss).backward()
-        amp.step(opt)
-        amp.update()
+        _update(nn.functional.cross_entropy(net(x), y), opt, amp, synchronize=False)
     return {
         "params": torch.cat([p.detach().reshape(-1) for p in model.parameters()]),
         "scale": None if amp is None else amp.get_scale(),

@@ -33,7 +33,9 @@ locally. It adds four techniques; this module implements all of them:
 * **Local gradient clipping** (:class:`DGCMemory`, option ``clip_norm``): each worker clips its
   own gradient to L2 norm ``clip_norm`` before accumulating. The paper derives the per-worker
   threshold from the global one by scaling with ``N^(-1/2)`` for N workers; pass
-  ``clip_norm = global_clip / sqrt(N)`` to follow it.
+  ``clip_norm = global_clip / sqrt(N)`` to follow it. The threshold applies to the gradients as
+  backward makes them: under a loss scale (``torch.amp.GradScaler``) they are scaled, and so
+  clipped at ``clip_norm / S`` in true units.
 
 * **Sparsity warm-up** (option ``warmup_steps``): during the first ``warmup_steps`` steps the CF
   is capped by the schedule 4, 16, 64, 256, 1024 (75%, 93.75%, 98.4%, 99.6%, 99.9% sparsity) in

@@ -6,7 +6,10 @@ Lightning starts the second process itself (``accelerator="cpu", devices=2``, DD
 :class:`~gravac.integrations.lightning.GravacCallback` registers the DDP communication hook
 (on CPU, ``DDPStrategy(ddp_comm_hook=...)`` alone would be ignored by Lightning). Rank 0 prints
 the test accuracy, the CF gravac sent at the last step and the bytes on the wire;
-``--report DIR`` also writes each rank's figures to ``DIR/rank{R}.json``. Needs
+``--report DIR`` also writes each rank's figures to ``DIR/rank{R}.json``. With
+``--precision 16-mixed`` it trains under float16 autocast with a loss scale, through
+Lightning's ``MixedPrecision`` plugin given :class:`gravac.amp.GradScaler`, which keeps the
+hook's residuals in the scale's unit when the scale changes. Needs
 ``pip install 'gravac[integrations,demo]'``.
 """
 
@@ -17,6 +20,7 @@ from pathlib import Path
 
 import torch
 from lightning.pytorch import LightningModule, Trainer, seed_everything
+from lightning.pytorch.plugins import MixedPrecision
 from lightning.pytorch.strategies import DDPStrategy
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -56,6 +60,12 @@ def main() -> None:
     parser.add_argument("--policy", default="exponential", choices=gravac.control.policies.names())
     parser.add_argument("--log-dir", default=None, help="gravac's TensorBoard logs (rank 0)")
     parser.add_argument("--report", type=Path, default=None, help="write rank{R}.json here")
+    parser.add_argument(
+        "--precision",
+        default="32",
+        choices=["32", "16-mixed"],
+        help="16-mixed: float16 autocast and gravac.amp.GradScaler",
+    )
     args = parser.parse_args()
 
     torch.set_num_threads(1)  # 2 processes on a small machine: one core each
@@ -74,11 +84,16 @@ def main() -> None:
         batch_size=args.batch_size,
         monitor=args.log_dir,
     )
+    precision = None
+    if args.precision == "16-mixed":  # the scaler rescales the hook's residuals with its scale
+        scaler = gravac.amp.GradScaler("cpu", hooks=[state])
+        precision = MixedPrecision("16-mixed", "cpu", scaler=scaler)
     trainer = Trainer(
         accelerator="cpu",
         devices=DEVICES,
         strategy=DDPStrategy(process_group_backend="gloo"),
         callbacks=[GravacCallback(state)],
+        plugins=precision,
         max_steps=args.max_steps,
         max_epochs=-1,
         logger=False,

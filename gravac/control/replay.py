@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gravac.control.window import sample_index, sample_size, window_terms
+from gravac.control.window import Sampler, sample_size, window_terms
 
 __all__ = ["SHADOW_STRIDE", "ShadowSums", "shadow_round"]
 
@@ -90,26 +90,17 @@ class ShadowSums:
         # per tensor: (cf, layer) -> sampled S_c of that window
         self.earlier: list[dict[tuple[float, int], Tensor]] = []
         self._sizes: dict[Layers, list[int]] = {}  # a unit's tensors' sample sizes
-        self._index: dict[tuple[tuple[int, ...], torch.device], Tensor] = {}  # by layout
-        self._used: set[tuple[tuple[int, ...], torch.device]] = set()  # layouts of this window
+        self._sampled = Sampler(SHADOW_STRIDE)
 
     def gradient(self, x: Tensor, residual: Tensor | None, numels: Sequence[int]) -> Tensor:
         """The replayed sample of a unit's gradient ``g = x - e`` (flat, float32), from its
         flat error-fed gradient ``x`` and the residual ``e`` that was added to it (``None``:
         0): each tensor's :func:`gravac.control.window.sample` at :data:`SHADOW_STRIDE`, in
         order."""
-        index = self._sample_index(tuple(numels), x.device)
-        g = x.reshape(-1).index_select(0, index).float()
+        g = self._sampled(x, numels).float()
         if residual is not None:
-            g.sub_(residual.reshape(-1).index_select(0, index))
+            g.sub_(self._sampled(residual, numels))
         return g
-
-    def _sample_index(self, numels: tuple[int, ...], device: torch.device) -> Tensor:
-        key = (numels, device)
-        self._used.add(key)
-        if key not in self._index:
-            self._index[key] = sample_index(numels, SHADOW_STRIDE, device)
-        return self._index[key]
 
     def terms(self, cfs: Sequence[float], layers: Sequence[int], numels: Sequence[int]) -> Tensor:
         """``[<S, X>, ||S||^2, ||X||^2]`` of every CF in ``cfs``, in that order, for one unit's
@@ -231,9 +222,9 @@ class ShadowSums:
 
     def nbytes(self) -> int:
         """Bytes held: the shadow residuals and sums, and the cached sample indices."""
-        held = [*self.residual.values(), *self.sent.values(), *self._index.values()]
+        held = [*self.residual.values(), *self.sent.values()]
         held += [t for loose in (*self._loose.values(), *self.earlier) for t in loose.values()]
-        return sum(t.numel() * t.element_size() for t in held)
+        return sum(t.numel() * t.element_size() for t in held) + self._sampled.nbytes()
 
     def relayer(self, layers: Mapping[int, int]) -> None:
         """The layout changed: every shadow moves to its tensor's new layer id (``layers``: old
@@ -246,7 +237,8 @@ class ShadowSums:
         self._loose = {name: moved(self._by_tensor(name)) for name in ("residual", "sent")}
         self.earlier = [moved(sums) for sums in self.earlier]
         self.residual, self.sent = {}, {}
-        self._sizes, self._index, self._used = {}, {}, set()
+        self._sizes = {}
+        self._sampled.reset()
 
     def forget(self, layers: Collection[int]) -> None:
         """Drop the shadows of every unit that holds one of ``layers`` and those of the
@@ -278,8 +270,7 @@ class ShadowSums:
         self.earlier = [*self.earlier, self._by_tensor("sent")][-keep:] if keep else []
         self.sent = {}
         self._loose["sent"] = {}
-        self._index = {k: v for k, v in self._index.items() if k in self._used}
-        self._used = set()
+        self._sampled.prune()
 
     def state_dict(self) -> dict[str, Any]:
         """The shadows as rows ``(cf, layers, sizes, flat)``: the pieces (as in :meth:`piece`)

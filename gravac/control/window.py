@@ -44,9 +44,11 @@ from gravac.gain import inner
 
 __all__ = [
     "PROGRESS_MEASURES",
+    "VIEW_TENSORS",
     "WINDOW_BLOCK",
     "WINDOW_STRIDE",
     "SampledSend",
+    "Sampler",
     "WindowSums",
     "predicted_progress",
     "rekeyed",
@@ -65,6 +67,11 @@ WINDOW_STRIDE = 16
 #: the tensor's memory (every 16th element alone touches every line: a pass over all of it, 1 ms
 #: a step on the VGG-style CNN's 21 MB of gradient, three times over)
 WINDOW_BLOCK = 16
+#: a unit of at most this many tensors is sampled tensor by tensor through views, which hold no
+#: positions (a unit's positions cost as much memory as its sample, int32: 1/16 of its gradient
+#: at the window's stride); one of more tensors in one ``index_select`` over cached positions,
+#: so that a bucket of many small tensors pays one call rather than two a tensor
+VIEW_TENSORS = 4
 #: version of the sampling in a saved :class:`WindowSums` (sums sampled otherwise are dropped)
 _SAMPLING = 2
 #: a unit's sampled send (:class:`SampledSend`) is held as its entries other than +0.0 and
@@ -102,14 +109,20 @@ def sample(t: Tensor, stride: int = WINDOW_STRIDE) -> Tensor:
     """The sampled elements of ``t``, flat, in order (a new tensor): the first
     :data:`WINDOW_BLOCK` of every ``WINDOW_BLOCK * stride`` elements."""
     flat = t.reshape(-1)
+    out = torch.empty(sample_size(flat.numel(), stride), dtype=flat.dtype, device=flat.device)
+    _sample_into(flat, out, stride)
+    return out
+
+
+def _sample_into(flat: Tensor, out: Tensor, stride: int) -> None:
+    """Copy :func:`sample` of the flat tensor ``flat`` into ``out``, through views: no
+    positions are made."""
     span = WINDOW_BLOCK * stride
     full = flat.numel() // span
-    out = torch.empty(sample_size(flat.numel(), stride), dtype=flat.dtype, device=flat.device)
     out[: full * WINDOW_BLOCK].view(full, WINDOW_BLOCK).copy_(
         flat[: full * span].view(full, span)[:, :WINDOW_BLOCK]
     )
     out[full * WINDOW_BLOCK :].copy_(flat[full * span : full * span + WINDOW_BLOCK])
-    return out
 
 
 def sample_index(numels: Sequence[int], stride: int, device: torch.device) -> Tensor:
@@ -127,6 +140,48 @@ def sample_index(numels: Sequence[int], stride: int, device: torch.device) -> Te
         offset += n
     wide = sum(numels) > torch.iinfo(torch.int32).max
     return torch.cat(parts).to(device, torch.int64 if wide else torch.int32)
+
+
+class Sampler:
+    """Each tensor's :func:`sample` at ``stride`` of a flat unit of tensors, end to end in a new
+    flat tensor: a unit of at most :data:`VIEW_TENSORS` tensors through views, one of more in one
+    ``index_select`` over its positions (:func:`sample_index`), cached by layout until a layout
+    goes unused between two :meth:`prune` calls."""
+
+    def __init__(self, stride: int) -> None:
+        self.stride = stride
+        self._index: dict[tuple[tuple[int, ...], torch.device], Tensor] = {}
+        self._used: set[tuple[tuple[int, ...], torch.device]] = set()  # layouts since prune
+
+    def __call__(self, flat: Tensor, numels: Sequence[int]) -> Tensor:
+        flat = flat.reshape(-1)
+        if len(numels) > VIEW_TENSORS:
+            key = (tuple(numels), flat.device)
+            self._used.add(key)
+            if key not in self._index:
+                self._index[key] = sample_index(numels, self.stride, flat.device)
+            return flat.index_select(0, self._index[key])
+        sizes = [sample_size(n, self.stride) for n in numels]
+        out = torch.empty(sum(sizes), dtype=flat.dtype, device=flat.device)
+        at = 0  # a padded unit's flat tensor may run past its tensors
+        for n, into in zip(numels, out.split(sizes), strict=True):
+            _sample_into(flat[at : at + n], into, self.stride)
+            at += n
+        return out
+
+    def nbytes(self) -> int:
+        """Bytes held by the cached positions."""
+        return sum(t.numel() * t.element_size() for t in self._index.values())
+
+    def prune(self) -> None:
+        """Drop the positions of the layouts not sampled since the last call (a bucket
+        rebuild's old layouts would otherwise stay cached for the rest of the run)."""
+        self._index = {k: v for k, v in self._index.items() if k in self._used}
+        self._used = set()
+
+    def reset(self) -> None:
+        """Drop every cached position (the layout changed)."""
+        self._index, self._used = {}, set()
 
 
 def window_terms(sent: Tensor, residual: Tensor) -> Tensor:
@@ -177,17 +232,7 @@ class WindowSums:
     def __init__(self) -> None:
         self.sent: dict[int, Tensor] = {}  # sampled sum of what was sent, by layer id
         self.earlier: list[dict[int, Tensor]] = []  # the windows before it, oldest first
-        # a unit's sample positions, by its tensors' numels and device (one index_select
-        # samples the unit: a model of many small tensors pays no pass per tensor)
-        self._index: dict[tuple[tuple[int, ...], torch.device], Tensor] = {}
-
-    def _sampled(self, flat: Tensor, numels: Sequence[int]) -> Tensor:
-        """Each tensor's :func:`sample` of a unit's ``flat`` tensor, in order, end to end in a
-        new flat tensor."""
-        key = (tuple(numels), flat.device)
-        if key not in self._index:
-            self._index[key] = sample_index(numels, WINDOW_STRIDE, flat.device)
-        return flat.reshape(-1).index_select(0, self._index[key])
+        self._sampled = Sampler(WINDOW_STRIDE)
 
     def terms(
         self,
@@ -269,7 +314,7 @@ class WindowSums:
         old id -> new id); a tensor no longer compressed has its sums dropped."""
         self.sent = rekeyed(self.sent, layers)
         self.earlier = [rekeyed(sums, layers) for sums in self.earlier]
-        self._index = {}
+        self._sampled.reset()
 
     def forget(self, layers: Collection[int]) -> None:
         """Drop the sums of ``layers``, tensors that no longer exist (a chunk of a unit that
@@ -290,7 +335,7 @@ class WindowSums:
         included) stay in the terms of the next window's end."""
         self.earlier = [*self.earlier, self.sent][-keep:] if keep else []
         self.sent = {}
-        self._index = {}  # a bucket rebuild's old layouts are not kept for the run
+        self._sampled.prune()
 
     def state_dict(self) -> dict[str, Any]:
         def rows(sums: dict[int, Tensor]) -> list[tuple[int, Tensor]]:

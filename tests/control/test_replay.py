@@ -185,17 +185,20 @@ def test_a_new_layout_joins_its_units_from_the_tensors_pieces() -> None:
 
 def test_sample_indices_of_a_layout_no_window_read_are_dropped() -> None:
     """A bucket rebuild changes a unit's layout: its old indices go at the end of the first
-    window that did not read them, and those read in the window that ends stay."""
+    window that did not read them, and those read in the window that ends stay. (Units of
+    more than VIEW_TENSORS tensors: fewer are sampled through views, with no indices.)"""
     shadows = ShadowSums()
-    x = torch.arange(20.0)
-    old = shadows.gradient(x, None, (12, 8))
+    x = torch.arange(2000.0)
+    old = shadows.gradient(x, None, (300,) * 6 + (200,))
     assert shadows.nbytes() == old.numel() * 4  # int32 indices, nothing replayed yet
     shadows.clear()  # the window that read the old layout ends
-    new = shadows.gradient(x, None, (20,))
+    new = shadows.gradient(x, None, (400,) * 5)
     assert shadows.nbytes() == (old.numel() + new.numel()) * 4
     shadows.clear()  # a window that read only the new layout
     assert shadows.nbytes() == new.numel() * 4
-    assert torch.equal(shadows.gradient(x, None, (20,)), new)
+    assert torch.equal(shadows.gradient(x, None, (400,) * 5), new)
+    assert shadows.gradient(x, None, (2000,)).numel() > 0
+    assert shadows.nbytes() == new.numel() * 4  # one tensor: sampled through views
 
 
 @pytest.mark.parametrize("name", ["topk", "redsync", "dgc"])

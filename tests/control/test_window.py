@@ -3,9 +3,18 @@ windows."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from gravac.control.window import WindowSums, sample, sample_size, window_terms
+from gravac.control.window import (
+    VIEW_TENSORS,
+    Sampler,
+    WindowSums,
+    sample,
+    sample_index,
+    sample_size,
+    window_terms,
+)
 
 
 def test_the_sums_of_the_windows_a_horizon_keeps_add_up_in_the_terms() -> None:
@@ -108,3 +117,27 @@ def test_forgotten_tensors_lose_their_sums_in_every_window_kept_and_others_keep_
     assert 1 not in sums.sent and all(1 not in earlier for earlier in sums.earlier)
     assert torch.equal(sums.terms((2,), (64,), None), before)
     assert torch.equal(sums.terms((1,), (64,), None), torch.zeros(3, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("count", [1, VIEW_TENSORS, VIEW_TENSORS + 3])
+@pytest.mark.parametrize("stride", [16, 64])
+def test_a_units_sample_is_its_tensors_samples_end_to_end_whichever_way_it_is_taken(
+    count: int, stride: int
+) -> None:
+    """Through views (few tensors, no positions held) or through cached positions (many), a
+    unit's sample is each tensor's :func:`sample`, in order, bit for bit, and a padded flat
+    tensor's padding is not read."""
+    numels = [5000, 0, 255, 257, 16, 1, 4096, 999][:count]
+    flat = torch.randn(sum(numels) + 7)  # 7 elements of padding
+    sampler = Sampler(stride)
+    got = sampler(flat, numels)
+    parts = flat[: sum(numels)].split(numels)
+    want = torch.cat([sample(t, stride) for t in parts])
+    assert torch.equal(got, want)
+    assert torch.equal(got, flat.index_select(0, sample_index(numels, stride, flat.device)))
+    held = sampler.nbytes()
+    assert (held == 0) == (count <= VIEW_TENSORS)
+    sampler.prune()  # read since the last prune: kept
+    assert sampler.nbytes() == held
+    sampler.prune()  # not read since: dropped
+    assert sampler.nbytes() == 0

@@ -33,12 +33,15 @@ __all__ = [
     "Bucket",
     "Layout",
     "Run",
+    "Signature",
     "build_layout",
     "check_bytes",
-    "check_real",
+    "check_params",
+    "check_resized",
     "default_bucket_bytes",
     "gather_grads",
     "join_flat",
+    "layout_signature",
     "row_pieces",
     "scatter_grads",
     "split_flat",
@@ -60,6 +63,10 @@ DEFAULT_DENSE_BYTES = 0
 #: stepped 1.15-1.39x the time of 25 MiB ones (8), a sixteenth (18) 1.02-1.14x
 #: (benchmarks/README.md, tenth measurement)
 MAX_SMALL_BUCKETS = 16
+
+
+#: what identifies a layout's parameters: each one's identity, whether it trains, and its shape
+Signature = tuple[tuple[int, bool, torch.Size], ...]
 
 
 @dataclass(frozen=True)
@@ -122,7 +129,7 @@ class Layout:
 
     compressed: tuple[Bucket, ...]
     dense: tuple[Bucket, ...]
-    signature: tuple[tuple[int, bool], ...]
+    signature: Signature
 
     @property
     def params(self) -> list[Tensor]:
@@ -153,23 +160,57 @@ class Layout:
         return tuple(runs)
 
 
-def _signature(params: Sequence[Tensor]) -> tuple[tuple[int, bool], ...]:
-    return tuple((id(p), p.requires_grad) for p in params)
+def layout_signature(params: Sequence[Tensor]) -> Signature:
+    """The :data:`Signature` of ``params`` as they are now."""
+    return tuple((id(p), p.requires_grad, p.shape) for p in params)
 
 
-def check_real(params: Sequence[Tensor]) -> None:
-    """Refuse complex parameters: the compressors work on real tensors, and a cast to a real
-    wire format would drop the imaginary part.
+def check_resized(signature: Signature, params: Sequence[Tensor]) -> None:
+    """Refuse a parameter of ``signature`` that changed shape since (its ``.data`` replaced by
+    a tensor of another shape): its residual, and every per-layer state, is of the old shape.
 
     Raises:
-        ValueError: naming the first complex parameter's index, shape and dtype.
+        ValueError: naming the parameter's index among ``params`` and both shapes.
+    """
+    shapes = {key: shape for key, _, shape in signature}
+    for i, p in enumerate(params):
+        before = shapes.get(id(p))
+        if before is not None and before != p.shape:
+            raise ValueError(
+                f"parameter {i} changed shape from {tuple(before)} to {tuple(p.shape)} since "
+                "gravac laid out its buckets: its error-feedback residual and per-layer state "
+                "are of the old shape and cannot follow it. Change shapes before building the "
+                "optimizer, or close it (opt.close()) and build a new one over the resized model"
+            )
+
+
+def check_params(params: Sequence[Tensor]) -> None:
+    """Refuse parameters a layout cannot hold: complex ones (the compressors work on real
+    tensors, and a cast to a real wire format would drop the imaginary part), ones on the meta
+    device (no storage: a model built there and not materialized), and parameters on more than
+    one device (a rank's buckets, residuals and collectives live on one device).
+
+    Raises:
+        ValueError: naming the first such parameter's index, shape and dtype or device.
     """
     for i, p in enumerate(params):
+        where = f"parameter {i} (shape {tuple(p.shape)}, {p.dtype}"
         if p.is_complex():
             raise ValueError(
-                f"parameter {i} (shape {tuple(p.shape)}, {p.dtype}) is complex: gravac's "
-                "compressors work on real tensors, and casting would drop the imaginary part; "
-                "keep the real and imaginary parts as two real parameters instead"
+                f"{where}) is complex: gravac's compressors work on real tensors, and casting "
+                "would drop the imaginary part; keep the real and imaginary parts as two real "
+                "parameters instead"
+            )
+        if p.is_meta:
+            raise ValueError(
+                f"{where}) is on the meta device, without storage: materialize the model "
+                "(module.to_empty(device=...), then initialize it) before it trains"
+            )
+        if p.device != params[0].device:
+            raise ValueError(
+                f"{where}) is on {p.device}, parameter 0 on {params[0].device}: a rank's "
+                "buckets and residuals live on one device; give each GravacOptimizer the "
+                "parameters of one device"
             )
 
 
@@ -213,7 +254,7 @@ def build_layout(params: Sequence[Tensor], *, bucket_bytes: int, dense_bytes: in
         if members:
             compressed.append(Bucket(key=len(compressed), params=tuple(members), dtype=dtype))
 
-    check_real(params)
+    check_params(params)
     for p in reversed(params):  # backward produces the last layers' gradients first
         if not p.requires_grad:
             continue
@@ -243,7 +284,7 @@ def build_layout(params: Sequence[Tensor], *, bucket_bytes: int, dense_bytes: in
     dense_buckets = tuple(
         Bucket(key=i, params=tuple(ps), dtype=dt) for i, (dt, ps) in enumerate(dense.items())
     )
-    return Layout(tuple(compressed), dense_buckets, _signature(params))
+    return Layout(tuple(compressed), dense_buckets, layout_signature(params))
 
 
 def row_pieces(p: Tensor, bucket_bytes: int) -> list[tuple[int, int]]:

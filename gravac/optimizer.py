@@ -36,12 +36,15 @@ from gravac.buckets import (
     Bucket,
     Layout,
     Run,
+    Signature,
     build_layout,
     check_bytes,
-    check_real,
+    check_params,
+    check_resized,
     default_bucket_bytes,
     gather_grads,
     join_flat,
+    layout_signature,
     scatter_grads,
     split_flat,
 )
@@ -76,7 +79,7 @@ class _Proposal:
     seen at still runs on the old layout, its scalars carrying the new one's digest; once every
     rank's matched (``agreed``), the next step adopts it."""
 
-    signature: tuple[tuple[int, bool], ...]
+    signature: Signature
     digest: int
     agreed: bool = False
 
@@ -198,7 +201,7 @@ class GravacOptimizer(torch.optim.Optimizer):
         check_bytes("dense_bytes", dense_bytes)
         self.engine: Engine = build_engine(process_group, config, **options)
         params = [p for g in optimizer.param_groups for p in g["params"]]
-        check_real(params)
+        check_params(params)
         super().__init__([{"params": params}], {})
         # From here on param_groups, state and defaults are the wrapped optimizer's own objects.
         self.optimizer = optimizer
@@ -360,11 +363,17 @@ class GravacOptimizer(torch.optim.Optimizer):
         )
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """Add a group to the wrapped optimizer (the groups are shared)."""
+        """Add a group to the wrapped optimizer (the groups are shared). A group that a layout
+        cannot hold (:func:`gravac.buckets.check_params`) is refused, and not added."""
         if not hasattr(self, "optimizer"):  # called by Optimizer.__init__ for the placeholder
             super().add_param_group(param_group)
             return
         self.optimizer.add_param_group(param_group)
+        try:
+            check_params(self._params())
+        except ValueError:
+            self.optimizer.param_groups.pop()
+            raise
         if self.overlap:
             self._hook(self.param_groups[-1]["params"])
 
@@ -739,7 +748,9 @@ class GravacOptimizer(torch.optim.Optimizer):
         next step adopts it if every rank changed alike, and raises on every rank if not.
         """
         params = self._params()
-        sig = tuple((id(p), p.requires_grad) for p in params)
+        sig = layout_signature(params)
+        if self._layout is not None and self._layout.signature != sig:
+            check_resized(self._layout.signature, params)
         if self._layout is None or not self._checked:
             self._check_agreement(params)
             self.engine.form_nodes()

@@ -15,6 +15,7 @@ from gravac.buckets import (
     MAX_SMALL_BUCKETS,
     Bucket,
     build_layout,
+    check_params,
     default_bucket_bytes,
     gather_grads,
     join_flat,
@@ -228,3 +229,28 @@ def test_a_preferred_bucket_size_grows_with_the_model_up_to_ddp_s() -> None:
     # 1 GiB: DDP's 25 MiB at most; no preferred size: DDP's
     assert default_bucket_bytes(small, [_meta(1024, mib)]) == DEFAULT_BUCKET_BYTES
     assert default_bucket_bytes(None, [_meta(8, mib)]) == DEFAULT_BUCKET_BYTES
+
+
+def test_a_meta_parameter_is_refused_by_name_at_construction_and_in_an_added_group() -> None:
+    """A parameter on the meta device (never materialized) is refused naming it, where torch
+    raised from deep inside the step about a gradient's device."""
+    model = tiny_model()
+    ghost = nn.Parameter(torch.empty(3, 3, device="meta"))
+    refused = r"parameter 6 \(shape \(3, 3\), torch.float32\) is on the meta device"
+    with pytest.raises(ValueError, match=refused):
+        GravacOptimizer(torch.optim.SGD([*model.parameters(), ghost], lr=0.1))
+    opt = GravacOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), clock=counter_clock())
+    train_step(model, opt, 0, 0)
+    with pytest.raises(ValueError, match=refused):
+        opt.add_param_group({"params": [ghost]})
+    assert len(opt.param_groups) == 1  # not added: the optimizer trains on
+    train_step(model, opt, 0, 1)
+    assert opt.steps == 2
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_parameters_on_two_devices_are_refused_by_name() -> None:
+    params = [nn.Parameter(torch.randn(4, 4)), nn.Parameter(torch.randn(4, 4, device="cuda"))]
+    with pytest.raises(ValueError, match=r"parameter 1 .* is on cuda:0, parameter 0 on cpu"):
+        check_params(params)

@@ -235,6 +235,34 @@ def test_freezing_mid_training_moves_the_residual_into_the_gradient() -> None:
             assert p.grad is None  # the frozen layer gets nothing, its residual included
 
 
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_parameter_resized_through_data_is_refused_by_name_and_a_new_optimizer_trains(
+    overlap: bool,
+) -> None:
+    """``p.data = <another shape>`` keeps the parameter and changes its size under the
+    layout: refused at the next step, naming the parameter and both shapes, before anything
+    is packed (it raised from a bucket's residual before); an optimizer built anew over the
+    resized model trains."""
+    model = tiny_model()
+    head = model[5]
+    opt = make(model, overlap=overlap)
+    train_step(model, opt, 0, 0)
+    head.weight.data, head.bias.data = torch.randn(12, 32), torch.randn(12)
+    resized = r"parameter 4 changed shape from \(10, 32\) to \(12, 32\)"
+    for step in (1, 2):  # again at the next step: nothing was half done
+        with pytest.raises(ValueError, match=resized):
+            train_step(model, opt, 0, step)
+    assert opt.steps == 1
+    opt.close()
+    fresh = make(model, overlap=overlap)
+    fresh.zero_grad()
+    x, y = batch(0, 3)
+    nn.functional.cross_entropy(model(x), y).backward()
+    fresh.step()
+    assert fresh.steps == 1 and head.weight.grad is not None
+    assert head.weight.grad.shape == (12, 32)
+
+
 #: the start of the refusal of a sparse gradient (GravacOptimizer._refuse_sparse)
 SPARSE_REFUSED = r"gradient of layout torch.sparse_coo .* torch.strided \(dense\) gradients only"
 

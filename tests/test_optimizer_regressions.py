@@ -540,9 +540,10 @@ def test_complex_parameters_are_refused_clearly() -> None:
         make(nn.ParameterList([nn.Parameter(torch.randn(3, 3)), weight]))
     real = tiny_model()
     opt = make(real)
-    opt.add_param_group({"params": [weight]})
     with pytest.raises(ValueError, match="is complex"):
-        train_step(real, opt, 0, 0)
+        opt.add_param_group({"params": [weight]})
+    assert len(opt.param_groups) == 1  # refused, not added
+    train_step(real, opt, 0, 0)
 
 
 # -- item 9: buffers ---------------------------------------------------------------------------

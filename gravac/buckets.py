@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -184,11 +185,23 @@ def check_resized(signature: Signature, params: Sequence[Tensor]) -> None:
             )
 
 
+def _sharding(p: Tensor) -> str | None:
+    """How ``p`` is sharded across ranks, or ``None``: a ``DTensor`` (FSDP2's
+    ``fully_shard``, tensor parallelism) or a parameter that FSDP (1) flattened and shards."""
+    dtensors = sys.modules.get("torch.distributed.tensor")  # none made if it is not imported
+    if dtensors is not None and isinstance(p, dtensors.DTensor):
+        return "a DTensor (FSDP2's fully_shard, or tensor parallelism)"
+    if getattr(p, "_fsdp_flattened", False) or getattr(p, "_is_flat_param", False):
+        return "flattened and sharded by FullyShardedDataParallel"
+    return None
+
+
 def check_params(params: Sequence[Tensor]) -> None:
     """Refuse parameters a layout cannot hold: complex ones (the compressors work on real
     tensors, and a cast to a real wire format would drop the imaginary part), ones on the meta
-    device (no storage: a model built there and not materialized), and parameters on more than
-    one device (a rank's buckets, residuals and collectives live on one device).
+    device (no storage: a model built there and not materialized), parameters sharded across
+    ranks (FSDP, tensor parallelism), and parameters on more than one device (a rank's
+    buckets, residuals and collectives live on one device).
 
     Raises:
         ValueError: naming the first such parameter's index, shape and dtype or device.
@@ -200,6 +213,14 @@ def check_params(params: Sequence[Tensor]) -> None:
                 f"{where}) is complex: gravac's compressors work on real tensors, and casting "
                 "would drop the imaginary part; keep the real and imaginary parts as two real "
                 "parameters instead"
+            )
+        sharding = _sharding(p)
+        if sharding is not None:
+            raise ValueError(
+                f"{where}) is {sharding}: each rank holds another part of it, and FSDP reduces "
+                "its gradients itself, where gravac averages whole parameters that every rank "
+                "replicates (as DDP does); train without FSDP or tensor parallelism, or leave "
+                "such parameters out of the optimizer gravac wraps"
             )
         if p.is_meta:
             raise ValueError(

@@ -601,3 +601,44 @@ def test_the_search_by_shadow_decides_alike_on_two_ranks(
     assert r0["skipped"] == r1["skipped"] == 1 and r0["untouched"] and r1["untouched"]
     for a, b in zip(r0["params"], r1["params"], strict=True):
         assert torch.equal(a, b)
+
+
+def wrapped_refusals(rank: int, world_size: int) -> list[str]:
+    """A GravacOptimizer over a model that torch already distributes: FSDP (1)'s flat
+    parameter and FSDP2's DTensors (each rank holding another part), and a DDP model (whose
+    all-reduce writes the gradients after gravac sent them). Each error's text, or
+    "trained"."""
+    from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
+    from torch.nn.parallel import DistributedDataParallel
+
+    out = []
+    for wrap in ("ddp", "fsdp", "fsdp2"):
+        model = tiny_model(seed=0)
+        if wrap == "fsdp":
+            model = FullyShardedDataParallel(model, device_id=torch.device("cpu"))
+        elif wrap == "fsdp2":
+            fully_shard(model)
+        else:
+            model = DistributedDataParallel(model)
+        try:
+            opt = GravacOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+            for step in range(3):
+                train_step(model, opt, rank, step)
+            out.append("trained")
+        except (ValueError, RuntimeError) as error:
+            out.append(str(error))
+    return out
+
+
+def test_a_model_that_torch_distributes_is_refused_by_name_on_every_rank(
+    gloo_pools: Workers,
+) -> None:
+    """gravac averages replicated parameters itself: over FSDP's shards (different on each
+    rank) it averaged one rank's part with another's without a word (overlap off) or raised
+    that a gradient changed after its bucket was sent (overlap on); over a DDP model it raised
+    that, without naming DDP."""
+    for errors in gloo_pools.run(wrapped_refusals, 2, timeout=SPAWN_TIMEOUT):
+        ddp, flat, dtensor = errors
+        assert "flattened and sharded by FullyShardedDataParallel" in flat
+        assert "is a DTensor (FSDP2's fully_shard" in dtensor
+        assert "changed a gradient" in ddp and "gravac.ddp.gravac_hook" in ddp

@@ -279,7 +279,9 @@ class Table:
                 "opt.synchronize() before working on gradients (clipping, unscaling), "
                 "accumulate inside opt.no_sync(), drop the gradients of a backward pass that "
                 "no step used with opt.zero_grad() (model.zero_grad() does not know them), or "
-                "pass overlap=False"
+                "pass overlap=False. A model wrapped in DistributedDataParallel does this at "
+                "every step (DDP writes its own average into the gradients): do not wrap it, "
+                "or keep DDP and use gravac.ddp.gravac_hook instead of the optimizer"
             )
         return None
 

@@ -398,7 +398,16 @@ class GravacOptimizer(torch.optim.Optimizer):
         Raises:
             ValueError: not a GravacOptimizer state dict, another compressor or layout, or a
                 controller state outside this optimizer's CF range.
+            RuntimeError: a backward pass launched a step that was not stepped yet (its
+                commit would overwrite the loaded residuals).
         """
+        if self._step is not None:
+            raise RuntimeError(
+                f"load_state_dict() while step {self.engine.steps} is in flight: a backward "
+                "pass sent its gradients with the residuals held now, and its commit would "
+                "overwrite the loaded ones; load before backward(), or after opt.step() or "
+                "opt.zero_grad()"
+            )
         if set(state_dict) != {"optimizer", "gravac"}:
             raise ValueError(
                 f"not a GravacOptimizer state dict: keys {sorted(state_dict)}, "

@@ -116,6 +116,30 @@ def test_checkpoint_resume_is_bit_exact(compressor: str, bucket_bytes: int) -> N
     assert ref_opt.controller.state_dict() == resumed_opt.controller.state_dict()
 
 
+def test_a_load_while_a_step_is_in_flight_is_refused_and_the_step_goes_on() -> None:
+    """A backward pass launched its buckets with the residuals held then; loading now let the
+    step's commit overwrite the loaded residuals without a word. Refused: nothing changes,
+    and the step goes on to train exactly as if no load had been tried."""
+    ref_model, model = tiny_model(), tiny_model()
+    ref_opt, opt = make(ref_model), make(model)
+    for step in range(3):
+        train_step(ref_model, ref_opt, 0, step)
+    train_step(model, opt, 0, 0)
+    saved = opt.state_dict()
+    train_step(model, opt, 0, 1)
+    opt.zero_grad()
+    x, y = batch(0, 2)
+    nn.functional.cross_entropy(model(x), y).backward()
+    with pytest.raises(RuntimeError, match=r"load_state_dict\(\) while step 2 is in flight"):
+        opt.load_state_dict(saved)
+    opt.step()
+    for a, b in zip(ref_model.parameters(), model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert ref_opt.controller.state_dict() == opt.controller.state_dict()
+    opt.load_state_dict(saved)  # between steps: loads
+    assert opt.steps == 1
+
+
 def test_state_dict_holds_residuals_and_controller() -> None:
     model = tiny_model()
     opt = make(model)

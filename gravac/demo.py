@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -38,6 +37,9 @@ DATA_SEED = 0
 DEMO_DENSE_BYTES = 4096
 #: where the workers train, and the process-group backend of each
 DEVICES = {"cpu": "gloo", "cuda": "nccl"}
+#: the largest learning rate taken: the model trains in float32, and SGD's update ``-lr * g``
+#: with a larger one is not a float32 number (torch raised from inside the step)
+LR_MAX = torch.finfo(torch.float32).max
 
 
 def digits_data() -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -102,8 +104,8 @@ class DemoConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value}")
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"--lr must be a finite number > 0, got {self.lr}")
+        if not (0 < self.lr <= LR_MAX):
+            raise ValueError(f"--lr must be a number in (0, {LR_MAX:.4g}], got {self.lr}")
         try:  # the workers' controller would reject these; say so before any worker starts
             ControllerConfig(
                 theta_min=self.theta_min,
@@ -116,7 +118,10 @@ class DemoConfig:
         except ValueError as exc:
             raise ValueError(f"--{str(exc).replace('_', '-')}") from None
         compressors.get(self.compressor)
-        policies.get(self.policy)
+        try:
+            policies.create(self.policy, **self.policy_options)
+        except ValueError as exc:
+            raise ValueError(f"--policy {self.policy}: {exc}") from None
         if self.device not in DEVICES:
             raise ValueError(f"--device must be one of {list(DEVICES)}, got {self.device!r}")
         if self.device == "cuda" and torch.cuda.device_count() < self.workers:
@@ -250,6 +255,11 @@ def run_demo(cfg: DemoConfig, *, compare_dense: bool = False) -> dict[str, Any]:
     """Train with ``cfg`` (and a dense baseline when asked); the summary of the run."""
     start = time.perf_counter()
     backend = DEVICES[cfg.device]
+    if cfg.log_dir is not None:  # before any worker starts, not in rank 0 after the others
+        try:
+            Path(cfg.log_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"--log-dir {cfg.log_dir!r} cannot be made: {exc}") from None
     results = spawn_workers(train_worker, cfg.workers, cfg, backend=backend)
     main = results[0]
     if any(r["cf_trajectory"] != main["cf_trajectory"] for r in results[1:]):

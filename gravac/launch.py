@@ -14,10 +14,11 @@ import gc
 import io
 import os
 import queue
+import signal
 import socket
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -115,14 +116,35 @@ def _worker(
         results.put((rank, False, traceback.format_exc()))
 
 
+def _death(code: int | None) -> str:
+    """How a worker that never reported ended, with the likely cause."""
+    if code is not None and code < 0:
+        name = signal.Signals(-code).name
+        cause = (
+            " (the kernel's out-of-memory killer sends it: fewer workers, or more memory)"
+            if -code == signal.SIGKILL
+            else ""
+        )
+        return f"was killed by {name}{cause}, without reporting"
+    return (
+        f"exited with code {code} without reporting (if the main module has no "
+        "`if __name__ == '__main__':` guard, spawned workers cannot start)"
+    )
+
+
+def _first_dead(procs: list[Any], reported: Container[int]) -> str | None:
+    """The first worker that ended without reporting, and how, or ``None``."""
+    for rank, p in enumerate(procs):
+        if rank not in reported and not p.is_alive():
+            return f"worker {rank} of {len(procs)} {_death(p.exitcode)}"
+    return None
+
+
 def _check_alive(procs: list[Any], done: dict[int, Any], deadline: float, timeout: float) -> None:
     """Raise if a worker that has not reported is dead, or if time is up."""
-    for rank, p in enumerate(procs):
-        if rank not in done and not p.is_alive():
-            raise RuntimeError(
-                f"worker {rank} exited with code {p.exitcode} without reporting (if the main "
-                "module has no `if __name__ == '__main__':` guard, spawned workers cannot start)"
-            )
+    dead = _first_dead(procs, done)
+    if dead is not None:
+        raise RuntimeError(dead)
     if time.monotonic() > deadline:
         missing = len(procs) - len(done)
         raise TimeoutError(f"{missing} of {len(procs)} workers did not finish in {timeout} s")
@@ -171,8 +193,10 @@ def spawn_workers(
             except queue.Empty:
                 _check_alive(procs, out, deadline, timeout)
                 continue
-            if not ok:
-                raise RuntimeError(f"worker {rank} failed:\n{value}")
+            if not ok:  # the root cause first: a peer's death fails the others' collectives
+                dead = _first_dead(procs, {*out, rank})
+                cause = f"{dead}; then " if dead is not None else ""
+                raise RuntimeError(f"{cause}worker {rank} failed:\n{value}")
             out[rank] = torch.load(io.BytesIO(value), weights_only=False)
         for p in procs:
             p.join(_EXIT_GRACE)

@@ -154,19 +154,37 @@ def test_bench_kernels_without_cuda_is_a_usage_error(capsys: pytest.CaptureFixtu
     [
         ("--theta-min=0", "--theta-min must be"),
         ("--epsilon=2", "--epsilon must be"),
-        ("--lr=nan", "--lr must be a finite number > 0, got nan"),
+        ("--lr=nan", "--lr must be a number in (0, 3.403e+38], got nan"),
+        ("--lr=1e308", "--lr must be a number in (0, 3.403e+38], got 1e+308"),
         ("--cf=100", "--cf 100 is the CF of --policy fixed; --policy exponential searches"),
+        ("--policy=fixed --cf=0.5", "--policy fixed: fixed policy option cf must be a finite"),
     ],
 )
 def test_demo_rejects_bad_values_before_starting_workers(
     option: str, match: str, tmp_path: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Refused as a usage error before a worker starts (a launch in this test, not marked
+    slow, would raise): 1e308 and a CF below 1 were raised from inside every worker."""
     log_dir = tmp_path / "run"
     with pytest.raises(SystemExit) as exc:
-        main(["demo", option, "--log-dir", str(log_dir)])
+        main(["demo", *option.split(), "--log-dir", str(log_dir)])
     assert exc.value.code == 2
     assert match in capsys.readouterr().err
     assert not log_dir.exists()
+
+
+def test_demo_refuses_a_log_dir_it_cannot_make_before_starting_workers(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It was rank 0's FileNotFoundError, once the workers had started."""
+    (tmp_path / "file").write_text("")
+    log_dir = tmp_path / "file" / "run"
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", "--log-dir", str(log_dir)])
+    assert exc.value.code == 2
+    assert f"--log-dir '{log_dir}' cannot be made: [Errno 20] Not a directory" in (
+        capsys.readouterr().err
+    )
 
 
 def test_demo_help_shows_every_default() -> None:

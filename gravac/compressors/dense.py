@@ -66,9 +66,12 @@ __all__ = [
     "NoneCompressor",
 ]
 
-#: Largest power-of-two shift: fp16's subnormals end at 2^-24 and float32's range at 2^127, so
-#: shifts beyond 2^+-64 only meet zeros or values that no longer fit float32.
-_MAX_EXPONENT = 64
+#: The power-of-two shifts ``k`` taken, float32's smallest normal and largest powers of two (so
+#: that ``2^k`` is a normal, finite float32): fp16's shift of float32's largest value is -114;
+#: a shift of 127 lifts float32's smallest subnormal (2^-149) into fp16's subnormals (>= 2^-24),
+#: so no float32 gradient underflows. (A cap of +-64 sent magnitudes below 2^-89, about 1.6e-27,
+#: as zeros, kept fewer bits below 2^-78, and clamped those above 2^79, about 6e23.)
+_MIN_EXPONENT, _MAX_EXPONENT = -126, 127
 #: with the previous step's largest magnitude, the scale leaves room for the largest value to
 #: grow this many times (4 of fp16's 40 binary orders of magnitude) before the clamp engages
 _LAG_HEADROOM = 16.0
@@ -184,8 +187,8 @@ class _HalfCompressor(Compressor):
         limit = torch.finfo(self.wire_dtype).max / _SUM_HEADROOM
         if not math.isfinite(m) or m <= 0.0:
             return 0
-        k = max(-_MAX_EXPONENT, min(_MAX_EXPONENT, math.floor(math.log2(limit / m))))
-        while k > -_MAX_EXPONENT and math.ldexp(m, k) > limit:  # log2's rounding, at the edge
+        k = max(_MIN_EXPONENT, min(_MAX_EXPONENT, math.floor(math.log2(limit / m))))
+        while k > _MIN_EXPONENT and math.ldexp(m, k) > limit:  # log2's rounding, at the edge
             k -= 1
         return k
 

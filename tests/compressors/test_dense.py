@@ -62,10 +62,11 @@ def test_a_jump_beyond_the_lagged_scale_is_clamped_so_the_sum_stays_finite(name:
 @pytest.mark.parametrize(("name", "rtol"), [("fp16", 2**-11), ("bf16", 2**-8)])
 def test_values_beyond_the_range_are_scaled_not_clamped(name: str, rtol: float) -> None:
     """A power-of-two scale from the agreed maximum: values up to 1e6 (above fp16's 65504), and
-    the same values times 1e-15 (below its smallest subnormal), arrive to the format's relative
-    precision."""
+    the same values scaled anywhere in float32's normal range (1e-43 below fp16's smallest
+    subnormal, 1e32 above its largest value) arrive to the format's relative precision (a
+    shift capped at +-64 sent those times 1e-30 as zeros, and clamped those times 1e32)."""
     x = torch.tensor([1e6, -1e6, 3e3, 777.0, 12345.678])
-    for scale in (1.0, 1e-15):
+    for scale in (1.0, 1e-15, 1e-30, 1e-36, 1e-43, 1e20, 1e32):
         c = compressors.create(name)
         xs = x * scale
         sent = c.decompress(*c.compress(xs, 1.0, Round()))

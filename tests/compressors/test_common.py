@@ -373,3 +373,39 @@ def test_an_empty_tensor_compresses_for_several_ranks_with_nothing_agreed(name: 
     assert stats is None or stats.numel() == 0
     payload, ctx = c.compress(x, 8.0, Round(3, 0, 2, stats))
     assert c.combine([payload, payload], ctx).shape == x.shape
+
+
+#: TopKC agrees on float32 sums of squared chunk norms, one all-reduce of d / 256 floats:
+#: out there its squares underflow or overflow, and the chunks rank by id (float64 sums would
+#: double that all-reduce's bytes; docs/design.md, TopKC)
+_SQUARES_LEAVE_FLOAT32 = pytest.mark.xfail(
+    strict=True, reason="TopKC's float32 squared chunk norms leave float32's range"
+)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=_SQUARES_LEAVE_FLOAT32) if n == "topkc" else n for n in NAMES],
+)
+@pytest.mark.parametrize("exponent", [-90, 90])
+def test_every_compressor_is_scale_equivariant_across_float32s_range(
+    name: str, exponent: int
+) -> None:
+    """Gradients of any magnitude float32 holds are sent as well as those of magnitude 1:
+    ``D(C(2^k x)) = 2^k D(C(x))`` to a relative 1e-5, at 2^-90 (about 8e-28) and 2^90 (about
+    1.2e27), with the stats agreed over three ranks. Squares taken in float32 underflow or
+    overflow out there: THC's block norms sent zeros at 2^-90 (they are now taken at a
+    power-of-two scale where they leave the range)."""
+    torch.manual_seed(12)
+    c = compressors.create(name)
+    grads = [torch.randn(64, 48) for _ in range(3)]
+    scale = math.ldexp(1.0, exponent)
+    sent = []
+    for xs in (grads, [g * scale for g in grads]):
+        probe = Round(step=3, key=0, world_size=3)
+        agreed = reduce_stats(c, [local_stats(c, g, 10.0, probe) for g in xs])
+        rnd = Round(step=3, key=0, world_size=3, agreed=agreed)
+        sent.append(c.decompress(*c.compress(xs[0], 10.0, rnd)).double())
+    want, got = sent[0] * scale, sent[1]
+    assert float(want.norm()) > 0
+    assert float((got - want).norm()) <= 1e-5 * float(want.norm())

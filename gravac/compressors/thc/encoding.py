@@ -88,6 +88,9 @@ __all__ = ["block_norms", "block_scale", "thc_decode", "thc_encode", "thc_payloa
 _BYTE_BITS = 8
 #: Device copies of THC tables kept (a few bit widths x lanes x devices).
 _TABLE_CACHE = 64
+#: a row norm below this (2^-60, about 8.7e-19) is recomputed at a power-of-two scale: float32
+#: squares of its elements lose bits from 2^-63 (the square root of the smallest normal) down
+_LEAST_NORM = 2.0**-60
 
 
 def _padded(flat: Tensor, length: int, dtype: torch.dtype) -> Tensor:
@@ -119,14 +122,18 @@ def block_norms(x: Tensor, block: int, padded: int) -> Tensor:
 
 
 def _norms(rows: Tensor, dtype: torch.dtype) -> Tensor:
-    """L2 norm of each row in ``dtype``; rows whose squares overflow (a float32 sum of squares
-    passes 3.4e38 from elements of about 1e17 up) are recomputed as ``m * ||row / m||`` with
-    ``m`` the row's largest magnitude, so finite input always gives a finite norm."""
+    """L2 norm of each row in ``dtype``. Rows whose sum of squares leaves the range of ``dtype``
+    (float32's overflows from elements of about 1e17 up, and underflows to 0 or loses bits
+    below :data:`_LEAST_NORM`) are recomputed as ``2^e ||2^-e row||``, ``2^e`` the power of two
+    of the row's largest magnitude: exact scaling, so a row scaled by a power of two has its
+    norm scaled by it, bit for bit, and finite input always gives a finite norm."""
     norms = torch.linalg.vector_norm(rows, dim=1, dtype=dtype)
-    if bool(torch.isinf(norms).any()):
-        m = rows.abs().amax(dim=1, keepdim=True).to(dtype)
-        safe = torch.where(m > 0, m, torch.ones_like(m))
-        norms = torch.linalg.vector_norm(rows.to(dtype) / safe, dim=1).mul_(m[:, 0])
+    redo = (torch.isinf(norms) | (norms < _LEAST_NORM)).nonzero().reshape(-1)
+    if redo.numel():
+        part = rows.index_select(0, redo).to(dtype)
+        _, e = torch.frexp(part.abs().amax(dim=1, keepdim=True))
+        scaled = torch.linalg.vector_norm(torch.ldexp(part, -e), dim=1)
+        norms[redo] = torch.ldexp(scaled, e[:, 0])
     return norms
 
 

@@ -11,14 +11,14 @@ import pytest
 import torch
 from torch import nn
 
-from gravac import GravacOptimizer, TensorBoardMonitor, policies
+from gravac import GravacOptimizer, TensorBoardMonitor, compressors, policies
 from gravac.buckets import DEFAULT_BUCKET_BYTES, join_flat, split_flat
 from gravac.compressors.dense import CAST_BUCKET_BYTES
 from gravac.control.factory import make_controller
 from gravac.control.options import ControllerConfig
 from gravac.control.tables import cf_key
 from gravac.memory import NoMemory, ResidualMemory
-from tests.helpers import batch, counter_clock, tiny_model, train_step
+from tests.helpers import Records, batch, counter_clock, tiny_model, train_step
 
 
 def send_dense(opt: GravacOptimizer) -> None:
@@ -715,3 +715,42 @@ def test_freezing_moves_a_split_tensors_residual_into_its_gradient() -> None:
     send_dense(opt)
     opt.step()
     assert torch.equal(lin.weight.grad, residual)  # type: ignore[arg-type]
+
+
+#: compressors of one CF, which the search cannot move (none: 1, the 16-bit casts: 2)
+FIXED_CF = {"none", "fp16", "bf16"}
+
+
+@pytest.mark.parametrize("name", [n for n in compressors.names() if n != "topkc"])
+def test_the_search_decides_alike_whatever_the_gradients_scale(name: str) -> None:
+    """The CFs the search by trial sent, step by step, are the same for gradients scaled by
+    2^-80 (about 8e-25) or 2^80 as for the gradients themselves (a learning rate of 0 keeps
+    them the same gradients): every quantity the search reads scales away. THC's block norms
+    underflowed at 2^-80, and the search then read zero gains. TopKC is left out (its float32
+    squared chunk norms: tests/compressors/test_common.py)."""
+
+    def cfs(scale: float) -> list[float]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8))
+        records = Records()
+        opt = GravacOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.0),
+            compressor=name,
+            dense_bytes=0,
+            window=3,
+            warmup_steps=2,
+            clock=counter_clock(),
+            monitor=records,
+            search="trial",
+        )
+        for step in range(24):
+            x = torch.randn(16, 64, generator=torch.Generator().manual_seed(step))
+            opt.zero_grad()
+            (model(x).pow(2).mean() * scale).backward()
+            opt.step()
+        return [r.cf_sent for r in records.items]
+
+    base = cfs(1.0)
+    assert len(set(base)) > 1 or name in FIXED_CF  # the search moved
+    assert cfs(2.0**-80) == base
+    assert cfs(2.0**80) == base

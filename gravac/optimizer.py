@@ -21,7 +21,7 @@ import copy
 import math
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +71,11 @@ _UNSYNCHRONIZED_SCALER = (
     "torch.amp.GradScaler that aggregates first, or call opt.synchronize() after backward() "
     "and before scaler.unscale_(opt) and scaler.step(opt)"
 )
+
+
+#: the live GravacOptimizer that trains each parameter, by the parameter's id (an optimizer
+#: holds its parameters, so an id is not reused while its owner lives)
+_OWNERS: weakref.WeakValueDictionary[int, GravacOptimizer] = weakref.WeakValueDictionary()
 
 
 @dataclass
@@ -648,6 +653,7 @@ class GravacOptimizer(torch.optim.Optimizer):
             h.remove()
         hooks.clear()
         getattr(self, "_hooked", set()).clear()
+        self._release()
 
     def __del__(self) -> None:
         self._unhook()
@@ -780,6 +786,7 @@ class GravacOptimizer(torch.optim.Optimizer):
         """Train on the layout of ``params`` from this step on: the old layout's residuals go
         into the gradients, the per-layer state moves with its tensors, new trainable
         tensors are hooked."""
+        self._claim(params)
         new = self._fresh_layout()
         if self._layout is not None:
             self._flush_residuals(self._layout)
@@ -799,6 +806,33 @@ class GravacOptimizer(torch.optim.Optimizer):
             for p in _params(new, u):
                 self._unit_of.setdefault(id(p), []).append(i)
         return new
+
+    def _claim(self, params: list[Tensor]) -> None:
+        """Own the trainable ``params``: refuse one that another live GravacOptimizer trains
+        (both would aggregate its gradient, each with its own residual; the second found the
+        gradient overwritten by the first's aggregate). Checked where a layout is adopted, not
+        at construction: ``opt = GravacOptimizer(...)`` over the same model again builds the
+        new one while the old one still lives."""
+        trained = {id(p): i for i, p in enumerate(params) if p.requires_grad}
+        for key, i in trained.items():
+            other = _OWNERS.get(key)
+            if other is not None and other is not self:
+                p = params[i]
+                raise ValueError(
+                    f"parameter {i} (shape {tuple(p.shape)}) is trained by another "
+                    "GravacOptimizer that is still alive: each gradient is aggregated by one "
+                    "optimizer, whose residual it keeps; give the optimizers disjoint "
+                    "parameters, or close() the other one first"
+                )
+        self._release(keep=trained)
+        for key in trained:
+            _OWNERS[key] = self
+
+    def _release(self, keep: Collection[int] = ()) -> None:
+        """Give up this optimizer's parameters but ``keep`` (ids)."""
+        for key, owner in list(_OWNERS.items()):
+            if owner is self and key not in keep:
+                del _OWNERS[key]
 
     def _check_agreement(self, params: list[Tensor]) -> None:
         """Every rank must run this configuration on this parameter layout, at this step

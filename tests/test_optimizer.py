@@ -754,3 +754,41 @@ def test_the_search_decides_alike_whatever_the_gradients_scale(name: str) -> Non
     assert len(set(base)) > 1 or name in FIXED_CF  # the search moved
     assert cfs(2.0**-80) == base
     assert cfs(2.0**80) == base
+
+
+def test_a_second_live_optimizer_over_the_same_parameters_is_refused_until_the_first_closes() -> (
+    None
+):
+    """Both would aggregate each gradient (the first's hooks still fire), each with its own
+    residual: training silently differed from that of the new optimizer alone (by 0.006 in
+    this model's parameters after 5 steps). The new one's first step raises, naming the
+    parameter; once the old one is closed it trains exactly as if there had been none, and an
+    optimizer rebound to the name (the old one freed) trains too."""
+
+    def fixed(model: nn.Module) -> GravacOptimizer:
+        sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+        return GravacOptimizer(sgd, policy="fixed", policy_options={"cf": 10})
+
+    def trained(model: nn.Module, opt: GravacOptimizer, steps: range) -> list[torch.Tensor]:
+        for step in steps:
+            train_step(model, opt, 0, step)
+        return [p.detach().clone() for p in model.parameters()]
+
+    alone = tiny_model()
+    trained(alone, fixed(alone), range(3))
+    want = trained(alone, fixed(alone), range(3, 8))
+
+    model = tiny_model()
+    old = fixed(model)
+    trained(model, old, range(3))
+    new = fixed(model)
+    with pytest.raises(
+        ValueError, match=r"parameter 0 \(shape \(4, 1, 3, 3\)\) is trained by another"
+    ):
+        train_step(model, new, 0, 3)
+    old.close()
+    new = fixed(model)
+    got = trained(model, new, range(3, 8))
+    assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+    new = fixed(model)  # rebound: the one before is freed
+    trained(model, new, range(8, 10))

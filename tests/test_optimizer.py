@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import io
 import math
+import warnings
 import weakref
 
 import pytest
@@ -531,6 +532,37 @@ def test_monitor_accepts_a_summary_writer(tmp_path: object) -> None:
     acc = EventAccumulator(str(tmp_path))
     acc.Reload()
     assert len(acc.Scalars("gravac/gain_min")) == 3
+
+
+def test_a_monitor_that_fails_mid_run_is_dropped_with_a_warning_and_training_goes_on(
+    tmp_path: object,
+) -> None:
+    """The log directory removed under a running TensorBoard monitor: its next write raised
+    out of rank 0's step() (rank 0's step count then lagged the others', and a distributed
+    run would end). Now a warning names the failure, the monitor is dropped, and training is
+    that of a run without a monitor, bit for bit."""
+    import shutil
+    from pathlib import Path
+
+    log_dir = Path(str(tmp_path)) / "tb"
+    plain, logged = tiny_model(), tiny_model()
+    ref = make(plain)
+    opt = make(logged, monitor=str(log_dir))
+    for step in range(3):
+        train_step(plain, ref, 0, step)
+        train_step(logged, opt, 0, step)
+    shutil.rmtree(log_dir)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(3, 120):
+            train_step(plain, ref, 0, step)
+            train_step(logged, opt, 0, step)
+    failed = [w for w in caught if "gravac's monitor failed at step" in str(w.message)]
+    assert len(failed) == 1 and "FileNotFoundError" in str(failed[0].message)
+    assert opt.engine.monitor is None and opt.steps == ref.steps == 120
+    for a, b in zip(plain.parameters(), logged.parameters(), strict=True):
+        assert torch.equal(a, b)
+    opt.close()
 
 
 def _run(

@@ -3,6 +3,7 @@ protocol)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import math
@@ -254,6 +255,25 @@ class Engine:
         """Flush and close the monitor (rank 0)."""
         if self.monitor is not None:
             self.monitor.close()
+
+    def _log(self, record: StepRecord) -> None:
+        """Log ``record`` to the monitor (rank 0). A monitor that fails (its directory removed,
+        a full disk) is closed and dropped with a warning, and training goes on: it is rank
+        0's alone, and an error there would end rank 0's step and not the others'."""
+        if self.monitor is None:
+            return
+        try:
+            self.monitor.log(record)
+        except Exception as exc:
+            monitor, self.monitor = self.monitor, None
+            with contextlib.suppress(Exception):
+                monitor.close()
+            warnings.warn(
+                f"gravac's monitor failed at step {record.step} ({type(exc).__name__}: {exc}): "
+                "it is closed, and training goes on without it",
+                RuntimeWarning,
+                stacklevel=4,
+            )
 
     # ------------------------------------------------------------------ per step
     def begin(self, lr: float | None = None) -> Step:
@@ -841,10 +861,9 @@ class Engine:
         record = dataclasses.replace(record, bytes_saved=saved)
         self.last_record = record
         self._alone += not self.comm.distributed
-        if self.monitor is not None:
-            self.monitor.log(record)
         self.last_cf = record.cf_sent if outcome.search else None
         self.steps += 1
+        self._log(record)
 
     def _skip(self, step: Step) -> Outcome:
         """Skip the step on every rank: the compressor as before the step, residuals and
@@ -868,8 +887,7 @@ class Engine:
                 RuntimeWarning,
                 stacklevel=4,
             )
-        if self.monitor is not None:
-            self.monitor.log(StepRecord.skip(step.index, report.phase, self.skipped_steps))
+        self._log(StepRecord.skip(step.index, report.phase, self.skipped_steps))
         self.skip_run += 1
         if self.skip_run >= MAX_SKIP_RUN:
             self.skip_run = 0  # a caller that goes on gets the next run's bound

@@ -565,6 +565,18 @@ def test_a_monitor_that_fails_mid_run_is_dropped_with_a_warning_and_training_goe
     opt.close()
 
 
+def test_a_monitor_directory_that_cannot_be_made_is_refused_by_name(tmp_path: object) -> None:
+    """It raised the OS's error from inside TensorBoard's writer, naming no option."""
+    from pathlib import Path
+
+    (Path(str(tmp_path)) / "file").write_text("")
+    where = str(Path(str(tmp_path)) / "file" / "tb")
+    model = tiny_model()
+    opt = make(model, monitor=where)  # one worker: opened at the first step
+    with pytest.raises(ValueError, match=r"monitor='.*/file/tb': no TensorBoard log can be"):
+        train_step(model, opt, 0, 0)
+
+
 def _run(
     overlap: bool, compressor: str, accumulate: int = 1, **kw: object
 ) -> tuple[list[torch.Tensor], list]:

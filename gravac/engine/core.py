@@ -249,7 +249,15 @@ class Engine:
         spec, self._monitor_spec = self._monitor_spec, None
         if spec is None or self.comm.rank != 0:
             return
-        self.monitor = cast(Monitor, spec) if hasattr(spec, "log") else TensorBoardMonitor(spec)
+        if hasattr(spec, "log"):
+            self.monitor = cast(Monitor, spec)
+            return
+        try:
+            self.monitor = TensorBoardMonitor(spec)
+        except OSError as exc:
+            raise ValueError(
+                f"monitor={spec!r}: no TensorBoard log can be written there: {exc}"
+            ) from None
 
     def close_monitor(self) -> None:
         """Flush and close the monitor (rank 0)."""

@@ -244,6 +244,7 @@ class GravacOptimizer(torch.optim.Optimizer):
         self._pending: Outcome | None = None  # aggregated by synchronize(), not yet stepped
         self._hooks: list[Any] = []
         self._hooked: set[int] = set()  # ids of the parameters hooked
+        self._warned_graph = False  # backward(create_graph=True) said once (_warn_graph)
         if overlap:
             self._hook(params)
 
@@ -639,13 +640,33 @@ class GravacOptimizer(torch.optim.Optimizer):
 
         def ready(p: Tensor) -> None:
             opt = ref()
-            if opt is not None:
+            if opt is None:
+                return
+            if not torch.is_grad_enabled():
+                opt._grad_ready(p)
+                return
+            opt._warn_graph()  # backward(create_graph=True) runs the hooks with grad mode on
+            with torch.no_grad():
                 opt._grad_ready(p)
 
         for p in params:
             if p.requires_grad and id(p) not in self._hooked:
                 self._hooks.append(p.register_post_accumulate_grad_hook(ready))
                 self._hooked.add(id(p))
+
+    def _warn_graph(self) -> None:
+        """Say once that gradients of ``backward(create_graph=True)`` are aggregated as data:
+        as under DDP, the aggregate in ``p.grad`` carries no graph (in-place work on a
+        gradient that had one raised from inside backward)."""
+        if not self._warned_graph:
+            self._warned_graph = True
+            warnings.warn(
+                "gravac aggregates the gradients of backward(create_graph=True) as data, as "
+                "DistributedDataParallel does: p.grad holds the aggregate, without a graph; "
+                "take higher-order terms with torch.autograd.grad",
+                UserWarning,
+                stacklevel=3,
+            )
 
     def _unhook(self) -> None:
         hooks = getattr(self, "_hooks", [])  # none yet where __init__ raised

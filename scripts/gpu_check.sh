@@ -16,7 +16,8 @@ nvidia-smi -L | tee "$OUT/gpu_env.log"
   || { echo "install failed: running from the source tree"; export PYTHONPATH="$PWD"; }
 "$PY" -c "import importlib.metadata as m; print('cuda extra requires', [r for r in m.requires('gravac') if 'cuda' in r])" | tee -a "$OUT/gpu_env.log"
 status=0
-timeout 240 "$PY" -m pytest -q -m cuda -p no:cacheprovider tests/kernels/test_cupy.py --maxfail=60 2>&1 | tee "$OUT/gpu_tests.log" | tail -25 || status=1
+# cuBLAS deterministic for the deterministic-mode test (not for the timings below)
+CUBLAS_WORKSPACE_CONFIG=:4096:8 timeout 240 "$PY" -m pytest -q -m cuda -p no:cacheprovider tests/kernels/test_cupy.py tests/test_buckets.py tests/test_optimizer.py --maxfail=60 2>&1 | tee "$OUT/gpu_tests.log" | tail -25 || status=1
 timeout 150 "$PY" -m gravac bench kernels --size 64M --repeats 7 2>&1 | tee "$OUT/gpu_bench.log" || status=1
 timeout 120 "$PY" -m gravac demo --device cuda --workers 1 --max-steps 100 --log-dir /tmp/gravac-demo-runs 2>&1 | tee "$OUT/gpu_demo.log" | tail -15 || status=1
 for w in vgg-digits mlp-digits; do

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import io
 import math
+import os
 import warnings
 import weakref
 
@@ -861,3 +862,32 @@ def test_a_second_live_optimizer_over_the_same_parameters_is_refused_until_the_f
     assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
     new = fixed(model)  # rebound: the one before is freed
     trained(model, new, range(8, 10))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["topk", "dgc", "randomk", "thc", "fp16", "powersgd"])
+def test_on_cuda_under_deterministic_algorithms_two_runs_are_bit_identical(name: str) -> None:
+    """``torch.use_deterministic_algorithms(True)`` raises at any op without a deterministic
+    CUDA implementation (scatter-adds among them): every op of a step has one, and two runs
+    of the search train bit for bit alike."""
+
+    def trained() -> list[torch.Tensor]:
+        model = tiny_model().cuda()
+        opt = make(model, compressor=name)
+        for step in range(12):
+            opt.zero_grad()
+            x, y = batch(0, step)
+            nn.functional.cross_entropy(model(x.cuda()), y.cuda()).backward()
+            opt.step()
+        return [p.detach().cpu() for p in model.parameters()]
+
+    if os.environ.get("CUBLAS_WORKSPACE_CONFIG") not in (":4096:8", ":16:8"):
+        pytest.skip("cuBLAS's matmuls are deterministic with CUBLAS_WORKSPACE_CONFIG=:4096:8")
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        first, second = trained(), trained()
+    finally:
+        torch.use_deterministic_algorithms(before)
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))

@@ -390,7 +390,9 @@ class GravacOptimizer(torch.optim.Optimizer):
             "gravac": {
                 **self.engine.state_dict(),
                 # What the residuals are only valid with (checked by load_state_dict).
-                "layout": self._layout_shapes(),
+                # the layout the residuals belong to: a change no step adopted yet (a
+                # tensor frozen, a group added) is not theirs
+                "layout": self._layout_shapes(self._layout),
             },
         }
 
@@ -438,7 +440,9 @@ class GravacOptimizer(torch.optim.Optimizer):
                 f"{self._layout_shapes()} (other parameters, bucket_bytes or dense_bytes; a "
                 "checkpoint from before tensors larger than bucket_bytes were split across "
                 "buckets; or one of fp16 or bf16 from before their buckets became 2 MiB: "
-                f"bucket_bytes={DEFAULT_BUCKET_BYTES} loads it): its residuals do not apply"
+                f"bucket_bytes={DEFAULT_BUCKET_BYTES} loads it; or one saved after a tensor was "
+                "frozen or a group added and before a step adopted that layout: load it into "
+                "the parameters as they were, and change them after): its residuals do not apply"
             )
         layout = self._fresh_layout()
         sent = [self.engine.chunk_unit(u) for u in _units(layout)]
@@ -455,9 +459,11 @@ class GravacOptimizer(torch.optim.Optimizer):
         params = [p for grp in self.param_groups for p in grp["params"]]
         return build_layout(params, bucket_bytes=self.bucket_bytes, dense_bytes=self.dense_bytes)
 
-    def _layout_shapes(self) -> list[list[list[int]]]:
-        """The compressed buckets' tensor shapes, as saved in a checkpoint."""
-        return [[list(shape) for shape in b.shapes] for b in self._fresh_layout().compressed]
+    def _layout_shapes(self, layout: Layout | None = None) -> list[list[list[int]]]:
+        """The compressed buckets' tensor shapes of ``layout`` (``None``: the parameters' as
+        they are now), as saved in a checkpoint."""
+        layout = self._fresh_layout() if layout is None else layout
+        return [[list(shape) for shape in b.shapes] for b in layout.compressed]
 
     def _bind(self, layout: Layout) -> None:
         """Let the engine plan its CFs over the shapes of ``layout``'s compressed tensors (of

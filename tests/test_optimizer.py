@@ -289,6 +289,32 @@ def test_a_parameter_resized_through_data_is_refused_by_name_and_a_new_optimizer
     assert head.weight.grad.shape == (12, 32)
 
 
+def test_a_checkpoint_saved_between_a_freeze_and_its_adoption_names_its_layout() -> None:
+    """A step that sees a tensor frozen still trains on the old layout; a checkpoint saved
+    before the next step holds that layout's residuals, but it was saved with the layout of
+    the parameters as they were then (frozen), and a load said only that a residual
+    "belongs to no bucket". Now it saves the residuals' own layout: a load over the frozen
+    parameters is refused naming the case and what to do, and one over the parameters as they
+    were loads."""
+    model = tiny_model()
+    opt = make(model, compressor="topk", policy="fixed", policy_options={"cf": 10})
+    for step in range(3):
+        train_step(model, opt, 0, step)
+    model[0].weight.requires_grad_(False)
+    train_step(model, opt, 0, 3)  # sees the freeze, trains on the old layout
+    saved = opt.state_dict()
+    opt.close()
+    frozen = make(model, compressor="topk", policy="fixed", policy_options={"cf": 10})
+    with pytest.raises(ValueError, match="saved after a tensor was frozen or a group added"):
+        frozen.load_state_dict(saved)
+    frozen.close()
+    model[0].weight.requires_grad_(True)
+    as_saved = make(model, compressor="topk", policy="fixed", policy_options={"cf": 10})
+    as_saved.load_state_dict(saved)
+    train_step(model, as_saved, 0, 4)
+    assert as_saved.steps == 5
+
+
 #: the start of the refusal of a sparse gradient (GravacOptimizer._refuse_sparse)
 SPARSE_REFUSED = r"gradient of layout torch.sparse_coo .* torch.strided \(dense\) gradients only"
 

@@ -840,20 +840,27 @@ class GravacOptimizer(torch.optim.Optimizer):
         gradient overwritten by the first's aggregate). Checked where a layout is adopted, not
         at construction: ``opt = GravacOptimizer(...)`` over the same model again builds the
         new one while the old one still lives."""
-        trained = {id(p): i for i, p in enumerate(params) if p.requires_grad}
-        for key, i in trained.items():
-            other = _OWNERS.get(key)
-            if other is not None and other is not self:
-                p = params[i]
-                raise ValueError(
-                    f"parameter {i} (shape {tuple(p.shape)}) is trained by another "
-                    "GravacOptimizer that is still alive: each gradient is aggregated by one "
-                    "optimizer, whose residual it keeps; give the optimizers disjoint "
-                    "parameters, or close() the other one first"
-                )
+        taken = self._taken(params)
+        if taken:
+            i = taken[0]
+            raise ValueError(
+                f"parameter {i} (shape {tuple(params[i].shape)}) is trained by another "
+                "GravacOptimizer that is still alive: each gradient is aggregated by one "
+                "optimizer, whose residual it keeps; give the optimizers disjoint "
+                "parameters, or close() the other one first"
+            )
+        trained = {id(p) for p in params if p.requires_grad}
         self._release(keep=trained)
         for key in trained:
             _OWNERS[key] = self
+
+    def _taken(self, params: list[Tensor]) -> list[int]:
+        """The indices of the trainable ``params`` that another live GravacOptimizer trains."""
+        return [
+            i
+            for i, p in enumerate(params)
+            if p.requires_grad and _OWNERS.get(id(p), self) is not self
+        ]
 
     def _release(self, keep: Collection[int] = ()) -> None:
         """Give up this optimizer's parameters but ``keep`` (ids)."""

@@ -516,6 +516,7 @@ class GravacOptimizer(torch.optim.Optimizer):
                         p.grad.mul_(inverse.to(p.grad.device))
         return pending
 
+    @torch.no_grad()
     def synchronize(self) -> None:
         """Aggregate the gradients now and write the result into ``p.grad``; the next
         :meth:`step` only steps the wrapped optimizer.
@@ -558,7 +559,8 @@ class GravacOptimizer(torch.optim.Optimizer):
         :attr:`skipped_steps`).
         """
         if self._step is not None:
-            self._synchronize(explicit=False, dropped=True)
+            with torch.no_grad():
+                self._synchronize(explicit=False, dropped=True)
         self._drop_pending()
         super().zero_grad(set_to_none)
 

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 from gravac.agreement import check_agreement, layout_text
 from gravac.buckets import (
@@ -129,7 +130,7 @@ def _moved_layers(old: Layout, new: Layout) -> dict[int, int]:
     return {slot: now[key] for key, slot in ids(old).items() if key in now}
 
 
-class GravacOptimizer(torch.optim.Optimizer):
+class GravacOptimizer(torch.optim.Optimizer, Joinable):
     """Wraps ``optimizer`` and compresses its gradients across ranks with an adaptive CF.
 
     Each bucket's gradients are views of one flat buffer (the last aggregate). The buffer of a
@@ -208,6 +209,8 @@ class GravacOptimizer(torch.optim.Optimizer):
         params = [p for g in optimizer.param_groups for p in g["params"]]
         check_params(params)
         super().__init__([{"params": params}], {})
+        Joinable.__init__(self)  # torch's Join: uneven inputs (join_hook)
+        self._shadowing = False  # a joined rank runs a step of the others' (_JoinHook)
         # From here on param_groups, state and defaults are the wrapped optimizer's own objects.
         self.optimizer = optimizer
         self.bucket_bytes = (
@@ -769,8 +772,11 @@ class GravacOptimizer(torch.optim.Optimizer):
         return buf
 
     def _begin(self) -> Step:
-        """Start a step: join the group, check the layout, plan and decide."""
+        """Start a step: join the group, tell a ``Join`` context this rank still trains, check
+        the layout, plan and decide."""
         self.engine.join_group()
+        if not self._shadowing:
+            Join.notify_join_context(self)
         self._sparse = -1
         self._current_layout()
         self._step = self.engine.begin(lr=learning_rate(self.optimizer))
@@ -1004,6 +1010,23 @@ class GravacOptimizer(torch.optim.Optimizer):
             ]
         )
 
+    # ------------------------------------------------------------------ uneven inputs
+    def join_hook(self, **kwargs: Any) -> JoinHook:
+        """For ``with torch.distributed.algorithms.Join([opt]):`` around a loop whose ranks
+        take different numbers of steps (uneven inputs): a rank that ran out of data takes
+        each of the others' steps with no gradient of its own (zeros in the average, as
+        under DDP's ``Join``), and at the end every rank takes the parameters of one that
+        trained last."""
+        return _JoinHook(self)
+
+    @property
+    def join_device(self) -> torch.device:
+        return self.comm.device
+
+    @property
+    def join_process_group(self) -> Any:
+        return self.comm.group
+
     def close(self) -> None:
         """Flush and close the monitor, then wait for every rank (a collective: call it on every
         rank). A rank that destroys its gloo process group while another rank still uses it can
@@ -1018,6 +1041,39 @@ class GravacOptimizer(torch.optim.Optimizer):
             f"GravacOptimizer({type(self.optimizer).__name__}, compressor={self.compressor!r}, "
             f"policy={self.engine.policy!r}, world_size={self.comm.world_size})"
         )
+
+
+class _JoinHook(JoinHook):
+    """The step a joined rank takes for each of the others' (:meth:`GravacOptimizer.join_hook`):
+    a whole step with no gradient of its own, so that its collectives match theirs and the
+    engine (residuals, search, counters) moves with them; the wrapped optimizer applies the
+    same aggregate. Once all have joined, every rank takes the parameters (and the buffers of
+    ``sync_buffers``) of one that trained last: a joined rank's learning rate schedule may
+    have stopped with its loop."""
+
+    def __init__(self, opt: GravacOptimizer) -> None:
+        self.opt = opt
+
+    def main_hook(self) -> None:
+        opt = self.opt
+        opt._shadowing = True
+        try:
+            opt.zero_grad(set_to_none=True)
+            opt.step()
+        finally:
+            opt._shadowing = False
+
+    def post_hook(self, is_last_joiner: bool) -> None:
+        opt = self.opt
+        if opt.comm.world_size == 1:
+            return
+        rank = dist.get_rank() if is_last_joiner else -1
+        src = torch.tensor([rank], device=opt.comm.device)
+        dist.all_reduce(src, op=dist.ReduceOp.MAX, group=opt.comm.group)
+        held = [p.data for p in opt._params()]
+        if opt.sync_buffers is not None:
+            held += list(opt.sync_buffers.buffers())
+        opt.comm.broadcast_(held, src=int(src))
 
 
 def _stamp(p: Tensor) -> tuple[int, int] | None:

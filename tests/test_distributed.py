@@ -642,3 +642,85 @@ def test_a_model_that_torch_distributes_is_refused_by_name_on_every_rank(
         assert "flattened and sharded by FullyShardedDataParallel" in flat
         assert "is a DTensor (FSDP2's fully_shard" in dtensor
         assert "changed a gradient" in ddp and "gravac.ddp.gravac_hook" in ddp
+
+
+def uneven_steps(rank: int, world_size: int, overlap: bool, joined: bool) -> dict[str, Any]:
+    """Rank 0 takes 9 steps, rank 1 runs out of data after 5: inside torch's ``Join``
+    (``joined``), or as the reference, rank 1 stepping with no gradient for the last 4 (its
+    learning-rate schedule going on). Each rank's parameters and step count."""
+    from torch.distributed.algorithms.join import Join
+
+    model = tiny_model(seed=0)
+    opt = GravacOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+        window=3,
+        warmup_steps=2,
+        clock=counter_clock(),
+        overlap=overlap,
+    )
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+    data = 9 if rank == 0 else 5
+
+    def step(i: int) -> None:
+        if i < data:
+            x, y = batch(rank, i)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+
+    if joined:
+        with Join([opt]):
+            for i in range(data):
+                step(i)
+    else:
+        for i in range(9):
+            step(i)
+    return {"params": [p.detach().clone() for p in model.parameters()], "steps": opt.steps}
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_uneven_inputs_under_join_train_as_steps_without_gradients(
+    overlap: bool, gloo_pools: Workers
+) -> None:
+    """Without ``Join`` a rank that ran out of data left the others waiting in a step's
+    collectives for the process group's timeout (30 minutes). Under ``Join`` the joined rank
+    takes the others' steps with no gradient of its own: bit for bit the run where it steps
+    with none, and every rank ends with the parameters of one that trained last."""
+    joined = gloo_pools.run(uneven_steps, 2, overlap, True, timeout=SPAWN_TIMEOUT)
+    reference = gloo_pools.run(uneven_steps, 2, overlap, False, timeout=SPAWN_TIMEOUT)
+    for got in joined:
+        assert got["steps"] == 9
+        for a, b in zip(got["params"], reference[0]["params"], strict=True):
+            assert torch.equal(a, b)
+
+
+def uneven_steps_under_the_hook(rank: int, world_size: int) -> dict[str, Any]:
+    """As :func:`uneven_steps` through DDP with gravac's hook, inside DDP's own ``Join``."""
+    from torch.distributed.algorithms.join import Join
+    from torch.nn.parallel import DistributedDataParallel
+
+    from gravac.ddp import GravacHookState, gravac_hook
+
+    model = DistributedDataParallel(tiny_model(seed=0))
+    state = GravacHookState(window=3, warmup_steps=2, clock=counter_clock())
+    model.register_comm_hook(state, gravac_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    with Join([model]):
+        for i in range(9 if rank == 0 else 5):
+            x, y = batch(rank, i)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+    return {"params": [p.detach().clone() for p in model.parameters()], "steps": state.engine.steps}
+
+
+def test_uneven_inputs_under_ddps_join_with_the_hook_keep_the_ranks_alike(
+    gloo_pools: Workers,
+) -> None:
+    """DDP's ``Join`` shadows its all-reduces through the comm hook: the engine takes every
+    step on both ranks, and they end alike."""
+    a, b = gloo_pools.run(uneven_steps_under_the_hook, 2, timeout=SPAWN_TIMEOUT)
+    assert a["steps"] == b["steps"] == 9
+    for x, y in zip(a["params"], b["params"], strict=True):
+        assert torch.equal(x, y)

@@ -111,7 +111,8 @@ class StepTimeoutError(CollectiveError):
         return (
             f"{self._where()}{self.collective} did not complete within step_timeout="
             f"{self.timeout:g} s: a rank has stopped, hangs, or lags behind the others by more "
-            "than that"
+            "than that; or it ran out of data and took fewer steps (uneven inputs: train inside "
+            "torch.distributed.algorithms.Join([opt]), or DDP's Join with the hook)"
         )
 
 

@@ -1067,13 +1067,12 @@ class _JoinHook(JoinHook):
         opt = self.opt
         if opt.comm.world_size == 1:
             return
-        rank = dist.get_rank() if is_last_joiner else -1
-        src = torch.tensor([rank], device=opt.comm.device)
-        dist.all_reduce(src, op=dist.ReduceOp.MAX, group=opt.comm.group)
+        mine = dist.get_rank() if is_last_joiner else -1
+        src = opt.comm.all_reduce_async(torch.tensor([mine], device=opt.comm.device), "max")
         held = [p.data for p in opt._params()]
         if opt.sync_buffers is not None:
             held += list(opt.sync_buffers.buffers())
-        opt.comm.broadcast_(held, src=int(src))
+        opt.comm.broadcast_(held, src=int(src.wait()))
 
 
 def _stamp(p: Tensor) -> tuple[int, int] | None:

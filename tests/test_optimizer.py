@@ -578,6 +578,9 @@ def test_a_monitor_that_fails_mid_run_is_dropped_with_a_warning_and_training_goe
     for step in range(3):
         train_step(plain, ref, 0, step)
         train_step(logged, opt, 0, step)
+    monitor = opt.engine.monitor
+    assert isinstance(monitor, TensorBoardMonitor)
+    monitor.writer.flush()  # its writer thread idle: nothing written while the folder goes
     shutil.rmtree(log_dir)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -14,11 +14,23 @@
     second hook. With ``strategy="ddp_spawn"`` the callback (and its state) is pickled into the
     spawned processes, which train with their copies: the launching process's state stays as
     it was (``strategy="ddp"`` runs the script in every process, and each keeps its own).
+
+Checkpoints: Lightning writes rank 0's checkpoint, but the residuals are per rank, so the
+callback's :meth:`~GravacCallback.state_dict` gathers every rank's hook state to rank 0 (on CPU)
+and each rank loads its own on resume: a resumed run continues bit for bit. Resumed on another
+number of processes, every rank loads the mean of the saved residuals (what they would have
+added to the mean aggregate together), with a warning. A checkpoint of an older gravac holds
+rank 0's state alone, which every rank loads, with a warning.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
 
 from gravac.ddp import GravacHookState
 from gravac.integrations._register import HookRegistrar
@@ -31,6 +43,10 @@ except ImportError as exc:  # pragma: no cover - the integrations extra installs
     ) from exc
 
 __all__ = ["GravacCallback"]
+
+#: the keys of the callback's state: the number of processes that saved it, and each one's hook
+#: state in rank order (rank 0's alone holds them: the others' are not written)
+_WORLD, _RANKS = "world_size", "ranks"
 
 
 class GravacCallback(Callback):
@@ -57,15 +73,90 @@ class GravacCallback(Callback):
             self.state.close()
 
     def state_dict(self) -> dict[str, Any]:
-        """The hook state (Lightning's checkpoints keep rank 0's)."""
-        return self.state.state_dict()
+        """Every rank's hook state, gathered to rank 0 on CPU, in rank order (Lightning calls
+        it on every rank, as ``Trainer.save_checkpoint`` must be called, and writes rank 0's):
+        ``{"world_size": W, "ranks": [state of rank 0, ..., of rank W-1]}``, ``"ranks"``
+        ``None`` on the other ranks. Rank 0 holds every rank's residuals while it saves."""
+        own = _on_cpu(self.state.state_dict())
+        group = self.state.process_group
+        if not _distributed():
+            return {_WORLD: 1, _RANKS: [own]}
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        gathered: list[Any] | None = [None] * world if rank == 0 else None
+        root = 0 if group is None else dist.get_global_rank(group, 0)
+        dist.gather_object(own, gathered, dst=root, group=group)
+        return {_WORLD: world, _RANKS: gathered}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore the hook state (rank 0's residuals on every rank: a one-off perturbation).
+        """Restore this rank's hook state from :meth:`state_dict`'s; on another number of
+        processes, every rank takes the mean of the saved residuals (with a warning).
 
         Lightning restores after starting the process group but before the first step: the
         engine joins the group first, so that the loaded counters are not taken for steps
         made as a single worker (and the world size is compared with the group's).
+
+        Raises:
+            ValueError: the state holds no rank's hook state (a checkpoint not written by
+                rank 0), or fewer states than the processes that saved it.
         """
         self.state.engine.join_group()
-        self.state.load_state_dict(state_dict)
+        if _RANKS not in state_dict:  # saved by a gravac that kept rank 0's state alone
+            warnings.warn(
+                "the checkpoint holds one rank's gravac hook state (saved by an older gravac): "
+                "every rank loads it, its residuals standing in for the others' once",
+                stacklevel=2,
+            )
+            self.state.load_state_dict(state_dict)
+            return
+        saved_world, states = state_dict[_WORLD], state_dict[_RANKS]
+        if states is None or len(states) != saved_world:
+            held = "no" if states is None else len(states)
+            raise ValueError(
+                f"the checkpoint's gravac state holds {held} ranks' hook states for "
+                f"world_size={saved_world} processes: load the checkpoint rank 0 wrote (it "
+                "holds every rank's)"
+            )
+        group = self.state.process_group
+        world = dist.get_world_size(group) if _distributed() else 1
+        if world == saved_world:
+            rank = dist.get_rank(group) if _distributed() else 0
+            self.state.load_state_dict(states[rank])
+            return
+        warnings.warn(
+            f"the checkpoint's gravac state was saved by world_size={saved_world} processes, "
+            f"this run has world_size={world}: every rank resumes with the mean of the saved "
+            "residuals (what they would have added to the mean aggregate)",
+            stacklevel=2,
+        )
+        self.state.load_state_dict(_mean_residuals(states, world))
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _on_cpu(state: Any) -> Any:
+    """``state`` with every tensor in it copied to the CPU (an object gather pickles them, and
+    rank 0 must not unpickle another rank's CUDA tensors onto that rank's device)."""
+    if isinstance(state, Tensor):
+        return state.cpu()
+    if isinstance(state, dict):
+        return {k: _on_cpu(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(_on_cpu(v) for v in state)
+    return state
+
+
+def _mean_residuals(states: list[dict[str, Any]], world: int) -> dict[str, Any]:
+    """Rank 0's hook state (the search's state and counters: the same on every rank) for
+    ``world`` processes, with each residual piece the mean of the ranks' (by parameter
+    position; a rank without a piece adds zeros): ``(1/W') sum_r' e' = (1/W) sum_r e`` for
+    ``e' = (1/W) sum_r e``, so that what the residuals still owe the mean aggregate is neither
+    lost nor counted twice."""
+    positions = sorted({k for s in states for k in s["residuals"]})
+    mean: dict[int, Tensor] = {}
+    for k in positions:
+        pieces = [s["residuals"][k] for s in states if k in s["residuals"]]
+        total = torch.stack([torch.as_tensor(t).double() for t in pieces]).sum(0)
+        mean[k] = total.div_(len(states)).to(torch.as_tensor(pieces[0]).dtype)
+    return {**states[0], "residuals": mean, _WORLD: world}

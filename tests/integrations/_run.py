@@ -1,4 +1,5 @@
-"""Running the integration examples on 2 processes and reading each rank's report."""
+"""Running the integration examples on 2 processes, reading each rank's report, and comparing
+two runs' states bit for bit."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import torch
+from torch import Tensor
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 #: seconds one example run may take (2 processes importing the framework, a few steps)
@@ -47,3 +51,20 @@ def assert_compressed(reports: list[dict[str, Any]]) -> None:
         assert r["cf_sent"] > 1  # compressed at the last step
     assert reports[0]["digest"] == reports[1]["digest"]
     assert reports[0]["accuracy"] == reports[1]["accuracy"]
+
+
+def assert_same(a: Any, b: Any, where: str = "") -> None:
+    """``a`` and ``b`` hold the same values, tensors bit for bit (``where``: named on failure)."""
+    if isinstance(a, Tensor):
+        assert isinstance(b, Tensor) and a.dtype == b.dtype and a.shape == b.shape, where
+        assert torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), where
+        for k in a:
+            assert_same(a[k], b[k], f"{where}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"

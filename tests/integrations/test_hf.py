@@ -14,7 +14,6 @@ import functools
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -24,7 +23,7 @@ from torch.utils.data import Dataset
 from gravac.ddp import GravacHookState
 from tests.background import Background
 from tests.helpers import batch, tiny_model, torchrun_command
-from tests.integrations._run import Run, run_example
+from tests.integrations._run import Run, assert_same, run_example
 
 transformers = pytest.importorskip("transformers")
 from gravac.integrations.hf import GravacCallback  # noqa: E402
@@ -116,23 +115,6 @@ def resumed(background: Background, request: pytest.FixtureRequest) -> Path:
     return folder
 
 
-def _assert_same(a: Any, b: Any, where: str = "") -> None:
-    """``a`` and ``b`` hold the same values, tensors bit for bit (``where``: named on failure)."""
-    if isinstance(a, Tensor):
-        assert isinstance(b, Tensor) and a.dtype == b.dtype and a.shape == b.shape, where
-        assert torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and a.keys() == b.keys(), where
-        for k in a:
-            _assert_same(a[k], b[k], f"{where}[{k!r}]")
-    elif isinstance(a, (list, tuple)):
-        assert isinstance(b, (list, tuple)) and len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _assert_same(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
-
-
 def test_a_run_resumed_from_its_middle_checkpoint_ends_as_the_run_straight_through(
     resumed: Path,
 ) -> None:
@@ -149,8 +131,8 @@ def test_a_run_resumed_from_its_middle_checkpoint_ends_as_the_run_straight_throu
         )
         assert full["global_step"] == again["global_step"] == hf_resume.STEPS
         assert again["steps"] == full["steps"] == hf_resume.STEPS
-        _assert_same(full["hook"], again["hook"], f"rank {rank} hook")
-        _assert_same(full["params"], again["params"], f"rank {rank} params")
+        assert_same(full["hook"], again["hook"], f"rank {rank} hook")
+        assert_same(full["params"], again["params"], f"rank {rank} params")
     # what was resumed from: each rank's own state, loadable with weights_only
     saved = [
         torch.load(resumed / "full" / MIDDLE / f"gravac-rank{r}.pt", weights_only=True)

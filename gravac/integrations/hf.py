@@ -14,9 +14,11 @@ residuals) to ``gravac-rank{R}.pt`` in the checkpoint folder, as ``{"hook": ...,
 "world_size": ...}`` (``torch.load(..., weights_only=True)`` reads it). When ``train`` resumes
 from a checkpoint (a path, or ``True``: the last one in ``output_dir``), each rank loads its
 file before the first step, so that the engine continues at the checkpoint's step with its
-residuals. A checkpoint saved by another number of processes raises (residuals are per rank);
-one with no gravac state at all (saved without this callback) warns and gravac starts afresh:
-a warning, not an error, so that a run may turn gravac on from a checkpoint of dense training.
+residuals. A checkpoint saved by another number of processes gives every rank the mean of the
+saved residuals, with a warning (residuals are per rank: :mod:`gravac.integrations._ranks`); one
+that lacks some rank's file raises; one with no gravac state at all (saved without this
+callback) warns and gravac starts afresh: a warning, not an error, so that a run may turn
+gravac on from a checkpoint of dense training.
 Resume in a new ``Trainer``, as a restarted job does: residuals are matched to parameters by
 DDP's initial buckets. ``hyperparameter_search``'s trial folders are not covered.
 
@@ -46,6 +48,7 @@ from typing import Any
 import torch
 
 from gravac.ddp import GravacHookState
+from gravac.integrations._ranks import mean_residuals
 from gravac.integrations._register import HookRegistrar
 
 try:
@@ -74,6 +77,19 @@ _GLOB = STATE_FILE.format(rank="*")
 def _state_file(checkpoint: str, rank: int) -> str:
     """The path of ``rank``'s hook state in the ``checkpoint`` folder."""
     return os.path.join(checkpoint, STATE_FILE.format(rank=rank))
+
+
+def _load(path: str) -> dict[str, Any]:
+    """A state file :meth:`GravacCallback.on_save` wrote.
+
+    Raises:
+        ValueError: it lacks the hook state or the world size.
+    """
+    saved: dict[str, Any] = torch.load(path, weights_only=True)
+    missing = [k for k in ("hook", "world_size") if k not in saved]
+    if missing:
+        raise ValueError(f"{path} is not a GravacCallback checkpoint: missing {missing}")
+    return saved
 
 
 class GravacCallback(TrainerCallback):
@@ -142,49 +158,48 @@ class GravacCallback(TrainerCallback):
             self.state.watch(optimizer)
 
     def _restore(self, checkpoint: str, rank: int, world_size: int) -> None:
-        """Load ``rank``'s hook state from the ``checkpoint`` folder, before the first step.
+        """Load ``rank``'s hook state from the ``checkpoint`` folder, before the first step; the
+        mean of every saved rank's residuals where another number of processes saved it.
 
         Raises:
-            ValueError: the checkpoint was saved by another number of processes (it holds
-                other ranks' states but not this one's, or this one's names another world
-                size), or the file is not a state this callback saved.
+            ValueError: a file is not a state this callback saved, or the checkpoint, saved by
+                another number of processes, lacks some rank's file.
         """
-        path = _state_file(checkpoint, rank)
-        if not os.path.isfile(path):
-            saved = sorted(
-                int(m.group(1))
-                for m in map(_STATE_FILE_RE.match, os.listdir(checkpoint))
-                if m is not None
-            )
-            if saved:
-                raise ValueError(
-                    f"resume_from_checkpoint={checkpoint!r} holds gravac's hook state of "
-                    f"ranks {saved} but not of rank {rank}: it was saved by another number of "
-                    f"processes than this run's world_size={world_size}; resume it on as many "
-                    f"processes as saved it (residuals are per rank), or remove its {_GLOB} "
-                    "files to start gravac afresh"
-                )
+        saved = sorted(
+            int(m.group(1))
+            for m in map(_STATE_FILE_RE.match, os.listdir(checkpoint))
+            if m is not None
+        )
+        if not saved:
             warnings.warn(
                 f"resume_from_checkpoint={checkpoint!r} holds no gravac hook state "
-                f"({os.path.basename(path)}): it was saved without GravacCallback, so gravac "
-                "starts afresh (engine step 0, no residuals, the search from its warm-up)",
+                f"({STATE_FILE.format(rank=rank)}): it was saved without GravacCallback, so "
+                "gravac starts afresh (engine step 0, no residuals, the search from its warm-up)",
                 stacklevel=2,
             )
             return
-        saved_state = torch.load(path, weights_only=True)
-        missing = [k for k in ("hook", "world_size") if k not in saved_state]
-        if missing:
-            raise ValueError(f"{path} is not a GravacCallback checkpoint: missing {missing}")
-        if saved_state["world_size"] != world_size:
+        first = _load(_state_file(checkpoint, saved[0]))
+        saved_world = first["world_size"]
+        if saved != list(range(saved_world)):
             raise ValueError(
-                f"resume_from_checkpoint={checkpoint!r} was saved by "
-                f"world_size={saved_state['world_size']} processes, this run has "
-                f"world_size={world_size}: resume it on {saved_state['world_size']} processes "
-                f"(residuals are per rank), or remove its {_GLOB} files to start gravac afresh"
+                f"resume_from_checkpoint={checkpoint!r} holds gravac's hook state of ranks "
+                f"{saved}, but world_size={saved_world} processes saved it: every rank's "
+                f"{_GLOB} file is needed (residuals are per rank), or remove them all to start "
+                "gravac afresh"
             )
         # the engine joins the group first: the loaded counters are not steps made alone
         self.state.engine.join_group()
-        self.state.load_state_dict(saved_state["hook"])
+        if saved_world == world_size:
+            self.state.load_state_dict(_load(_state_file(checkpoint, rank))["hook"])
+            return
+        states = [_load(_state_file(checkpoint, r))["hook"] for r in saved]
+        warnings.warn(
+            f"resume_from_checkpoint={checkpoint!r} was saved by world_size={saved_world} "
+            f"processes, this run has world_size={world_size}: every rank resumes with the "
+            "mean of the saved residuals (what they would have added to the mean aggregate)",
+            stacklevel=2,
+        )
+        self.state.load_state_dict(mean_residuals(states, world_size))
 
     def on_save(
         self,

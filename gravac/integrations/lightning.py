@@ -28,11 +28,10 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-import torch
 import torch.distributed as dist
-from torch import Tensor
 
 from gravac.ddp import GravacHookState
+from gravac.integrations._ranks import mean_residuals, on_cpu
 from gravac.integrations._register import HookRegistrar
 
 try:
@@ -77,7 +76,7 @@ class GravacCallback(Callback):
         it on every rank, as ``Trainer.save_checkpoint`` must be called, and writes rank 0's):
         ``{"world_size": W, "ranks": [state of rank 0, ..., of rank W-1]}``, ``"ranks"``
         ``None`` on the other ranks. Rank 0 holds every rank's residuals while it saves."""
-        own = _on_cpu(self.state.state_dict())
+        own = on_cpu(self.state.state_dict())
         group = self.state.process_group
         if not _distributed():
             return {_WORLD: 1, _RANKS: [own]}
@@ -128,35 +127,8 @@ class GravacCallback(Callback):
             "residuals (what they would have added to the mean aggregate)",
             stacklevel=2,
         )
-        self.state.load_state_dict(_mean_residuals(states, world))
+        self.state.load_state_dict(mean_residuals(states, world))
 
 
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
-
-
-def _on_cpu(state: Any) -> Any:
-    """``state`` with every tensor in it copied to the CPU (an object gather pickles them, and
-    rank 0 must not unpickle another rank's CUDA tensors onto that rank's device)."""
-    if isinstance(state, Tensor):
-        return state.cpu()
-    if isinstance(state, dict):
-        return {k: _on_cpu(v) for k, v in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(_on_cpu(v) for v in state)
-    return state
-
-
-def _mean_residuals(states: list[dict[str, Any]], world: int) -> dict[str, Any]:
-    """Rank 0's hook state (the search's state and counters: the same on every rank) for
-    ``world`` processes, with each residual piece the mean of the ranks' (by parameter
-    position; a rank without a piece adds zeros): ``(1/W') sum_r' e' = (1/W) sum_r e`` for
-    ``e' = (1/W) sum_r e``, so that what the residuals still owe the mean aggregate is neither
-    lost nor counted twice."""
-    positions = sorted({k for s in states for k in s["residuals"]})
-    mean: dict[int, Tensor] = {}
-    for k in positions:
-        pieces = [s["residuals"][k] for s in states if k in s["residuals"]]
-        total = torch.stack([torch.as_tensor(t).double() for t in pieces]).sum(0)
-        mean[k] = total.div_(len(states)).to(torch.as_tensor(pieces[0]).dtype)
-    return {**states[0], "residuals": mean, _WORLD: world}

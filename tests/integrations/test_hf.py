@@ -152,22 +152,38 @@ def _one_process_resume(checkpoint: Path, tmp_path: Path) -> transformers.Traine
     return trainer
 
 
-def test_a_checkpoint_of_two_processes_refuses_to_resume_on_one(
+def test_a_checkpoint_of_two_processes_resumes_on_one_with_the_mean_residuals(
     resumed: Path, tmp_path: Path
 ) -> None:
-    trainer = _one_process_resume(resumed / "full" / MIDDLE, tmp_path)
-    with pytest.raises(
-        ValueError, match="saved by world_size=2 processes, this run has world_size=1"
+    """One process (the hook is not registered: nothing steps it) loads the mean of the two
+    saved ranks' residuals, which together still owe the mean aggregate what they did."""
+    state = hf_resume.hook_state()
+    shutil.copytree(resumed / "full" / MIDDLE, tmp_path / MIDDLE)
+    trainer = hf_resume.trainer(tmp_path)
+    trainer.add_callback(GravacCallback(state, trainer))
+    with (
+        pytest.warns(UserWarning, match="saved by world_size=2 processes, this run has world_siz"),
+        pytest.warns(UserWarning, match="one process"),
     ):
         trainer.train(resume_from_checkpoint=str(tmp_path / MIDDLE))
+    saved = [
+        torch.load(resumed / "full" / MIDDLE / f"gravac-rank{r}.pt", weights_only=True)["hook"]
+        for r in range(2)
+    ]
+    loaded = state.state_dict()
+    assert loaded["steps"] == hf_resume.SAVE_EVERY
+    assert loaded["residuals"].keys() == saved[0]["residuals"].keys()
+    for k, e in loaded["residuals"].items():
+        a, b = (s["residuals"][k] for s in saved)
+        assert torch.equal(e, ((a.double() + b.double()) / 2).float()), k
 
 
-def test_a_checkpoint_without_this_ranks_state_refuses_to_resume(
+def test_a_checkpoint_without_some_ranks_state_refuses_to_resume(
     resumed: Path, tmp_path: Path
 ) -> None:
     trainer = _one_process_resume(resumed / "full" / MIDDLE, tmp_path)
     (tmp_path / MIDDLE / "gravac-rank0.pt").unlink()
-    with pytest.raises(ValueError, match=r"of ranks \[1\] but not of rank 0"):
+    with pytest.raises(ValueError, match=r"of ranks \[1\], but world_size=2 processes saved it"):
         trainer.train(resume_from_checkpoint=True)  # the last checkpoint in output_dir
 
 

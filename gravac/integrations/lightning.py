@@ -19,8 +19,8 @@ Checkpoints: Lightning writes rank 0's checkpoint, but the residuals are per ran
 callback's :meth:`~GravacCallback.state_dict` gathers every rank's hook state to rank 0 (on CPU)
 and each rank loads its own on resume: a resumed run continues bit for bit. Resumed on another
 number of processes, every rank loads the mean of the saved residuals (what they would have
-added to the mean aggregate together), with a warning. A checkpoint of an older gravac holds
-rank 0's state alone, which every rank loads, with a warning.
+added to the mean aggregate together), with a warning. With ``every_rank=False`` (or from an
+older gravac) a checkpoint holds rank 0's state alone, which every rank loads, with a warning.
 """
 
 from __future__ import annotations
@@ -55,12 +55,22 @@ class GravacCallback(Callback):
         state: the hook state (its engine holds ``steps``, ``last_record``,
             ``total_wire_bytes`` ...).
         close_on_end: flush and close the state's monitor when ``fit`` ends.
+        every_rank: keep every rank's hook state in the checkpoint (a resume is exact; rank 0
+            holds every rank's residuals on CPU while it saves); ``False`` keeps rank 0's
+            alone, which every rank loads on resume (its residuals stand in for the others'
+            once), for a model whose residuals times the world size do not fit rank 0's
+            memory.
     """
 
-    def __init__(self, state: GravacHookState, *, close_on_end: bool = True) -> None:
+    def __init__(
+        self, state: GravacHookState, *, close_on_end: bool = True, every_rank: bool = True
+    ) -> None:
+        if not isinstance(every_rank, bool):
+            raise TypeError(f"every_rank must be True or False, got {every_rank!r}")
         self._hook = HookRegistrar(state, "Lightning")
         self.state = state
         self.close_on_end = close_on_end
+        self.every_rank = every_rank
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._hook.register(trainer.strategy.model, trainer.world_size)
@@ -75,7 +85,10 @@ class GravacCallback(Callback):
         """Every rank's hook state, gathered to rank 0 on CPU, in rank order (Lightning calls
         it on every rank, as ``Trainer.save_checkpoint`` must be called, and writes rank 0's):
         ``{"world_size": W, "ranks": [state of rank 0, ..., of rank W-1]}``, ``"ranks"``
-        ``None`` on the other ranks. Rank 0 holds every rank's residuals while it saves."""
+        ``None`` on the other ranks. Rank 0 holds every rank's residuals while it saves. With
+        ``every_rank=False``, this rank's hook state alone."""
+        if not self.every_rank:
+            return self.state.state_dict()
         own = on_cpu(self.state.state_dict())
         group = self.state.process_group
         if not _distributed():
@@ -99,10 +112,11 @@ class GravacCallback(Callback):
                 rank 0), or fewer states than the processes that saved it.
         """
         self.state.engine.join_group()
-        if _RANKS not in state_dict:  # saved by a gravac that kept rank 0's state alone
+        if _RANKS not in state_dict:  # rank 0's state alone: every_rank=False, or older gravac
             warnings.warn(
-                "the checkpoint holds one rank's gravac hook state (saved by an older gravac): "
-                "every rank loads it, its residuals standing in for the others' once",
+                "the checkpoint holds one rank's gravac hook state (saved with every_rank=False "
+                "or by an older gravac): every rank loads it, its residuals standing in for the "
+                "others' once",
                 stacklevel=2,
             )
             self.state.load_state_dict(state_dict)

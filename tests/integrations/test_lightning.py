@@ -165,10 +165,14 @@ def test_a_checkpoint_of_two_processes_resumes_on_one_with_the_mean_residuals(
         assert torch.equal(e, ((a.double() + b.double()) / 2).float()), k
 
 
-def test_an_older_checkpoint_of_rank_0s_state_alone_loads_on_every_rank_with_a_warning(
+def test_a_checkpoint_of_rank_0s_state_alone_loads_on_every_rank_with_a_warning(
     resumed: Path,
 ) -> None:
+    """What ``every_rank=False`` saves (and gravac did before every rank's state was kept):
+    the rank's own hook state, which every rank loads."""
     rank0 = _saved(resumed)["ranks"][0]
+    alone = GravacCallback(lightning_resume.hook_state(), every_rank=False)
+    assert alone.state_dict().keys() == rank0.keys()
     state = lightning_resume.hook_state()
     with pytest.warns(UserWarning, match="holds one rank's gravac hook state"):
         GravacCallback(state).load_state_dict(rank0)
@@ -176,6 +180,8 @@ def test_an_older_checkpoint_of_rank_0s_state_alone_loads_on_every_rank_with_a_w
 
 
 def test_a_callback_state_without_the_ranks_states_is_refused_by_name() -> None:
+    with pytest.raises(TypeError, match="every_rank must be True or False, got 'yes'"):
+        GravacCallback(GravacHookState(), every_rank="yes")  # type: ignore[arg-type]
     state = GravacHookState(compressor="topk")
     with pytest.raises(ValueError, match="holds no ranks' hook states for world_size=2"):
         GravacCallback(state).load_state_dict({"world_size": 2, "ranks": None})

@@ -254,6 +254,7 @@ class GravacHookState:
         try:
             self.engine.close(step).wait()
             outcome = self.engine.commit(step)
+            self._bind()  # every bucket seen: the layout is whole before the step finishes
             self.engine.finish(outcome)
         except Exception as exc:  # every bucket's future fails with it
             done.set_exception(exc)  # type: ignore[arg-type]  # torch's stub types it as T

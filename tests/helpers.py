@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import itertools
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,28 @@ def tiny_model(seed: int = 0) -> nn.Module:
         nn.ReLU(),
         nn.Linear(32, 10),
     )
+
+
+#: sample budgets under which :func:`tiny_model`'s 8,548 compressed elements are sampled
+#: more thinly than at the base strides: the window at 128 (not 16), the shadows at 512 (not 64)
+SMALL_BUDGETS = (128, 32)
+
+
+@contextlib.contextmanager
+def sample_budgets(window: int, shadow: int) -> Iterator[None]:
+    """The window's and the shadows' sample budgets set to ``window`` and ``shadow`` elements
+    (``gravac.control.window.SAMPLE_BUDGET``, ``gravac.control.replay.SHADOW_BUDGET``) inside
+    the block, as a large model meets the real ones; restored after it (worker processes are
+    shared between tests)."""
+    from gravac.control import replay
+    from gravac.control import window as sums
+
+    before = sums.SAMPLE_BUDGET, replay.SHADOW_BUDGET
+    sums.SAMPLE_BUDGET, replay.SHADOW_BUDGET = window, shadow
+    try:
+        yield
+    finally:
+        sums.SAMPLE_BUDGET, replay.SHADOW_BUDGET = before
 
 
 def batch(rank: int, step: int, size: int = 16) -> tuple[torch.Tensor, torch.Tensor]:

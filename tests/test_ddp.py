@@ -3,6 +3,7 @@ optimizer front end, non-finite steps, bucket rebuilds and checkpoints."""
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import warnings
 from typing import Any
@@ -15,7 +16,14 @@ from torch.nn.parallel import DistributedDataParallel
 from gravac import GravacOptimizer
 from gravac.control.tables import cf_key
 from gravac.ddp import GravacHookState, gravac_hook
-from tests.helpers import batch, counter_clock, through_torch_save, tiny_model
+from tests.helpers import (
+    SMALL_BUDGETS,
+    batch,
+    counter_clock,
+    sample_budgets,
+    through_torch_save,
+    tiny_model,
+)
 from tests.workers import Workers
 
 pytestmark = pytest.mark.slow
@@ -55,10 +63,23 @@ def fit(net: nn.Module, opt: torch.optim.Optimizer, rank: int, steps: range) -> 
 
 
 def hook_and_optimizer(
-    rank: int, world_size: int, compressor: str, bucket_view: bool = False, search: str = "trial"
+    rank: int,
+    world_size: int,
+    compressor: str,
+    bucket_view: bool = False,
+    search: str = "trial",
+    budgets: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """Train the same model with the optimizer front end and with the DDP hook (the
-    gradients views of DDP's buckets with ``bucket_view``)."""
+    gradients views of DDP's buckets with ``bucket_view``), the search's samples under
+    ``budgets`` (:func:`tests.helpers.sample_budgets`; ``None``: the real ones)."""
+    with contextlib.nullcontext() if budgets is None else sample_budgets(*budgets):
+        return _hook_and_optimizer(rank, world_size, compressor, bucket_view, search)
+
+
+def _hook_and_optimizer(
+    rank: int, world_size: int, compressor: str, bucket_view: bool, search: str
+) -> dict[str, Any]:
     a = tiny_model(seed=0)
     opt_a = GravacOptimizer(sgd(a), **options(compressor, search))
     records_a = []
@@ -87,6 +108,7 @@ def hook_and_optimizer(
         "decisions_a": decisions[0],
         "decisions_b": decisions[1],
         "wire": (opt_a.total_wire_bytes, state.engine.total_wire_bytes),
+        "strides": [(e.windows.stride, e.shadows.stride) for e in (opt_a.engine, state.engine)],
         # every CF the hook's controller holds is one its compressor delivers (PowerSGD's
         # depend on the model's shapes, bound from the second step on)
         "deliverable_b": all(
@@ -97,14 +119,22 @@ def hook_and_optimizer(
 
 
 @pytest.mark.parametrize(
-    ("bucket_view", "search"), [(False, "trial"), (True, "trial"), (True, "shadow")]
+    ("bucket_view", "search", "budgets"),
+    [
+        (False, "trial", None),
+        (True, "trial", None),
+        (True, "shadow", None),
+        (True, "shadow", SMALL_BUDGETS),  # as a model of more than 64M elements
+    ],
 )
 def test_the_hook_trains_exactly_as_the_optimizer_with_topk(
-    bucket_view: bool, search: str, gloo_pools: Workers
+    bucket_view: bool, search: str, budgets: tuple[int, int] | None, gloo_pools: Workers
 ) -> None:
     results = gloo_pools.run(
-        hook_and_optimizer, 2, "topk", bucket_view, search, timeout=SPAWN_TIMEOUT
+        hook_and_optimizer, 2, "topk", bucket_view, search, budgets, timeout=SPAWN_TIMEOUT
     )
+    strides = (16, 64) if budgets is None else (128, 512)
+    assert all(r["strides"] == [strides, strides] for r in results)
     if search == "shadow":
         assert any(d[4] for d in results[0]["decisions_b"])  # shadow gains were measured
         assert any(d[5] is not None for d in results[0]["decisions_b"])  # and signal shares

@@ -20,7 +20,15 @@ from gravac.control.factory import make_controller
 from gravac.control.options import ControllerConfig
 from gravac.control.tables import cf_key
 from gravac.memory import NoMemory, ResidualMemory
-from tests.helpers import Records, batch, counter_clock, tiny_model, train_step
+from tests.helpers import (
+    SMALL_BUDGETS,
+    Records,
+    batch,
+    counter_clock,
+    sample_budgets,
+    tiny_model,
+    train_step,
+)
 
 
 def send_dense(opt: GravacOptimizer) -> None:
@@ -116,6 +124,62 @@ def test_checkpoint_resume_is_bit_exact(compressor: str, bucket_bytes: int) -> N
     for a, b in zip(ref_model.parameters(), resumed_model.parameters(), strict=True):
         assert torch.equal(a, b)
     assert ref_opt.controller.state_dict() == resumed_opt.controller.state_dict()
+
+
+@pytest.mark.parametrize("split", [0, 5])
+def test_a_thinned_sample_resumes_bit_exactly(split: int) -> None:
+    """Under budgets that a model of more than 64M elements meets (:data:`SMALL_BUDGETS`), the
+    search samples from its second step at the larger strides, a checkpoint saved before the
+    first step or after the fifth holds the stride its sums have, and the resumed run decides
+    and trains bit for bit as the run straight through."""
+    with sample_budgets(*SMALL_BUDGETS):
+        ref_model = tiny_model()
+        ref_opt = make(ref_model)
+        strides = []
+        for step in range(12):
+            train_step(ref_model, ref_opt, 0, step)
+            strides.append((ref_opt.engine.windows.stride, ref_opt.engine.shadows.stride))
+        assert strides == [(128, 512)] * 12  # fitted as the first step ends
+        assert ref_opt.controller.state_dict()["shadow_gain"]  # the shadows were judged
+        model = tiny_model()
+        opt = make(model)
+        for step in range(split):
+            train_step(model, opt, 0, step)
+        saved = {"model": model.state_dict(), "opt": opt.state_dict()}
+        opt.close()
+        resumed_model = tiny_model(seed=123)
+        resumed_opt = make(resumed_model)
+        resumed_model.load_state_dict(saved["model"])
+        resumed_opt.load_state_dict(saved["opt"])
+        for step in range(split, 12):
+            train_step(resumed_model, resumed_opt, 0, step)
+    for a, b in zip(ref_model.parameters(), resumed_model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert ref_opt.controller.state_dict() == resumed_opt.controller.state_dict()
+
+
+def test_a_group_that_takes_the_layout_past_the_sample_budget_thins_the_sample() -> None:
+    """A group added mid-training makes the compressed layout larger than the budget allows
+    at the base strides: from the step after its adoption the window and the shadows sample
+    more thinly, their old sums dropped, and training goes on."""
+    with sample_budgets(1024, 256):  # tiny_model's 8,548 elements sample at the base strides
+        model = tiny_model()
+        opt = make(model)
+        for step in range(4):
+            train_step(model, opt, 0, step)
+        assert (opt.engine.windows.stride, opt.engine.shadows.stride) == (16, 64)
+        extra = nn.Linear(64, 160, bias=False)  # 10,240 more: 18,788 > 1024 x 16
+        opt.add_param_group({"params": extra.parameters()})
+        for step in range(4, 10):
+            opt.zero_grad()
+            x, y = batch(0, step)
+            out = model(x) + extra(x.reshape(len(x), -1)).reshape(len(x), 10, 16).mean(-1)
+            nn.functional.cross_entropy(out, y).backward()
+            opt.step()
+        assert (opt.engine.windows.stride, opt.engine.shadows.stride) == (32, 128)
+        held = sum(t.numel() for t in opt.engine.windows.sent.values())
+        assert 0 < held <= 18_788 // 32 + 16 * 4  # a block of 16 a tensor's tail at most
+    assert all(bool(torch.isfinite(p).all()) for p in (*model.parameters(), extra.weight))
 
 
 def test_a_load_while_a_step_is_in_flight_is_refused_and_the_step_goes_on() -> None:

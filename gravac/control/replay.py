@@ -3,7 +3,8 @@
 The window gain (:mod:`gravac.control.window`) of a CF is measured by sending that CF for a window,
 so a search that judges candidates by it pays for each with a window of steps at that CF. A
 sparsifier's error feedback can be replayed on a sample instead: for each CF ``c`` of a set, a
-*shadow* residual ``r_c`` of sampled elements (blocks of 16, one in :data:`SHADOW_STRIDE`:
+*shadow* residual ``r_c`` of sampled elements (blocks of 16, one in :data:`SHADOW_STRIDE`, more
+thinly above :data:`SHADOW_BUDGET` samples:
 :func:`gravac.control.window.sample`) follows the sampled gradient ``g`` as the real residual would
 follow it if ``c`` were sent::
 
@@ -30,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gravac.control.window import Sampler, sample_size, window_terms
+from gravac.control.window import Sampler, budget_stride, sample_size, window_terms
 
 __all__ = ["SHADOW_STRIDE", "ShadowSums", "shadow_round"]
 
@@ -39,6 +40,10 @@ __all__ = ["SHADOW_STRIDE", "ShadowSums", "shadow_round"]
 #: 1/64 of the gradient a step, and keeps 2 x 8 / 64 = 1/4 of the gradient's size; a CF of
 #: 1000 still keeps 82 elements of the VGG-style CNN's 5.2M-element layer
 SHADOW_STRIDE = 64
+#: elements each shadow's sampled residual or sum over the whole layout may hold: as the
+#: window's :data:`gravac.control.window.SAMPLE_BUDGET` at its four times sparser stride, so
+#: that both grow their strides from the same layout on (64M compressed elements)
+SHADOW_BUDGET = 2**20
 #: version of the state saved by :meth:`ShadowSums.state_dict`: 2 keeps one flat tensor per CF
 #: and dtype (its layers and their sizes beside it), 1 kept one tensor per CF and layer, a cost
 #: that grew with the layers (110,000 tensors for a ladder of 5 CFs over 10,000 parameters); any
@@ -90,13 +95,24 @@ class ShadowSums:
         # per tensor: (cf, layer) -> sampled S_c of that window
         self.earlier: list[dict[tuple[float, int], Tensor]] = []
         self._sizes: dict[Layers, list[int]] = {}  # a unit's tensors' sample sizes
-        self._sampled = Sampler(SHADOW_STRIDE)
+        self.stride = SHADOW_STRIDE  # the layout's (:meth:`fit`)
+        self._sampled = Sampler(self.stride)
+
+    def fit(self, total: int) -> None:
+        """Replay on a layout of ``total`` compressed elements at
+        :func:`gravac.control.window.budget_stride` (:data:`SHADOW_BUDGET`); the shadows
+        sampled at another stride are dropped (they start afresh)."""
+        stride = budget_stride(total, SHADOW_STRIDE, SHADOW_BUDGET)
+        if stride != self.stride:
+            self.stride, self._sampled = stride, Sampler(stride)
+            self.residual, self.sent, self.earlier, self._sizes = {}, {}, [], {}
+            self._loose = {"residual": {}, "sent": {}}
 
     def gradient(self, x: Tensor, residual: Tensor | None, numels: Sequence[int]) -> Tensor:
         """The replayed sample of a unit's gradient ``g = x - e`` (flat, float32), from its
         flat error-fed gradient ``x`` and the residual ``e`` that was added to it (``None``:
-        0): each tensor's :func:`gravac.control.window.sample` at :data:`SHADOW_STRIDE`, in
-        order."""
+        0): each tensor's :func:`gravac.control.window.sample` at the layout's stride
+        (:data:`SHADOW_STRIDE` below :data:`SHADOW_BUDGET`), in order."""
         g = self._sampled(x, numels).float()
         if residual is not None:
             g.sub_(self._sampled(residual, numels))
@@ -180,7 +196,7 @@ class ShadowSums:
         """The key of the unit of these tensors, its sample sizes recorded."""
         unit = tuple(layers)
         if unit not in self._sizes:
-            self._sizes[unit] = [sample_size(n, SHADOW_STRIDE) for n in numels]
+            self._sizes[unit] = [sample_size(n, self.stride) for n in numels]
         return unit
 
     def _get(self, name: str, cf: float, unit: Layers) -> Tensor | None:
@@ -278,6 +294,7 @@ class ShadowSums:
         and CF, and per CF and dtype for the pieces held by layer."""
         return {
             "version": _VERSION,
+            "stride": self.stride,
             "residual": self._rows("residual"),
             "sent": self._rows("sent"),
             "earlier": [_grouped(sums) for sums in self.earlier],
@@ -290,9 +307,12 @@ class ShadowSums:
         return rows + _grouped(self._loose[name])
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the shadows (joined into units at their first use); a state of another
-        version (or none) starts them afresh."""
+        """Restore the shadows (joined into units at their first use) and the stride they
+        were sampled at (an older gravac's: the base stride); a state of another version (or
+        none) starts them afresh."""
         version = state.get("version")
+        self.stride = int(state.get("stride", SHADOW_STRIDE))
+        self._sampled, self._sizes = Sampler(self.stride), {}
 
         def table(rows: list[Any]) -> dict[tuple[float, int], Tensor]:
             if version == 1:  # a tensor per CF and layer

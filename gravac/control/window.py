@@ -14,7 +14,9 @@ gain says little about what error feedback delivers over several steps; the wind
 the progress a CF makes far more closely (``docs/studies/2026-11-30-which-gain.md``).
 
 ``S`` is kept for a fixed sample of every compressed tensor's elements (blocks of
-:data:`WINDOW_BLOCK` consecutive elements, one block in every :data:`WINDOW_STRIDE`), by the
+:data:`WINDOW_BLOCK` consecutive elements, one block in every :data:`WINDOW_STRIDE`, or more
+thinly where the compressed layout holds more than :data:`SAMPLE_BUDGET` times that many:
+:func:`budget_stride`), by the
 tensor's stable layer id (:attr:`gravac.engine.Unit.layer_ids`), so that it survives bucket
 rebuilds and checkpoints; ``e`` is the residual the step after the window starts from. The
 window gain of every rank is summed term by term (as the per-step terms are) before it reaches
@@ -44,12 +46,14 @@ from gravac.gain import inner
 
 __all__ = [
     "PROGRESS_MEASURES",
+    "SAMPLE_BUDGET",
     "VIEW_TENSORS",
     "WINDOW_BLOCK",
     "WINDOW_STRIDE",
     "SampledSend",
     "Sampler",
     "WindowSums",
+    "budget_stride",
     "predicted_progress",
     "rekeyed",
     "sample",
@@ -63,6 +67,12 @@ V = TypeVar("V")
 #: memory, and energies over a few thousand sampled elements estimate those over all of them
 #: to a few percent (the gain is a ratio of such energies)
 WINDOW_STRIDE = 16
+#: elements a sampled sum over the whole layout may hold: a layout of more than WINDOW_STRIDE
+#: times as many compressed elements (64M, a gradient of 256 MiB) is sampled at a power-of-two
+#: multiple of the stride (:func:`budget_stride`), so that the search's memory stops growing
+#: with the model (at 1/16 it held 0.36 of a gradient in all); 4M elements estimate an energy
+#: ratio as closely as the few thousand above need, and smaller layouts sample as before
+SAMPLE_BUDGET = 2**22
 #: elements in a sampled block: 16 float32 fill a 64-byte cache line, so sampling reads 1/16 of
 #: the tensor's memory (every 16th element alone touches every line: a pass over all of it, 1 ms
 #: a step on the VGG-style CNN's 21 MB of gradient, three times over)
@@ -97,6 +107,17 @@ def predicted_progress(gain: float, measure: str) -> float:
     if measure == "energy":
         return gain
     raise ValueError(f"measure must be one of {PROGRESS_MEASURES}, got {measure!r}")
+
+
+def budget_stride(total: int, stride: int, budget: int = SAMPLE_BUDGET) -> int:
+    """The stride a layout of ``total`` compressed elements is sampled at: ``stride``, or its
+    least power-of-two multiple ``stride * 2^j`` with ``total <= budget * stride * 2^j`` (about
+    ``budget`` elements sampled). Every rank binds the same layout, so every rank samples
+    alike."""
+    factor = 1
+    while total > budget * stride * factor:
+        factor *= 2
+    return stride * factor
 
 
 def sample_size(numel: int, stride: int = WINDOW_STRIDE) -> int:
@@ -232,7 +253,16 @@ class WindowSums:
     def __init__(self) -> None:
         self.sent: dict[int, Tensor] = {}  # sampled sum of what was sent, by layer id
         self.earlier: list[dict[int, Tensor]] = []  # the windows before it, oldest first
-        self._sampled = Sampler(WINDOW_STRIDE)
+        self.stride = WINDOW_STRIDE  # the layout's (:meth:`fit`)
+        self._sampled = Sampler(self.stride)
+
+    def fit(self, total: int) -> None:
+        """Sample a layout of ``total`` compressed elements at :func:`budget_stride`; the sums
+        sampled at another stride are dropped (the window restarts)."""
+        stride = budget_stride(total, WINDOW_STRIDE, SAMPLE_BUDGET)
+        if stride != self.stride:
+            self.stride, self._sampled = stride, Sampler(stride)
+            self.sent, self.earlier = {}, []
 
     def terms(
         self,
@@ -249,7 +279,8 @@ class WindowSums:
         total = torch.zeros(3, dtype=torch.float64)
         for layer, n, e in zip(layers, numels, parts, strict=True):
             held = [sums[layer] for sums in (*self.earlier, self.sent) if layer in sums]
-            x = torch.zeros(sample_size(n)) if e is None else sample(e).float()
+            x = torch.zeros(sample_size(n, self.stride)) if e is None else sample(e, self.stride)
+            x = x.float()
             s = sum(held[1:], held[0]) if held else torch.zeros_like(x)
             x = x.to(s.device).add_(s)  # X = S + e, in the sample's own copy
             total = total.to(s.device) + _terms(s, x)
@@ -304,7 +335,7 @@ class WindowSums:
 
     def _accumulate(self, layers: Sequence[int], numels: Sequence[int], send: Tensor) -> None:
         """Add each tensor's part of a unit's sampled ``send`` to its sum."""
-        parts = send.split([sample_size(n) for n in numels])
+        parts = send.split([sample_size(n, self.stride) for n in numels])
         for layer, part in zip(layers, parts, strict=True):
             old = self.sent.get(layer)
             self.sent[layer] = part if old is None else old.add_(part)
@@ -343,14 +374,18 @@ class WindowSums:
 
         return {
             "sampling": _SAMPLING,
+            "stride": self.stride,
             "sent": rows(self.sent),
             "earlier": [rows(sums) for sums in self.earlier],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the sums; sums sampled otherwise (an older gravac's) are dropped, so the
-        window restarts."""
+        """Restore the sums and the stride they were sampled at (an older gravac's: the base
+        stride); sums sampled otherwise (an older gravac's way) are dropped, so the window
+        restarts."""
         same = state.get("sampling") == _SAMPLING
+        self.stride = int(state.get("stride", WINDOW_STRIDE))
+        self._sampled = Sampler(self.stride)
 
         def sums(rows: list[Any]) -> dict[int, Tensor]:
             return {int(k): torch.as_tensor(v).float().clone() for k, v in rows if same}

@@ -153,6 +153,7 @@ class Engine:
         self.windows = WindowSums()
         # the shadow residuals and sums of the CFs the controller judges unsent (sampled)
         self.shadows = ShadowSums()
+        self.layout_numel = 0  # compressed elements of the bound layout (bind_shapes)
         # each layer's gradients summed over the interval (plans with `norms`: Accordion)
         self.norms = IntervalNorms()
 
@@ -226,10 +227,21 @@ class Engine:
 
     def bind_shapes(self, shapes: Sequence[torch.Size]) -> None:
         """The shapes of every compressed tensor, in unit order (the front ends call it when
-        the layout is known or changes): the compressor plans its deliverable CFs over them
-        and the controller snaps what it holds to those."""
+        the layout is known or changes): the compressor plans its deliverable CFs over them,
+        the controller snaps what it holds to those, and the window and the shadows sample
+        at the stride the layout's size asks for (:func:`gravac.control.window.budget_stride`)
+        from the end of the step under way on (:meth:`finish`)."""
         self.compressor.bind_shapes(shapes)
         self.controller.resnap()
+        self.layout_numel = sum(math.prod(s) for s in shapes)
+
+    def _fit_samples(self) -> None:
+        """Sample at the bound layout's stride from the next step on, called as a step ends
+        (no sample is in flight then): the DDP hook binds its layout bucket by bucket during
+        its first step and the optimizer before it, so both change strides, if at all, after
+        the first step, and decide alike; a checkpoint holds the stride its sums have."""
+        self.windows.fit(self.layout_numel)
+        self.shadows.fit(self.layout_numel)
 
     def _make_controller(self) -> Controller:
         """A controller that plans only CFs this compressor delivers at this world size."""
@@ -859,7 +871,8 @@ class Engine:
 
     def finish(self, outcome: Outcome) -> None:
         """Count and log a committed step (after the wrapped optimizer stepped, for the
-        optimizer front end)."""
+        optimizer front end); sample at the bound layout's stride from the next step on."""
+        self._fit_samples()
         record = outcome.record
         if outcome.skipped or record is None:
             return

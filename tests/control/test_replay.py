@@ -9,7 +9,7 @@ import torch
 from gravac import compressors
 from gravac.compressors.base import Replayable, Round, k_for_cf
 from gravac.config import build_engine
-from gravac.control.replay import SHADOW_STRIDE, ShadowSums, shadow_round
+from gravac.control.replay import SHADOW_BUDGET, SHADOW_STRIDE, ShadowSums, shadow_round
 from gravac.control.window import WINDOW_BLOCK, sample, window_terms
 from gravac.gain import gain_from_terms
 from gravac.memory import ResidualMemory
@@ -272,3 +272,33 @@ def test_forgotten_tensors_lose_every_shadow_of_their_units_and_others_keep_thei
     assert all(layer != 1 for earlier in shadows.earlier for _, layer in earlier)
     assert torch.equal(shadows.residual[(2.0, (2,))], kept)
     assert any(layer == 2 for earlier in shadows.earlier for _, layer in earlier)
+
+
+def test_shadows_sampled_at_another_stride_start_afresh_and_a_checkpoint_keeps_its_stride() -> None:
+    """A layout within :data:`SHADOW_BUDGET` keeps the base stride and every shadow; one above
+    it drops them all (sampled at the old stride), and the replayed gradient is sampled at the
+    new one; a checkpoint holds its stride and loads with it, one without (an older gravac's)
+    at the base stride."""
+    gen = torch.Generator().manual_seed(6)
+    numels = (2048,)
+    shadows = ShadowSums()
+    g = shadows.gradient(torch.randn(2048, generator=gen), None, numels)
+    shadows.step((4.0,), (0,), numels, g, TOPK.shadow_kept, accumulate=True)
+    shadows.clear(keep=1)
+    shadows.fit(SHADOW_BUDGET * SHADOW_STRIDE)
+    assert shadows.stride == SHADOW_STRIDE and shadows.residual and shadows.earlier
+    old = shadows.state_dict()
+    shadows.fit(SHADOW_BUDGET * SHADOW_STRIDE + 1)
+    assert shadows.stride == 2 * SHADOW_STRIDE
+    assert not (shadows.residual or shadows.sent or shadows.earlier)
+    x = torch.randn(2048, generator=gen)
+    g = shadows.gradient(x, None, numels)
+    assert torch.equal(g, sample(x, 2 * SHADOW_STRIDE)) and g.numel() == 16
+    shadows.step((4.0,), (0,), numels, g, TOPK.shadow_kept, accumulate=True)
+    again = ShadowSums()
+    again.load_state_dict(shadows.state_dict())
+    assert again.stride == 2 * SHADOW_STRIDE
+    assert torch.equal(again.terms((4.0,), (0,), numels), shadows.terms((4.0,), (0,), numels))
+    again.load_state_dict({k: v for k, v in old.items() if k != "stride"})
+    assert again.stride == SHADOW_STRIDE
+    assert torch.equal(again.piece("residual", 4.0, 0), old["residual"][0][3])

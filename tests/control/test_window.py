@@ -7,9 +7,12 @@ import pytest
 import torch
 
 from gravac.control.window import (
+    SAMPLE_BUDGET,
     VIEW_TENSORS,
+    WINDOW_STRIDE,
     Sampler,
     WindowSums,
+    budget_stride,
     sample,
     sample_index,
     sample_size,
@@ -141,3 +144,48 @@ def test_a_units_sample_is_its_tensors_samples_end_to_end_whichever_way_it_is_ta
     assert sampler.nbytes() == held
     sampler.prune()  # not read since: dropped
     assert sampler.nbytes() == 0
+
+
+@pytest.mark.parametrize("total", [0, 1, 2**20, 2**26, 2**26 + 1, 3 * 2**26, 2**31])
+def test_a_layouts_stride_is_the_least_power_of_two_multiple_within_the_budget(total: int) -> None:
+    """At or below ``budget * stride`` elements the base stride; above, the least
+    ``stride * 2^j`` that samples at most about ``budget`` elements (a sampled block of
+    16 in each 16 x stride): never more, and not twice as thin as needed."""
+    stride = budget_stride(total, WINDOW_STRIDE)
+    factor = stride // WINDOW_STRIDE
+    assert stride % WINDOW_STRIDE == 0 and factor & (factor - 1) == 0
+    assert total <= SAMPLE_BUDGET * stride
+    if factor > 1:
+        assert total > SAMPLE_BUDGET * stride // 2
+    assert (total <= 2**26) == (stride == WINDOW_STRIDE)  # 64M elements at the base stride
+
+
+def test_sums_sampled_at_another_stride_are_dropped_and_a_checkpoint_keeps_its_stride() -> None:
+    """``fit`` to a layout within the budget keeps everything; to one above it, the sums go
+    (they were sampled at the old stride) and the terms sample at the new one; a checkpoint
+    holds its stride and loads with it, and one without a stride (an older gravac's) is at
+    the base stride."""
+    gen = torch.Generator().manual_seed(5)
+    layers, numels = (1,), (4096,)
+    sums = WindowSums()
+    sums.add(layers, numels, sums.taken(torch.randn(4096, generator=gen), numels), None)
+    sums.clear(keep=1)
+    sums.add(layers, numels, sums.taken(torch.randn(4096, generator=gen), numels), None)
+    sums.fit(SAMPLE_BUDGET * WINDOW_STRIDE)  # within the budget: nothing changes
+    assert sums.stride == WINDOW_STRIDE and sums.sent and sums.earlier
+    old = sums.state_dict()
+    sums.fit(SAMPLE_BUDGET * WINDOW_STRIDE + 1)
+    assert sums.stride == 2 * WINDOW_STRIDE and not sums.sent and not sums.earlier
+    x = torch.randn(4096, generator=gen)
+    sums.add(layers, numels, sums.taken(x, numels), None)
+    assert sums.sent[1].numel() == sample_size(4096, 2 * WINDOW_STRIDE) == 128
+    e = torch.randn(4096, generator=gen)
+    want = window_terms(sample(x, 2 * WINDOW_STRIDE), sample(e, 2 * WINDOW_STRIDE))
+    assert torch.allclose(sums.terms(layers, numels, e), want)
+    again = WindowSums()
+    again.load_state_dict(sums.state_dict())
+    assert again.stride == 2 * WINDOW_STRIDE
+    assert torch.equal(again.terms(layers, numels, e), sums.terms(layers, numels, e))
+    older = {k: v for k, v in old.items() if k != "stride"}
+    again.load_state_dict(older)
+    assert again.stride == WINDOW_STRIDE and torch.equal(again.sent[1], old["sent"][0][1])

@@ -141,6 +141,13 @@ def test_a_thinned_sample_resumes_bit_exactly(split: int) -> None:
             strides.append((ref_opt.engine.windows.stride, ref_opt.engine.shadows.stride))
         assert strides == [(128, 512)] * 12  # fitted as the first step ends
         assert ref_opt.controller.state_dict()["shadow_gain"]  # the shadows were judged
+        # what the search holds: each sum a block of 16 in 16 x stride, and a tail block, a
+        # tensor (3 compressed: 36, 8192 and 320 elements)
+        windows, shadows = ref_opt.engine.windows, ref_opt.engine.shadows
+        for sums in (windows.sent, *windows.earlier):
+            assert sum(t.numel() for t in sums.values()) <= 8548 // 128 + 3 * 16
+        cfs = len(ref_opt.controller.state_dict()["shadow_gain"])
+        assert shadows.nbytes() <= 3 * cfs * 4 * (8548 // 512 + 3 * 16)  # r, S, S before
         model = tiny_model()
         opt = make(model)
         for step in range(split):

@@ -8,12 +8,15 @@ owe ``(1/W') sum_r' e' = (1/W) sum_r e``: nothing is lost or counted twice.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["mean_residuals", "on_cpu"]
+from gravac.ddp import GravacHookState
+
+__all__ = ["load_mean", "mean_residuals", "on_cpu"]
 
 
 def on_cpu(state: Any) -> Any:
@@ -47,3 +50,18 @@ def mean_residuals(states: list[dict[str, Any]], world_size: int) -> dict[str, A
         total = torch.stack([p.double() for p in pieces]).sum(0)
         mean[k] = total.div_(len(states)).to(pieces[0].dtype)
     return {**states[0], "residuals": mean, "world_size": world_size}
+
+
+def load_mean(
+    state: GravacHookState, states: list[dict[str, Any]], world_size: int, saved: str
+) -> None:
+    """Load into ``state`` what every rank of a run of ``world_size`` processes resumes with
+    from the ``states`` another number of processes saved (:func:`mean_residuals`), with a
+    warning that names where they were ``saved``."""
+    warnings.warn(
+        f"{saved} was saved by world_size={len(states)} processes, this run has world_size="
+        f"{world_size}: every rank resumes with the mean of the saved residuals (what they "
+        "would have added to the mean aggregate)",
+        stacklevel=3,
+    )
+    state.load_state_dict(mean_residuals(states, world_size))

@@ -48,7 +48,7 @@ from typing import Any
 import torch
 
 from gravac.ddp import GravacHookState
-from gravac.integrations._ranks import mean_residuals
+from gravac.integrations._ranks import load_mean
 from gravac.integrations._register import HookRegistrar
 
 try:
@@ -193,13 +193,7 @@ class GravacCallback(TrainerCallback):
             self.state.load_state_dict(_load(_state_file(checkpoint, rank))["hook"])
             return
         states = [_load(_state_file(checkpoint, r))["hook"] for r in saved]
-        warnings.warn(
-            f"resume_from_checkpoint={checkpoint!r} was saved by world_size={saved_world} "
-            f"processes, this run has world_size={world_size}: every rank resumes with the "
-            "mean of the saved residuals (what they would have added to the mean aggregate)",
-            stacklevel=2,
-        )
-        self.state.load_state_dict(mean_residuals(states, world_size))
+        load_mean(self.state, states, world_size, f"resume_from_checkpoint={checkpoint!r}")
 
     def on_save(
         self,

@@ -31,7 +31,7 @@ from typing import Any
 import torch.distributed as dist
 
 from gravac.ddp import GravacHookState
-from gravac.integrations._ranks import mean_residuals, on_cpu
+from gravac.integrations._ranks import load_mean, on_cpu
 from gravac.integrations._register import HookRegistrar
 
 try:
@@ -135,13 +135,7 @@ class GravacCallback(Callback):
             rank = dist.get_rank(group) if _distributed() else 0
             self.state.load_state_dict(states[rank])
             return
-        warnings.warn(
-            f"the checkpoint's gravac state was saved by world_size={saved_world} processes, "
-            f"this run has world_size={world}: every rank resumes with the mean of the saved "
-            "residuals (what they would have added to the mean aggregate)",
-            stacklevel=2,
-        )
-        self.state.load_state_dict(mean_residuals(states, world))
+        load_mean(self.state, states, world, "the checkpoint's gravac state")
 
 
 def _distributed() -> bool:

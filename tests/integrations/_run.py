@@ -68,3 +68,24 @@ def assert_same(a: Any, b: Any, where: str = "") -> None:
             assert_same(x, y, f"{where}[{i}]")
     else:
         assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def assert_two_ranks_mean(loaded: dict[str, Any], saved: list[dict[str, Any]], steps: int) -> None:
+    """A hook state ``loaded`` at ``steps`` holds, as its every residual, the mean of the two
+    ``saved`` ranks' (float64 sum, halved, in float32)."""
+    assert loaded["steps"] == steps
+    assert loaded["residuals"].keys() == saved[0]["residuals"].keys()
+    for k, e in loaded["residuals"].items():
+        a, b = (s["residuals"][k] for s in saved)
+        assert torch.equal(e, ((a.double() + b.double()) / 2).float()), k
+
+
+def rank_report(global_step: int, steps: int, hook: Any, model: Any) -> dict[str, Any]:
+    """What a rank of a resume script writes at the end of a run: the framework's step, the
+    engine's, the hook state (``GravacHookState.state_dict``) and the parameters."""
+    return {
+        "global_step": global_step,
+        "steps": steps,
+        "hook": hook,
+        "params": {n: p.detach().clone() for n, p in model.named_parameters()},
+    }

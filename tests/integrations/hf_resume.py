@@ -34,6 +34,7 @@ from gravac.integrations.hf import GravacCallback
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.helpers import tiny_model  # the root is on sys.path only from here
+from tests.integrations._run import rank_report
 
 #: the Trainer's steps in each run; 4 samples a rank per step, 8 steps an epoch
 STEPS = 6
@@ -101,14 +102,8 @@ def hook_state() -> GravacHookState:
 
 
 def report(state: GravacHookState, model: nn.Module, run: Trainer) -> dict[str, Any]:
-    """A rank's end of a run: the ``Trainer``'s step, the engine's, the hook state and the
-    parameters."""
-    return {
-        "global_step": run.state.global_step,
-        "steps": state.engine.steps,
-        "hook": state.state_dict(),
-        "params": {n: p.detach().clone() for n, p in model.named_parameters()},
-    }
+    """A rank's end of a run (:func:`tests.integrations._run.rank_report`)."""
+    return rank_report(run.state.global_step, state.engine.steps, state.state_dict(), model)
 
 
 def main() -> None:

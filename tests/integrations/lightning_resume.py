@@ -32,6 +32,7 @@ from gravac.integrations.lightning import GravacCallback
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.helpers import tiny_model  # the root is on sys.path only from here
+from tests.integrations._run import rank_report
 
 #: epochs in the run straight through; the resumed run starts after the first
 EPOCHS = 2
@@ -95,14 +96,8 @@ def hook_state() -> GravacHookState:
 
 
 def report(state: GravacHookState, module: nn.Module, run: pl.Trainer) -> dict[str, Any]:
-    """A rank's end of a run: the ``Trainer``'s step, the engine's, the hook state and the
-    parameters."""
-    return {
-        "global_step": run.global_step,
-        "steps": state.engine.steps,
-        "hook": state.state_dict(),
-        "params": {n: p.detach().clone() for n, p in module.named_parameters()},
-    }
+    """A rank's end of a run (:func:`tests.integrations._run.rank_report`)."""
+    return rank_report(run.global_step, state.engine.steps, state.state_dict(), module)
 
 
 def main() -> None:

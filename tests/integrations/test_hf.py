@@ -23,7 +23,7 @@ from torch.utils.data import Dataset
 from gravac.ddp import GravacHookState
 from tests.background import Background
 from tests.helpers import batch, tiny_model, torchrun_command
-from tests.integrations._run import Run, assert_same, run_example
+from tests.integrations._run import Run, assert_same, assert_two_ranks_mean, run_example
 
 transformers = pytest.importorskip("transformers")
 from gravac.integrations.hf import GravacCallback  # noqa: E402
@@ -170,12 +170,7 @@ def test_a_checkpoint_of_two_processes_resumes_on_one_with_the_mean_residuals(
         torch.load(resumed / "full" / MIDDLE / f"gravac-rank{r}.pt", weights_only=True)["hook"]
         for r in range(2)
     ]
-    loaded = state.state_dict()
-    assert loaded["steps"] == hf_resume.SAVE_EVERY
-    assert loaded["residuals"].keys() == saved[0]["residuals"].keys()
-    for k, e in loaded["residuals"].items():
-        a, b = (s["residuals"][k] for s in saved)
-        assert torch.equal(e, ((a.double() + b.double()) / 2).float()), k
+    assert_two_ranks_mean(state.state_dict(), saved, hf_resume.SAVE_EVERY)
 
 
 def test_a_checkpoint_without_some_ranks_state_refuses_to_resume(

@@ -21,7 +21,7 @@ from gravac.ddp import GravacHookState, gravac_hook
 from gravac.launch import free_port
 from tests.background import Background
 from tests.helpers import batch, tiny_model, torchrun_command
-from tests.integrations._run import Run, assert_same, run_example
+from tests.integrations._run import Run, assert_same, assert_two_ranks_mean, run_example
 from tests.workers import Workers
 
 pl = pytest.importorskip("lightning.pytorch")
@@ -157,12 +157,7 @@ def test_a_checkpoint_of_two_processes_resumes_on_one_with_the_mean_residuals(
     state = lightning_resume.hook_state()
     with pytest.warns(UserWarning, match="saved by world_size=2 processes, this run has"):
         GravacCallback(state).load_state_dict(saved)
-    loaded, states = state.state_dict(), saved["ranks"]
-    assert loaded["steps"] == lightning_resume.STEPS_AN_EPOCH
-    assert loaded["residuals"].keys() == states[0]["residuals"].keys()
-    for k, e in loaded["residuals"].items():
-        a, b = (s["residuals"][k] for s in states)
-        assert torch.equal(e, ((a.double() + b.double()) / 2).float()), k
+    assert_two_ranks_mean(state.state_dict(), saved["ranks"], lightning_resume.STEPS_AN_EPOCH)
 
 
 def test_a_checkpoint_of_rank_0s_state_alone_loads_on_every_rank_with_a_warning(

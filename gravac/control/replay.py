@@ -33,7 +33,7 @@ from torch import Tensor
 
 from gravac.control.window import Sampler, budget_stride, sample_size, window_terms
 
-__all__ = ["SHADOW_STRIDE", "ShadowSums", "shadow_round"]
+__all__ = ["SHADOW_BUDGET", "SHADOW_STRIDE", "ShadowSums", "shadow_round"]
 
 #: one block of 16 elements in every SHADOW_STRIDE is replayed: four times sparser than the
 #: window's sample, so that a ladder of 8 CFs (the geometric policy's) costs 8 selections over

@@ -4,6 +4,7 @@ feedback's identity per chunk, ranks deciding alike, and a resume."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 from collections.abc import Callable
@@ -17,7 +18,15 @@ from torch.nn.parallel import DistributedDataParallel
 from gravac import GravacOptimizer, broadcast_parameters
 from gravac.ddp import GravacHookState, gravac_hook
 from gravac.engine.records import piece_key
-from tests.helpers import batch, counter_clock, through_torch_save, tiny_model, train_step
+from tests.helpers import (
+    SMALL_BUDGETS,
+    batch,
+    counter_clock,
+    sample_budgets,
+    through_torch_save,
+    tiny_model,
+    train_step,
+)
 from tests.workers import Workers
 
 pytestmark = pytest.mark.slow
@@ -210,9 +219,17 @@ def test_a_16_bit_node_stage_feeds_its_all_gather_rounding_back(gloo_pools: Work
     torch.testing.assert_close(applied + residual.mean(0), wanted, rtol=0, atol=1e-5)
 
 
-def searched(rank: int, world_size: int, resume_at: int | None) -> dict[str, Any]:
+def searched(
+    rank: int, world_size: int, resume_at: int | None, budgets: tuple[int, int] | None = None
+) -> dict[str, Any]:
     """The default adaptive search in two levels on the tiny CNN: the CFs and parameters after
-    20 steps, straight or saved and loaded into fresh objects at ``resume_at``."""
+    20 steps, straight or saved and loaded into fresh objects at ``resume_at``, the search's
+    samples under ``budgets`` (:func:`tests.helpers.sample_budgets`; ``None``: the real ones)."""
+    with contextlib.nullcontext() if budgets is None else sample_budgets(*budgets):
+        return _searched(rank, resume_at)
+
+
+def _searched(rank: int, resume_at: int | None) -> dict[str, Any]:
     m = tiny_model(seed=rank)
     broadcast_parameters(m)
 
@@ -239,12 +256,21 @@ def searched(rank: int, world_size: int, resume_at: int | None) -> dict[str, Any
         train_step(m, opt, rank, step)
         assert opt.last_record is not None
         cfs.append(opt.last_record.cf_sent)
-    return {"cfs": cfs, "params": [p.detach().clone() for p in m.parameters()]}
+    strides = (opt.engine.windows.stride, opt.engine.shadows.stride)
+    return {"cfs": cfs, "params": [p.detach().clone() for p in m.parameters()], "strides": strides}
 
 
-def test_two_level_ranks_decide_alike_and_resume_bit_exactly(gloo_pools: Workers) -> None:
-    straight = gloo_pools.run(searched, WORLD, None, timeout=SPAWN_TIMEOUT)
-    resumed = gloo_pools.run(searched, WORLD, 9, timeout=SPAWN_TIMEOUT)
+@pytest.mark.parametrize("budgets", [None, SMALL_BUDGETS])
+def test_two_level_ranks_decide_alike_and_resume_bit_exactly(
+    budgets: tuple[int, int] | None, gloo_pools: Workers
+) -> None:
+    """Also as a model of more than 64M elements would (``SMALL_BUDGETS``): each rank binds
+    its chunks (4,274 elements a rank here), samples them at strides 64 and 256, and every
+    rank decides alike, straight through and resumed."""
+    straight = gloo_pools.run(searched, WORLD, None, budgets, timeout=SPAWN_TIMEOUT)
+    resumed = gloo_pools.run(searched, WORLD, 9, budgets, timeout=SPAWN_TIMEOUT)
+    strides = (16, 64) if budgets is None else (64, 256)
+    assert all(r["strides"] == strides for r in (*straight, *resumed))
     for r in range(WORLD):
         assert straight[r]["cfs"] == straight[0]["cfs"]
         assert resumed[r]["cfs"] == straight[0]["cfs"]
@@ -349,9 +375,17 @@ def test_the_hook_in_two_levels_keeps_error_feedback_across_its_bucket_rebuild(
     torch.testing.assert_close(applied + held, wanted, rtol=0, atol=1e-5)
 
 
-def hook_resume(rank: int, world_size: int) -> dict[str, Any]:
+def hook_resume(
+    rank: int, world_size: int, budgets: tuple[int, int] | None = None
+) -> dict[str, Any]:
     """The default search through the hook in two levels: 10 steps straight against 4 + the
-    state pickled (as a checkpoint) + 6 in a fresh DDP."""
+    state pickled (as a checkpoint) + 6 in a fresh DDP, the search's samples under
+    ``budgets`` (:func:`tests.helpers.sample_budgets`; ``None``: the real ones)."""
+    with contextlib.nullcontext() if budgets is None else sample_budgets(*budgets):
+        return _hook_resume(rank)
+
+
+def _hook_resume(rank: int) -> dict[str, Any]:
 
     def hooked(m: nn.Module, state: GravacHookState | None = None) -> tuple[Any, Any]:
         net = DistributedDataParallel(m)
@@ -389,13 +423,25 @@ def hook_resume(rank: int, world_size: int) -> dict[str, Any]:
     net, _ = hooked(m2, restored)
     fit(net, torch.optim.SGD(m2.parameters(), lr=0.1), range(4, 10))
     same = all(torch.equal(a, b) for a, b in zip(ref.parameters(), m2.parameters(), strict=True))
-    return {"same": same, "topology": str(restored.engine.topology), "stale": held - chunks}
+    strides = (restored.engine.windows.stride, restored.engine.shadows.stride)
+    return {
+        "same": same,
+        "topology": str(restored.engine.topology),
+        "stale": held - chunks,
+        "strides": strides,
+    }
 
 
-def test_the_hook_in_two_levels_resumes_bit_exactly(gloo_pools: Workers) -> None:
+@pytest.mark.parametrize("budgets", [None, SMALL_BUDGETS])
+def test_the_hook_in_two_levels_resumes_bit_exactly(
+    budgets: tuple[int, int] | None, gloo_pools: Workers
+) -> None:
     """DDP starts the resumed run in its first buckets and rebuilds them after a step, as the
     uninterrupted run did at its start: the chunks hold the same elements in both. No window
-    or shadow sums of the chunks of the first buckets outlive their rebuild."""
-    for r in gloo_pools.run(hook_resume, WORLD, timeout=SPAWN_TIMEOUT):
+    or shadow sums of the chunks of the first buckets outlive their rebuild. Also with the
+    search's samples thinned, as a model of more than 64M elements has them."""
+    strides = (16, 64) if budgets is None else (64, 256)
+    for r in gloo_pools.run(hook_resume, WORLD, budgets, timeout=SPAWN_TIMEOUT):
+        assert r["strides"] == strides
         assert r["same"] and r["topology"] == "2 node(s) of 2 ranks"
         assert r["stale"] == set()

@@ -70,8 +70,9 @@ WINDOW_STRIDE = 16
 #: elements a sampled sum over the whole layout may hold: a layout of more than WINDOW_STRIDE
 #: times as many compressed elements (64M, a gradient of 256 MiB) is sampled at a power-of-two
 #: multiple of the stride (:func:`budget_stride`), so that the search's memory stops growing
-#: with the model (at 1/16 it held 0.36 of a gradient in all); 4M elements estimate an energy
-#: ratio as closely as the few thousand above need, and smaller layouts sample as before
+#: with the model (at 1/16 it held 0.36 of a gradient in all); samples of this size estimate a
+#: window gain at least as closely as the smaller models' samples do
+#: (``docs/studies/2026-12-06-sample-budget.md``), and smaller layouts sample as before
 SAMPLE_BUDGET = 2**22
 #: elements in a sampled block: 16 float32 fill a 64-byte cache line, so sampling reads 1/16 of
 #: the tensor's memory (every 16th element alone touches every line: a pass over all of it, 1 ms

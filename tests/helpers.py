@@ -35,16 +35,17 @@ SMALL_BUDGETS = (128, 32)
 
 
 @contextlib.contextmanager
-def sample_budgets(window: int, shadow: int) -> Iterator[None]:
-    """The window's and the shadows' sample budgets set to ``window`` and ``shadow`` elements
-    (``gravac.control.window.SAMPLE_BUDGET``, ``gravac.control.replay.SHADOW_BUDGET``) inside
-    the block, as a large model meets the real ones; restored after it (worker processes are
-    shared between tests)."""
+def sample_budgets(budgets: tuple[int, int] | None) -> Iterator[None]:
+    """The window's and the shadows' sample budgets set to ``budgets`` (elements: window,
+    shadow; ``gravac.control.window.SAMPLE_BUDGET``, ``gravac.control.replay.SHADOW_BUDGET``)
+    inside the block, as a large model meets the real ones; restored after it (worker
+    processes are shared between tests). ``None``: the real ones."""
     from gravac.control import replay
     from gravac.control import window as sums
 
     before = sums.SAMPLE_BUDGET, replay.SHADOW_BUDGET
-    sums.SAMPLE_BUDGET, replay.SHADOW_BUDGET = window, shadow
+    if budgets is not None:
+        sums.SAMPLE_BUDGET, replay.SHADOW_BUDGET = budgets
     try:
         yield
     finally:

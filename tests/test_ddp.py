@@ -3,7 +3,6 @@ optimizer front end, non-finite steps, bucket rebuilds and checkpoints."""
 
 from __future__ import annotations
 
-import contextlib
 import pickle
 import warnings
 from typing import Any
@@ -73,7 +72,7 @@ def hook_and_optimizer(
     """Train the same model with the optimizer front end and with the DDP hook (the
     gradients views of DDP's buckets with ``bucket_view``), the search's samples under
     ``budgets`` (:func:`tests.helpers.sample_budgets`; ``None``: the real ones)."""
-    with contextlib.nullcontext() if budgets is None else sample_budgets(*budgets):
+    with sample_budgets(budgets):
         return _hook_and_optimizer(rank, world_size, compressor, bucket_view, search)
 
 

@@ -132,7 +132,7 @@ def test_a_thinned_sample_resumes_bit_exactly(split: int) -> None:
     search samples from its second step at the larger strides, a checkpoint saved before the
     first step or after the fifth holds the stride its sums have, and the resumed run decides
     and trains bit for bit as the run straight through."""
-    with sample_budgets(*SMALL_BUDGETS):
+    with sample_budgets(SMALL_BUDGETS):
         ref_model = tiny_model()
         ref_opt = make(ref_model)
         strides = []
@@ -169,7 +169,7 @@ def test_a_group_that_takes_the_layout_past_the_sample_budget_thins_the_sample()
     """A group added mid-training makes the compressed layout larger than the budget allows
     at the base strides: from the step after its adoption the window and the shadows sample
     more thinly, their old sums dropped, and training goes on."""
-    with sample_budgets(1024, 256):  # tiny_model's 8,548 elements sample at the base strides
+    with sample_budgets((1024, 256)):  # tiny_model's 8,548 elements sample at the base strides
         model = tiny_model()
         opt = make(model)
         for step in range(4):

@@ -4,7 +4,6 @@ feedback's identity per chunk, ranks deciding alike, and a resume."""
 
 from __future__ import annotations
 
-import contextlib
 import io
 import math
 from collections.abc import Callable
@@ -225,7 +224,7 @@ def searched(
     """The default adaptive search in two levels on the tiny CNN: the CFs and parameters after
     20 steps, straight or saved and loaded into fresh objects at ``resume_at``, the search's
     samples under ``budgets`` (:func:`tests.helpers.sample_budgets`; ``None``: the real ones)."""
-    with contextlib.nullcontext() if budgets is None else sample_budgets(*budgets):
+    with sample_budgets(budgets):
         return _searched(rank, resume_at)
 
 
@@ -381,7 +380,7 @@ def hook_resume(
     """The default search through the hook in two levels: 10 steps straight against 4 + the
     state pickled (as a checkpoint) + 6 in a fresh DDP, the search's samples under
     ``budgets`` (:func:`tests.helpers.sample_budgets`; ``None``: the real ones)."""
-    with contextlib.nullcontext() if budgets is None else sample_budgets(*budgets):
+    with sample_budgets(budgets):
         return _hook_resume(rank)
 
 

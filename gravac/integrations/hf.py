@@ -178,13 +178,15 @@ class GravacCallback(TrainerCallback):
                 stacklevel=2,
             )
             return
-        first = _load(_state_file(checkpoint, saved[0]))
-        saved_world = first["world_size"]
-        if saved != list(range(saved_world)):
+        # the world that saved it, as this rank's file says (else the first's)
+        told = _load(_state_file(checkpoint, rank if rank in saved else saved[0]))
+        saved_world = int(told["world_size"])
+        missing = [r for r in range(saved_world) if r not in saved]
+        if missing:
             raise ValueError(
                 f"resume_from_checkpoint={checkpoint!r} holds gravac's hook state of ranks "
-                f"{saved}, but world_size={saved_world} processes saved it: every rank's "
-                f"{_GLOB} file is needed (residuals are per rank), or remove them all to start "
+                f"{saved}, but world_size={saved_world} processes saved it: ranks {missing} "
+                f"lack their {_GLOB} file (residuals are per rank); remove them all to start "
                 "gravac afresh"
             )
         # the engine joins the group first: the loaded counters are not steps made alone
@@ -192,7 +194,14 @@ class GravacCallback(TrainerCallback):
         if saved_world == world_size:
             self.state.load_state_dict(_load(_state_file(checkpoint, rank))["hook"])
             return
-        states = [_load(_state_file(checkpoint, r))["hook"] for r in saved]
+        files = [_load(_state_file(checkpoint, r)) for r in range(saved_world)]
+        others = [r for r, f in enumerate(files) if f["world_size"] != saved_world]
+        if others:
+            raise ValueError(
+                f"resume_from_checkpoint={checkpoint!r}: the {_GLOB} files of ranks {others} "
+                f"were saved by another number of processes than world_size={saved_world}"
+            )
+        states = [f["hook"] for f in files]
         load_mean(self.state, states, world_size, f"resume_from_checkpoint={checkpoint!r}")
 
     def on_save(

@@ -156,9 +156,12 @@ def test_a_checkpoint_of_two_processes_resumes_on_one_with_the_mean_residuals(
     resumed: Path, tmp_path: Path
 ) -> None:
     """One process (the hook is not registered: nothing steps it) loads the mean of the two
-    saved ranks' residuals, which together still owe the mean aggregate what they did."""
+    saved ranks' residuals, which together still owe the mean aggregate what they did; a
+    file of a third rank in the folder, which the saving run did not have, is not in it."""
     state = hf_resume.hook_state()
     shutil.copytree(resumed / "full" / MIDDLE, tmp_path / MIDDLE)
+    # a stale file of a rank the saving run did not have is left out of the mean
+    shutil.copy(tmp_path / MIDDLE / "gravac-rank1.pt", tmp_path / MIDDLE / "gravac-rank2.pt")
     trainer = hf_resume.trainer(tmp_path)
     trainer.add_callback(GravacCallback(state, trainer))
     with (
@@ -178,8 +181,17 @@ def test_a_checkpoint_without_some_ranks_state_refuses_to_resume(
 ) -> None:
     trainer = _one_process_resume(resumed / "full" / MIDDLE, tmp_path)
     (tmp_path / MIDDLE / "gravac-rank0.pt").unlink()
-    with pytest.raises(ValueError, match=r"of ranks \[1\], but world_size=2 processes saved it"):
+    missing = r"ranks \[1\], but world_size=2 processes saved it: ranks \[0\] lack"
+    with pytest.raises(ValueError, match=missing):
         trainer.train(resume_from_checkpoint=True)  # the last checkpoint in output_dir
+
+
+def test_a_rank_file_of_another_world_is_refused_by_name(resumed: Path, tmp_path: Path) -> None:
+    trainer = _one_process_resume(resumed / "full" / MIDDLE, tmp_path)
+    path = tmp_path / MIDDLE / "gravac-rank1.pt"
+    torch.save({**torch.load(path, weights_only=True), "world_size": 3}, path)
+    with pytest.raises(ValueError, match=r"files of ranks \[1\] were saved by another number"):
+        trainer.train(resume_from_checkpoint=True)
 
 
 def test_a_checkpoint_without_gravac_state_resumes_with_a_warning(

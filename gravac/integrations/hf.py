@@ -191,8 +191,8 @@ class GravacCallback(TrainerCallback):
             )
         # the engine joins the group first: the loaded counters are not steps made alone
         self.state.engine.join_group()
-        if saved_world == world_size:
-            self.state.load_state_dict(_load(_state_file(checkpoint, rank))["hook"])
+        if saved_world == world_size:  # then no rank is missing: ``told`` is this rank's file
+            self.state.load_state_dict(told["hook"])
             return
         files = [_load(_state_file(checkpoint, r)) for r in range(saved_world)]
         others = [r for r, f in enumerate(files) if f["world_size"] != saved_world]

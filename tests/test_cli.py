@@ -89,6 +89,10 @@ def test_bench_compressors_subset_and_table(capsys: pytest.CaptureFixture[str]) 
     assert "local_stats + compress" in table
     assert "copy_(src)" in table
     assert "\nnone " in table
+    assert (
+        main(["bench", "compressors", *SMALL, "--compressors", "none", "--subnormal", "0.5"]) == 0
+    )
+    assert "the last 0.5 of them times 2^-130 (subnormal)" in capsys.readouterr().out
 
 
 def test_bench_multilevel_json(capsys: pytest.CaptureFixture[str]) -> None:
@@ -112,6 +116,8 @@ def test_bench_multilevel_json(capsys: pytest.CaptureFixture[str]) -> None:
         (["bench", "multilevel", "--size", "-4K"], "--size"),
         (["bench", "compressors", "--cf", "0.5"], "--cf"),
         (["bench", "compressors", "--workers", "0"], "--workers"),
+        (["bench", "compressors", "--subnormal", "1.5"], "--subnormal"),
+        (["bench", "compressors", "--subnormal", "x"], "--subnormal"),
         (["bench", "compressors", "--repeats", "x"], "--repeats"),
         (["bench", "compressors", "--compressors", "nope"], "--compressors"),
         (["bench", "multilevel", "--cf1", "100", "--cf2", "10"], "--cf1"),

@@ -76,6 +76,7 @@ from gravac.compressors.base import (
 from gravac.compressors.registry import register
 from gravac.gain import squared_norm
 from gravac.kernels.buffers import BufferPool
+from gravac.kernels.subnormal import flush_subnormal_
 from gravac.seeding import generator
 
 __all__ = [
@@ -532,9 +533,10 @@ class PowerSGDCompressor(Compressor):
     def residual_(self, x: Tensor, payload: Payload, ctx: Context) -> Tensor:
         """``M - P Q^T`` by one GEMM per matrix into ``x``'s storage (``addmm``, not a dense
         decompression and a subtraction: equal to ``x - D(payload)`` to a rounding); the
-        tensors sent dense leave exact zeros."""
+        tensors sent dense leave exact zeros. Subnormal entries are flushed to zero
+        (:func:`~gravac.kernels.subnormal.flush_subnormal_`)."""
         if not x.is_contiguous():
-            return super().residual_(x, payload, ctx)
+            return flush_subnormal_(super().residual_(x, payload, ctx))
         p, c = cast(PowerSGDPayload, payload), cast(PowerSGDContext, ctx)
         flat = x.view(-1)
         for plan in c.plans:
@@ -548,7 +550,7 @@ class PowerSGDCompressor(Compressor):
                 m.addmm_(a, bt, alpha=-1)
             else:
                 m.sub_((a @ bt).to(m.dtype))
-        return x
+        return flush_subnormal_(x)
 
     def mean_bound(self, ctx: Context, world_size: int, x_bound: float) -> float:
         """``N sqrt(r max(m, n)) x_bound``: a factor's row is a row or column of ``M`` (at most

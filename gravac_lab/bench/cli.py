@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
+import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -61,6 +63,19 @@ def _int(option: str) -> Callable[[str], int]:
             return int(text)
         except ValueError:
             raise ValueError(f"{option} must be an integer, got {text!r}") from None
+
+    return argtype(parse)
+
+
+def _fraction(option: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"{option} must be a fraction in [0, 1], got {text!r}")
+        return value
 
     return argtype(parse)
 
@@ -172,10 +187,11 @@ def _run_compressors(args: argparse.Namespace) -> int:
     return _run(
         args,
         compressor_bench.bench_compressors,
-        compressor_bench.format_compressor_table,
+        functools.partial(compressor_bench.format_compressor_table, subnormal=args.subnormal),
         names=args.compressors,
         cf=args.cf,
         workers=args.workers,
+        subnormal=args.subnormal,
     )
 
 
@@ -307,6 +323,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         type=_positive_int("--workers"),
         default=compressor_bench.DEFAULT_WORKERS,
         help=f"simulated workers, in process (default {compressor_bench.DEFAULT_WORKERS})",
+    )
+    comp.add_argument(
+        "--subnormal",
+        type=_fraction("--subnormal"),
+        default=0.0,
+        help="fraction of each gradient (its last elements) scaled by 2^-130 into float32's "
+        "subnormal range, as error feedback leaves blocks of zero gradients (default 0)",
     )
     comp.set_defaults(func=_run_compressors)
 

@@ -76,6 +76,10 @@ LOG_SCALE_STD = 1.0
 #: noise of the order of the true gradient, as in mid-training SGD (two workers' gradients have
 #: correlation 1 / (1 + r^2) = 0.5).
 NOISE_RATIO = 1.0
+#: The factor ``subnormal`` scales a gradient's tail by: values of its size times 2^-130 lie
+#: below 2^-126, in float32's subnormal range, where a block of zero gradients' residual ends up
+#: under error feedback (a rotation or product over them runs an x86 core's slow path).
+SUBNORMAL_SCALE = 2.0**-130
 
 #: The synthetic model is a stack of feed-forward weights that alternate (w, e*w) and (e*w, w)
 #: with this expansion ratio e, as in a transformer's MLP blocks.
@@ -138,23 +142,34 @@ def model_layout(size: int) -> tuple[torch.Size, ...]:
 
 
 def synthetic_gradients(
-    size: int, workers: int, *, seed: int = DEFAULT_SEED, device: str | torch.device = "cpu"
+    size: int,
+    workers: int,
+    *,
+    seed: int = DEFAULT_SEED,
+    device: str | torch.device = "cpu",
+    subnormal: float = 0.0,
 ) -> list[Tensor]:
     """``workers`` flat float32 gradients ``g_i = sigma * (z + r * eps_i)`` of ``size`` elements.
 
     ``sigma`` is log-normal(0, :data:`LOG_SCALE_STD`) per coordinate and ``z`` standard normal,
     both shared by all workers (the true gradient is ``sigma * z``); ``eps_i`` is each worker's
     standard normal noise, scaled by ``r`` = :data:`NOISE_RATIO`. Drawn on the CPU from a
-    generator seeded with ``seed``, so the values do not depend on ``device``.
+    generator seeded with ``seed``, so the values do not depend on ``device``. The last
+    ``subnormal`` fraction of the elements is scaled by :data:`SUBNORMAL_SCALE` (most become
+    subnormal).
     """
     if size < 1 or workers < 1:
         raise ValueError(f"size and workers must be >= 1, got size={size}, workers={workers}")
+    if not 0.0 <= subnormal <= 1.0:
+        raise ValueError(f"subnormal must be a fraction in [0, 1], got {subnormal}")
+    tail = round(size * subnormal)
     gen = torch.Generator().manual_seed(seed)
     sigma = torch.randn(size, generator=gen).mul_(LOG_SCALE_STD).exp_()
     shared = torch.randn(size, generator=gen)
     grads = []
     for _ in range(workers):
         noise = torch.randn(size, generator=gen).mul_(NOISE_RATIO).add_(shared).mul_(sigma)
+        noise[size - tail :].mul_(SUBNORMAL_SCALE)
         grads.append(noise.to(device))
     return grads
 

@@ -212,13 +212,15 @@ def bench_compressors(
     repeats: int = DEFAULT_REPEATS,
     seed: int = DEFAULT_SEED,
     device: str | torch.device = "cpu",
+    subnormal: float = 0.0,
 ) -> list[CompressorResult]:
-    """:func:`bench_compressor` for each of ``names`` (default: every registered compressor).
+    """:func:`bench_compressor` for each of ``names`` (default: every registered compressor),
+    on gradients whose last ``subnormal`` fraction is subnormal (:func:`synthetic_gradients`).
 
     Raises:
         RuntimeError: a compressor failed; the message names it (the cause is chained).
     """
-    grads = synthetic_gradients(size, workers, seed=seed, device=device)
+    grads = synthetic_gradients(size, workers, seed=seed, device=device, subnormal=subnormal)
     layout = model_layout(size)
     return bench_each(
         compressors.names() if names is None else names,
@@ -228,7 +230,11 @@ def bench_compressors(
 
 
 def format_compressor_table(
-    results: Sequence[CompressorResult], *, seed: int, device: torch.device
+    results: Sequence[CompressorResult],
+    *,
+    seed: int,
+    device: torch.device,
+    subnormal: float = 0.0,
 ) -> str:
     """The human-readable report of ``gravac bench compressors``: a header, then a table."""
     if not results:
@@ -250,7 +256,9 @@ def format_compressor_table(
         "  NMSE:          ||mean_hat - mean||^2 / ||mean||^2 of one simulated round, no error"
         " feedback; wire B: bytes per worker",
         f"  gradients:     sigma*(z + {NOISE_RATIO:g}*eps_i), sigma log-normal(0,"
-        f" {LOG_SCALE_STD:g}) and z shared, eps_i per worker; 1 GB = 1e9 bytes",
+        f" {LOG_SCALE_STD:g}) and z shared, eps_i per worker"
+        + (f", the last {subnormal:g} of them times 2^-130 (subnormal)" if subnormal else "")
+        + "; 1 GB = 1e9 bytes",
     ]
     headers = [
         "compressor",

@@ -324,6 +324,34 @@ def test_residual_in_place_equals_x_minus_the_decompressed(name: str, cf: float)
         assert not bool(got.any())
 
 
+#: Compressors whose estimate is a dense approximation: the residual of a block of zero
+#: gradients shrinks into float32's subnormal range, so their residual_ flushes it to zero.
+SUBNORMAL_FLUSHING_EF = {"thc", "powersgd"}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_residual_subnormals_are_flushed_where_the_estimate_is_dense(name: str) -> None:
+    """Rows of ``x`` times ``2^-135`` leave subnormal entries in ``x - D(C(x))``: THC and
+    PowerSGD set them to +0 (the rest as before, to rounding), every other compressor keeps
+    the residual exactly (nothing below its sent values is dropped)."""
+    torch.manual_seed(12)
+    c = compressors.create(name)
+    x = torch.randn(40, 64)
+    x[::2] *= 2.0**-135
+    payload, ctx = _compress(c, x, 10.0, _round())
+    want = x - c.decompress(payload, ctx)
+    tiny = torch.finfo(torch.float32).tiny
+    subnormal = (want != 0) & (want.abs() < tiny)
+    got = c.residual_(x.clone(), payload, ctx)
+    if name not in SUBNORMAL_FLUSHING_EF:
+        if name in BITWISE_EF:
+            assert torch.equal(got, want)
+        return
+    assert bool(subnormal.any())
+    assert not bool(((got != 0) & (got.abs() < tiny)).any())
+    torch.testing.assert_close(got, want.masked_fill(subnormal, 0.0), rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("workers", [1, 3])
 def test_combine_into_a_given_buffer_equals_combine(name: str, workers: int) -> None:

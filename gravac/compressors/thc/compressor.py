@@ -93,6 +93,7 @@ from gravac.compressors.thc.table import VALID_BITS, clamp_threshold, optimal_ta
 from gravac.kernels import check_backend_name
 from gravac.kernels.hadamard import next_power_of_two
 from gravac.kernels.quantize import unpack_lookup_sum
+from gravac.kernels.subnormal import flush_subnormal_
 from gravac.seeding import derive_seed
 
 __all__ = [
@@ -329,6 +330,11 @@ class THCCompressor(Compressor):
         if c.numel == 0:
             return 0.0
         return world_size * c.clamp * math.sqrt(c.block) * float(c.norms.max())
+
+    def residual_(self, x: Tensor, payload: Payload, ctx: Context) -> Tensor:
+        """``x - D(payload)`` in ``x``'s storage, its subnormal entries flushed to zero
+        (:func:`~gravac.kernels.subnormal.flush_subnormal_`)."""
+        return flush_subnormal_(super().residual_(x, payload, ctx))
 
     def decompress(self, payload: Payload, ctx: Context) -> Tensor:
         """The estimate a (possibly all-reduced) payload stands for: the *sum* over its ranks."""

@@ -7,7 +7,9 @@ held in buffers the compressor keeps for the last layout (:class:`_CPUWork`), be
 reference's butterflies, gathers and 64-bit lanes are an order of magnitude slower on a CPU (the
 measurements are in docs/studies/2026-11-30-thc-cpu.md). Per chunk, while it is in cache:
 sign-bit flips for the diagonal, the rotation by Kronecker GEMMs
-(:func:`~gravac.kernels.hadamard.fwht_rows`, per chunk when a block fits in one), the
+(:func:`~gravac.kernels.hadamard.fwht_rows`, per chunk when a block fits in one) of the values
+in units of each block's norm with its negligible entries zeroed (:data:`_NEGLIGIBLE_UNITS`),
+the
 reference's scale-clamp-shift (less its last clamp where that is the identity, as for every
 default ``(g, p)``: :func:`_top_clamp_needed`), the rounding by
 :func:`~gravac.kernels.quantize.round_levels` into the narrowest unsigned dtype of the levels,
@@ -19,8 +21,9 @@ bits. The diagonal's hashes are computed once in NumPy uint32
 
 Both equal the reference (:func:`~gravac.compressors.thc.encoding.thc_payload` with
 ``backend="torch"``, :func:`~gravac.compressors.thc.encoding.thc_decode`) up to the rotation's
-summation order: the payload bit for bit when the rotated values are exact, the decoded sum
-within ``2 log2(B) 2^-24`` of its norm (``tests/compressors/thc/test_cpu.py``).
+summation order and the zeroed subnormals: the payload bit for bit when the rotated values are
+exact and none is subnormal, the decoded sum within ``2 log2(B) 2^-24`` of its norm
+(``tests/compressors/thc/test_cpu.py``).
 """
 
 from __future__ import annotations
@@ -58,6 +61,25 @@ __all__: list[str] = []
 #: calls of a few us each, ~0.17 ms a chunk) is amortised over fewer chunks.
 _CPU_CHUNK = 1 << 18
 
+#: The rotation's GEMMs run an x86 core's slow path on subnormal operands and results, and
+#: under error feedback a block of zero gradients keeps a residual that shrinks by THC's
+#: relative error every step, into that range (docs/studies/2026-12-06-subnormals.md). So
+#: each block is rotated in units of its agreed norm's binade (:func:`_binades`, exact powers
+#: of two) and entries below this many units are zeroed first (a change of under 2^-63 of the
+#: block's norm, far below the quantisation's step). Values of 0 or at least ``2^-64`` are
+#: multiples of the float32 ulp at ``2^-64``, ``2^-87``; the Hadamard factors' sums of them stay
+#: multiples (0 or at least ``2^-87``); the normalisation ``B^(-1/2) >= 2^-16`` (``B <= 2^32``)
+#: leaves its products at least ``2^-103``, whose ulps, and so every sum of them, are
+#: multiples of ``2^-126``: no subnormal anywhere in the rotation.
+_NEGLIGIBLE_UNITS = 2.0**-64
+
+#: The exponents of :func:`_binades`' units: normal float32 powers of two, as are their
+#: reciprocals.
+_UNIT_EXPONENTS = (-126, 126)
+#: float32's exponent bias and mantissa width: ``2^k`` has the bits ``(k + 127) << 23``.
+_FLOAT32_BIAS = 127
+_FLOAT32_MANTISSA_BITS = 23
+
 
 class _CPUWork:
     """Buffers of :func:`_encode_cpu` and :func:`_decode_cpu` for one ``(padded, block)`` layout,
@@ -89,6 +111,32 @@ class _CPUWork:
         if dtype not in self._levels:
             self._levels[dtype] = (np.empty(self.chunk, dtype), np.empty(self.chunk, dtype))
         return self._levels[dtype]
+
+
+def _binades(norms: Tensor) -> Tensor:
+    """Per block the unit ``2^(e - 1)``, ``e`` the exponent of its norm ``l = m 2^e``
+    (``m`` in ``[1/2, 1)``, :func:`torch.frexp`), so that ``l`` lies in ``[1, 2)`` units; the
+    exponent kept within :data:`_UNIT_EXPONENTS`; 1 where ``l`` is 0 or not finite.
+
+    Scaling by a unit or its reciprocal is exact (barring underflow) and commutes with the
+    rotation's rounding: ``fl(R(x / u) (s u)) = fl(R(x) s)``, so the payload is unchanged.
+    """
+    low, high = _UNIT_EXPONENTS
+    _, exponent = torch.frexp(norms.to(torch.float32))
+    # 2^k built from its bits (biased exponent k + 127, zero mantissa): exact, one pass
+    biased = (exponent - 1).clamp(low, high).add_(_FLOAT32_BIAS).to(torch.int32)
+    units = biased.bitwise_left_shift_(_FLOAT32_MANTISSA_BITS).view(torch.float32)
+    return torch.where(torch.isfinite(norms) & (norms > 0), units, torch.ones_like(units))
+
+
+def _rotate_in_units(rows: Tensor, per_unit: Tensor, spare: Tensor) -> None:
+    """``rows`` (blocks of values) divided by their units (``per_unit``, a column of
+    reciprocal units), entries below :data:`_NEGLIGIBLE_UNITS` zeroed (one pass of
+    :func:`torch.hardshrink`, NaN and Inf kept) and rotated in place (``spare``: scratch of
+    their shape)."""
+    rows.mul_(per_unit)
+    torch.hardshrink(rows, _NEGLIGIBLE_UNITS, out=rows)
+    fwht_rows(rows, out=rows, work=spare)
 
 
 @functools.lru_cache(maxsize=_TABLE_CACHE)
@@ -133,7 +181,10 @@ def _encode_cpu(
     granularity, clamp, block, padded = enc.granularity, enc.clamp, enc.block, enc.padded
     xn = x.detach().reshape(-1).to(torch.float32).numpy()
     words = sign_hashes(padded, enc.sign_seed)
-    scale = block_scale(norms, block)
+    units = _binades(norms)
+    per_unit = units.reciprocal()[:, None]
+    # sqrt(B) / l in units, fl(sqrt(B) / l) u exactly, where that is finite
+    scale = block_scale(norms.to(torch.float32) / units, block)
     alpha = granularity / (2.0 * clamp)
     top_clamp = _top_clamp_needed(clamp, alpha, granularity)
     cells = _cell_tables(tuple(int(t) for t in table.tolist()), indices=width == 0)
@@ -147,16 +198,16 @@ def _encode_cpu(
     if not work.fused:
         for start, end in _chunks(padded, work.chunk):
             _load_signed(xn, words, start, work.values[start:end], work)
-        whole = work.values_t.view(-1, block)
-        fwht_rows(whole, out=whole, work=work.spare_t.view(-1, block))
+        _rotate_in_units(work.values_t.view(-1, block), per_unit, work.spare_t.view(-1, block))
     for start, end in _chunks(padded, work.chunk):
         n = end - start
         if work.fused:
             values, v = work.values[:n], work.values_t[:n]
             _load_signed(xn, words, start, values, work)
             rows = v.view(-1, block)
-            fwht_rows(rows, out=rows, work=work.spare_t[:n].view_as(rows))
-            rows.mul_(scale[start // block : end // block, None])
+            blocks = slice(start // block, end // block)
+            _rotate_in_units(rows, per_unit[blocks], work.spare_t[:n].view_as(rows))
+            rows.mul_(scale[blocks, None])
         else:
             values, v = work.values[start:end], work.values_t[start:end]
             v.mul_(scale[start // block])
@@ -248,7 +299,9 @@ def _decode_cpu(
     block, padded, n = ctx.block, ctx.padded, ctx.numel
     words = sign_hashes(padded, ctx.sign_seed)
     step = 2.0 * ctx.clamp / ctx.granularity
-    scale = ctx.norms / math.sqrt(block)
+    units = _binades(ctx.norms)
+    # l / sqrt(B) in units, fl(l / sqrt(B)) / u exactly, where that is normal
+    scale = ctx.norms.to(torch.float32).div(units).div_(math.sqrt(block))
     result = np.empty(n, dtype=np.float32)
 
     def affine(start: int, values: np.ndarray) -> None:
@@ -263,16 +316,16 @@ def _decode_cpu(
         if work.fused:
             values = work.values[: end - start]
             affine(start, values)
-            rows = torch.from_numpy(values).view(-1, block)
-            fwht_rows(
-                rows, out=rows, work=torch.from_numpy(work.spare[: values.size]).view_as(rows)
-            )
+            rows = work.values_t[: values.size].view(-1, block)
+            fwht_rows(rows, out=rows, work=work.spare_t[: values.size].view_as(rows))
+            rows.mul_(units[start // block : end // block, None])
             _store_signed(values, words, start, result, work)
         else:
             affine(start, work.values[start:end])
     if not work.fused:
-        whole = torch.from_numpy(work.values).view(-1, block)
-        fwht_rows(whole, out=whole, work=torch.from_numpy(work.spare).view(-1, block))
+        whole = work.values_t.view(-1, block)
+        fwht_rows(whole, out=whole, work=work.spare_t.view(-1, block))
+        whole.mul_(units[:, None])
         for start, end in _chunks(padded, work.chunk):
             _store_signed(work.values[start:end], words, start, result, work)
     return torch.from_numpy(result).to(ctx.dtype).view(ctx.shape)

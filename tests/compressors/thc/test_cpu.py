@@ -114,3 +114,98 @@ def test_cpu_decode_equals_the_reference_to_the_rotation_rounding(rotation: str,
     gathered = [packed.compress(x, CF_B4, rnd) for x in xs]
     total = packed.combine([p for p, _ in gathered], gathered[0][1])
     torch.testing.assert_close(total, fast, rtol=0, atol=0)
+
+
+#: float32's least normal magnitude, 2^-126.
+_TINY32 = torch.finfo(torch.float32).tiny
+#: The binades between the last block of :func:`_tiny_tail` and its scaled-up copy: its
+#: entries (about N(0, 1) times 2^-129) are subnormal, its norm (about 2^-124) is not.
+_TAIL_BINADES = 129
+
+
+def _tiny_tail(seed: int, rotation: str) -> tuple[compressors.Compressor, torch.Tensor, int]:
+    """THC at 4 bits, ``x``: N(0, 1) values, every third one times ``2^-140``, and a last block
+    of N(0, 1) times ``2^-129`` (all subnormal), and the block length."""
+    c = compressors.create("thc", bits=4, rotation=rotation)
+    n = 2**18 + 4096
+    block = c.layout(n)[0] if rotation == "partial" else 1024
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=gen)
+    x[::3] *= 2.0**-140
+    x[-block:] = torch.ldexp(torch.randn(block, generator=gen), torch.tensor(-_TAIL_BINADES))
+    assert bool((x[-block:].abs() < _TINY32).all())
+    return c, x, block
+
+
+def _payload_tensors(c: Compressor, x: torch.Tensor, rnd: Round) -> list[torch.Tensor]:
+    payload, _ = c.compress(x, CF_B4, rnd)
+    return list(vars(payload).values())
+
+
+@pytest.mark.parametrize("rotation", ["full", "partial"])
+@pytest.mark.parametrize("transport", ["allreduce", "allgather"])
+def test_cpu_payload_drops_entries_negligible_to_their_block(rotation: str, transport: str) -> None:
+    """Entries below ``2^-64`` of their block's norm (here ``2^-140`` of N(0, 1) values) are
+    sent as zeros: under the same agreed norms ``x`` and ``x`` with them zeroed send the same
+    payload bit for bit (the block of subnormal entries, not negligible to its own norm in the
+    partial rotation, is kept in both)."""
+    c, x, block = _tiny_tail(0, rotation)
+    c = compressors.create("thc", bits=4, rotation=rotation, transport=transport)
+    zeroed = x.clone()
+    zeroed[:-block][::3] = 0.0
+    rnd = Round(step=2, world_size=2, agreed=c.local_stats(x, CF_B4, Round()))
+    for a, b in zip(_payload_tensors(c, x, rnd), _payload_tensors(c, zeroed, rnd), strict=True):
+        assert torch.equal(a, b)
+
+
+def _tail_scaled_up(
+    c: Compressor, x: torch.Tensor, block: int
+) -> tuple[torch.Tensor, Round, Round]:
+    """``x`` with its last block scaled up by ``2^129`` (exact), and the rounds of ``x`` and of
+    the copy: the same agreed norms but the last, scaled alike (both normal, so exact)."""
+    big = x.clone()
+    big[-block:] = torch.ldexp(x[-block:], torch.tensor(_TAIL_BINADES))
+    agreed_big = c.local_stats(big, CF_B4, Round())
+    assert agreed_big is not None
+    agreed = agreed_big.clone()
+    agreed[-1] = torch.ldexp(agreed_big[-1], torch.tensor(-_TAIL_BINADES))
+    assert torch.equal(torch.ldexp(agreed[-1], torch.tensor(_TAIL_BINADES)), agreed_big[-1])
+    return (
+        big,
+        Round(step=2, world_size=2, agreed=agreed),
+        Round(step=2, world_size=2, agreed=agreed_big),
+    )
+
+
+@pytest.mark.parametrize("transport", ["allreduce", "allgather"])
+def test_cpu_payload_of_a_subnormal_block_is_that_of_its_scaled_up_copy(transport: str) -> None:
+    """The CPU kernel rotates each block in units of its norm's binade (the GEMMs' slow path
+    on x86 runs on subnormals), so the encoding is scale-free: a block of subnormal entries
+    sends what the same block ``2^129`` times larger sends under a norm ``2^129`` times larger,
+    bit for bit (rotated as they are, the subnormal values would lose bits)."""
+    c = compressors.create("thc", bits=4, rotation="partial", transport=transport)
+    _, x, block = _tiny_tail(0, "partial")
+    big, rnd, rnd_big = _tail_scaled_up(c, x, block)
+    for a, b in zip(_payload_tensors(c, x, rnd), _payload_tensors(c, big, rnd_big), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_cpu_decode_of_a_subnormal_block_is_that_of_its_scaled_up_copy() -> None:
+    """Two ranks' payloads of :func:`_tiny_tail` vectors decode, under the tiny norm, to
+    exactly ``2^-129`` times what the scaled-up copies decode to under the larger norm (the
+    values are decoded in units of the norm, so only the last multiply rounds, once), and
+    elsewhere to the same values."""
+    c = compressors.create("thc", bits=4, rotation="partial")
+    decoded = []
+    for scaled in (False, True):
+        pairs = []
+        for rank in range(2):
+            _, x, block = _tiny_tail(rank, "partial")
+            big, rnd, rnd_big = _tail_scaled_up(c, x, block)
+            pairs.append(c.compress(big, CF_B4, rnd_big) if scaled else c.compress(x, CF_B4, rnd))
+        reduced = sum_payloads([p for p, _ in pairs])
+        decoded.append(c.decompress(reduced, pairs[0][1]))
+    small, big = decoded
+    assert torch.equal(small[:-block], big[:-block])
+    assert torch.equal(small[-block:], torch.ldexp(big[-block:], torch.tensor(-_TAIL_BINADES)))
+    assert bool((small[-block:].abs() < _TINY32).any())

@@ -65,6 +65,19 @@ def test_synthetic_gradients_are_seeded_heavy_tailed_and_correlated() -> None:
     assert float(z.pow(4).mean()) > 6.0
 
 
+def test_synthetic_gradients_subnormal_tail() -> None:
+    """The last ``subnormal`` fraction is the same draw times 2^-130, most of it subnormal."""
+    plain = common.synthetic_gradients(SIZE, 2, seed=1)
+    tiny = common.synthetic_gradients(SIZE, 2, seed=1, subnormal=0.25)
+    cut = SIZE - SIZE // 4
+    for p, t in zip(plain, tiny, strict=True):
+        assert torch.equal(p[:cut], t[:cut])
+        assert torch.equal(t[cut:], p[cut:] * common.SUBNORMAL_SCALE)
+        assert float((t[cut:].abs() < torch.finfo(torch.float32).tiny).float().mean()) > 0.9
+    with pytest.raises(ValueError, match="subnormal must be a fraction in"):
+        common.synthetic_gradients(SIZE, 2, subnormal=-0.1)
+
+
 def test_nmse() -> None:
     truth = torch.tensor([3.0, 4.0])
     assert common.nmse(truth, truth) == 0.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import itertools
 import shutil
@@ -10,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -155,3 +157,13 @@ def torchrun_command(script: Path, *args: str, nproc: int = 2) -> list[str]:
         str(script),
         *args,
     ]
+
+
+def load_script(name: str) -> ModuleType:
+    """The module of ``scripts/<name>.py`` (the scripts folder is not a package)."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 from types import ModuleType
 
 from gravac_lab.compare.scoreboard import Reach, Row, SetupScore
+from tests.helpers import load_script
 
 
 def _script() -> ModuleType:
-    path = Path(__file__).resolve().parents[3] / "scripts" / "holdout_yardstick.py"
-    spec = importlib.util.spec_from_file_location("holdout_yardstick", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("holdout_yardstick")
 
 
 def _row(label: str, seconds: list[float | None]) -> Row:

@@ -8,8 +8,7 @@ reference's butterflies, gathers and 64-bit lanes are an order of magnitude slow
 measurements are in docs/studies/2026-11-30-thc-cpu.md). Per chunk, while it is in cache:
 sign-bit flips for the diagonal, the rotation by Kronecker GEMMs
 (:func:`~gravac.kernels.hadamard.fwht_rows`, per chunk when a block fits in one) of the values
-in units of each block's norm with its negligible entries zeroed (:data:`_NEGLIGIBLE_UNITS`),
-the
+in units of each block's norm, negligible entries zeroed (:data:`_NEGLIGIBLE_UNITS`), the
 reference's scale-clamp-shift (less its last clamp where that is the identity, as for every
 default ``(g, p)``: :func:`_top_clamp_needed`), the rounding by
 :func:`~gravac.kernels.quantize.round_levels` into the narrowest unsigned dtype of the levels,
@@ -21,9 +20,10 @@ bits. The diagonal's hashes are computed once in NumPy uint32
 
 Both equal the reference (:func:`~gravac.compressors.thc.encoding.thc_payload` with
 ``backend="torch"``, :func:`~gravac.compressors.thc.encoding.thc_decode`) up to the rotation's
-summation order and the zeroed subnormals: the payload bit for bit when the rotated values are
-exact and none is subnormal, the decoded sum within ``2 log2(B) 2^-24`` of its norm
-(``tests/compressors/thc/test_cpu.py``).
+summation order and the negligible entries zeroed: the payload bit for bit when the rotated
+values are exact and no entry is below ``2^-64`` of its block's norm, the decoded sum within
+``2 log2(B) 2^-24`` of its norm (``tests/compressors/thc/test_cpu.py``). Neither passes a
+subnormal value through the rotation.
 """
 
 from __future__ import annotations
@@ -291,10 +291,13 @@ def _decode_cpu(
 
     ``fill(start, dst)`` writes the level sums of elements ``[start, start + len(dst))`` into
     ``dst`` (float32: exact, sums stay below 2^24); ``offset`` is ``count * g / 2`` (float32).
-    Per chunk: the same affine map as :func:`.thc_decode`, in the same order, then the inverse
-    rotation (:func:`~gravac.kernels.hadamard.fwht_rows`, of the whole vector before the sign
-    pass when a block is longer than a chunk) and the diagonal by sign-bit flips, written
-    straight into the un-padded float32 result.
+    Per chunk: the same affine map as :func:`.thc_decode`, in the same order but in units of
+    each block's norm (:func:`_binades`: the scale ``l / sqrt(B)`` divided by the unit, exactly),
+    then the inverse rotation (:func:`~gravac.kernels.hadamard.fwht_rows`, of the whole vector
+    before the sign pass when a block is longer than a chunk), the product by the units, and
+    the diagonal by sign-bit flips, written straight into the un-padded float32 result. In
+    units, every value rotated is 0 or at least half a level's step times ``B^(-1/2)`` (above
+    ``2^-23`` for the default tables and ``B <= 2^32``), far from float32's subnormals.
     """
     block, padded, n = ctx.block, ctx.padded, ctx.numel
     words = sign_hashes(padded, ctx.sign_seed)

@@ -724,3 +724,45 @@ def test_uneven_inputs_under_ddps_join_with_the_hook_keep_the_ranks_alike(
     assert a["steps"] == b["steps"] == 9
     for x, y in zip(a["params"], b["params"], strict=True):
         assert torch.equal(x, y)
+
+
+#: Steps after which a residual of zero gradients under THC at 8 bits (its relative error a
+#: step about 2^-8) holds subnormal entries without the flush.
+DECAY_STEPS = 40
+
+
+def decaying_residual(rank: int, world_size: int, compressor: str, cf: float) -> dict[str, Any]:
+    """A 256 x 256 weight trained on every row at step 0, then on its first half only: the last
+    rows' residual shrinks every step. The most subnormal entries it held after a step, and its
+    largest entry at the end."""
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(256, 256))
+    opt = GravacOptimizer(
+        torch.optim.SGD([w], lr=1e-3),
+        compressor=compressor,
+        policy="fixed",
+        policy_options={"cf": cf},
+        dense_bytes=0,
+    )
+    data = torch.randn(256, 256, generator=torch.Generator().manual_seed(rank))
+    tiny = torch.finfo(torch.float32).tiny
+    most = 0
+    for step in range(DECAY_STEPS):
+        opt.zero_grad()
+        rows = 256 if step == 0 else 128
+        (w[:rows] * data[:rows]).sum().backward()
+        opt.step()
+        (e,) = opt.memory.residuals.values()  # type: ignore[attr-defined]
+        tail = e.view(256, 256)[128:]
+        most = max(most, int(((tail != 0) & (tail.abs() < tiny)).sum()))
+    return {"subnormal": most, "largest": float(tail.abs().max())}
+
+
+def test_a_residual_of_zero_gradients_leaves_no_subnormal(gloo_pools: Workers) -> None:
+    """Under THC the residual of rows whose gradient is zero shrinks by the compressor's
+    relative error every step; it ends at zero through the flush of its subnormal entries
+    (float32's slow path on x86), never holding one, on every rank. (PowerSGD's residual_
+    flushes alike: ``tests/compressors/test_common.py``.)"""
+    for out in gloo_pools.run(decaying_residual, 2, "thc", 4.0, timeout=SPAWN_TIMEOUT):
+        assert out["subnormal"] == 0
+        assert out["largest"] < 1e-30

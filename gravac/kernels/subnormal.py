@@ -31,9 +31,9 @@ def flush_subnormal_(t: Tensor) -> Tensor:
     """``t`` with its subnormal entries (and ``-0``) set to ``+0`` in place: one pass of
     :func:`torch.hardshrink` at the largest subnormal; NaN and Inf are kept.
 
-    Only float32 and float64 tensors on the CPU are changed: elsewhere subnormals cost no more
-    than other values (a GPU handles them at full speed) or are a 16-bit dtype's normal range
-    to its users; those tensors are returned as they are.
+    Only float32 and float64 tensors on the CPU are changed; others are returned as they are:
+    a GPU handles subnormals at full speed, and the CPU computes on 16-bit tensors in float32,
+    where their subnormals are normal values.
     """
     threshold = _LARGEST_SUBNORMAL.get(t.dtype)
     if threshold is None or t.device.type != "cpu":

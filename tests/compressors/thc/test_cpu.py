@@ -123,18 +123,18 @@ _TINY32 = torch.finfo(torch.float32).tiny
 _TAIL_BINADES = 129
 
 
-def _tiny_tail(seed: int, rotation: str) -> tuple[compressors.Compressor, torch.Tensor, int]:
-    """THC at 4 bits, ``x``: N(0, 1) values, every third one times ``2^-140``, and a last block
-    of N(0, 1) times ``2^-129`` (all subnormal), and the block length."""
-    c = compressors.create("thc", bits=4, rotation=rotation)
+def _tiny_tail(seed: int, rotation: str) -> tuple[torch.Tensor, int]:
+    """``x``: N(0, 1) values, every third one times ``2^-140``, and a last block (of THC's
+    partial rotation, or 1024 elements) of N(0, 1) times ``2^-129`` (all subnormal); and the
+    block's length."""
     n = 2**18 + 4096
-    block = c.layout(n)[0] if rotation == "partial" else 1024
+    block = compressors.create("thc").layout(n)[0] if rotation == "partial" else 1024
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(n, generator=gen)
     x[::3] *= 2.0**-140
     x[-block:] = torch.ldexp(torch.randn(block, generator=gen), torch.tensor(-_TAIL_BINADES))
     assert bool((x[-block:].abs() < _TINY32).all())
-    return c, x, block
+    return x, block
 
 
 def _payload_tensors(c: Compressor, x: torch.Tensor, rnd: Round) -> list[torch.Tensor]:
@@ -149,7 +149,7 @@ def test_cpu_payload_drops_entries_negligible_to_their_block(rotation: str, tran
     sent as zeros: under the same agreed norms ``x`` and ``x`` with them zeroed send the same
     payload bit for bit (the block of subnormal entries, not negligible to its own norm in the
     partial rotation, is kept in both)."""
-    c, x, block = _tiny_tail(0, rotation)
+    x, block = _tiny_tail(0, rotation)
     c = compressors.create("thc", bits=4, rotation=rotation, transport=transport)
     zeroed = x.clone()
     zeroed[:-block][::3] = 0.0
@@ -184,7 +184,7 @@ def test_cpu_payload_of_a_subnormal_block_is_that_of_its_scaled_up_copy(transpor
     sends what the same block ``2^129`` times larger sends under a norm ``2^129`` times larger,
     bit for bit (rotated as they are, the subnormal values would lose bits)."""
     c = compressors.create("thc", bits=4, rotation="partial", transport=transport)
-    _, x, block = _tiny_tail(0, "partial")
+    x, block = _tiny_tail(0, "partial")
     big, rnd, rnd_big = _tail_scaled_up(c, x, block)
     for a, b in zip(_payload_tensors(c, x, rnd), _payload_tensors(c, big, rnd_big), strict=True):
         assert torch.equal(a, b)
@@ -196,13 +196,15 @@ def test_cpu_decode_of_a_subnormal_block_is_that_of_its_scaled_up_copy() -> None
     values are decoded in units of the norm, so only the last multiply rounds, once), and
     elsewhere to the same values."""
     c = compressors.create("thc", bits=4, rotation="partial")
+    ranks = []
+    for rank in range(2):
+        x, block = _tiny_tail(rank, "partial")
+        ranks.append((x, *_tail_scaled_up(c, x, block)))
     decoded = []
-    for scaled in (False, True):
-        pairs = []
-        for rank in range(2):
-            _, x, block = _tiny_tail(rank, "partial")
-            big, rnd, rnd_big = _tail_scaled_up(c, x, block)
-            pairs.append(c.compress(big, CF_B4, rnd_big) if scaled else c.compress(x, CF_B4, rnd))
+    for pairs in (
+        [c.compress(x, CF_B4, rnd) for x, _, rnd, _ in ranks],
+        [c.compress(big, CF_B4, rnd_big) for _, big, _, rnd_big in ranks],
+    ):
         reduced = sum_payloads([p for p, _ in pairs])
         decoded.append(c.decompress(reduced, pairs[0][1]))
     small, big = decoded

@@ -398,6 +398,15 @@ class Communicator:
         parts = self._gather_into(out, tensor.contiguous())
         return Arrival(parts, lambda: out, step).named(name).wait()
 
+    def barrier_async(self, *, name: str = "", step: int | None = None) -> Arrival[None]:
+        """Start a barrier: an all-reduce of one element, which completes on a rank once every
+        rank has started it (so every rank has done what it did before). Errors call it
+        ``name`` and name ``step``."""
+        if self.world_size == 1:
+            return _done(None)
+        token = torch.zeros(1, device=self.device)
+        return Arrival(self._all_reduce(token, "sum"), lambda: None, step).named(name)
+
     def all_reduce_async(self, tensor: Tensor, op: StatsOp = "sum") -> Arrival[Tensor]:
         """Start reducing ``tensor`` in place; the arrival is it, reduced."""
         if self.world_size == 1:

@@ -28,7 +28,7 @@ from gravac.control import policies
 from gravac.control.options import ControllerConfig
 from gravac.control.policies.base import ScalingPolicy
 from gravac.engine import Engine
-from gravac.hierarchy import NODE_PRECISIONS
+from gravac.hierarchy import NODE_PRECISIONS, NODE_STAGES
 from gravac.memory import NoMemory
 
 __all__ = [
@@ -153,6 +153,11 @@ class GravacConfig:
             is fed back into the residual, that of what each rank sends first is not, as under
             PyTorch's fp16 hook; float16 overflows past 65504 times the node's ranks, a
             non-finite step).
+        node_stage: in two levels, how those stages move the gradient: ``"shm"`` through a
+            file in ``/dev/shm`` that the node's ranks map (on one host, over gloo: the same
+            sums as the collectives, without the loopback's TCP), ``"collective"`` through the
+            node group's reduce-scatter and all-gather, ``"auto"`` (default) the first where
+            every rank of the node can map the file and the backend is gloo, else the second.
         monitor: a :class:`gravac.monitor.Monitor`, a ``SummaryWriter``, or a log directory;
             used on rank 0 only.
         clock: seconds for step timing (tests inject a deterministic one).
@@ -180,6 +185,7 @@ class GravacConfig:
     step_timeout: float | None = None
     ranks_per_node: int | None = None
     node_precision: str = "fp32"
+    node_stage: str = "auto"
     monitor: Any = field(default=None, compare=False)
     clock: Callable[[], float] = field(default=time.perf_counter, compare=False)
 
@@ -218,6 +224,8 @@ class GravacConfig:
                 f"node_precision must be one of {tuple(NODE_PRECISIONS)}, "
                 f"got {self.node_precision!r}"
             )
+        if self.node_stage not in NODE_STAGES:
+            raise ValueError(f"node_stage must be one of {NODE_STAGES}, got {self.node_stage!r}")
         if not isinstance(self.compressor, str) and self.compressor_options:
             raise ValueError("compressor_options go with a compressor name, not an instance")
         if not isinstance(self.policy, str) and self.policy_options:
@@ -304,6 +312,7 @@ def build_engine(
         nonfinite=config.nonfinite,
         ranks_per_node=config.ranks_per_node,
         node_precision=config.node_precision,
+        node_stage=config.node_stage,
         monitor=config.monitor,
         clock=config.clock,
     )

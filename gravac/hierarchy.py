@@ -38,12 +38,17 @@ sends it again and nothing of the aggregate is lost where the unit keeps a resid
 rounding of stage 1 is not fed back (each rank's share of it is spread over every chunk, held
 by no rank), as under PyTorch's hook. Units sent dense and the residual pieces carried into a
 new layout keep float32 (exact).
+
+Stages 1 and 3 run through the node group's collectives, or, over gloo where every rank of the
+node maps the same file in ``/dev/shm``, through that memory (:mod:`gravac.shm`: the same sums
+without the loopback's TCP; ``node_stage``, :data:`NODE_STAGES`).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -52,9 +57,11 @@ import torch.distributed as dist
 from torch import Tensor
 
 from gravac.comm import Arrival, Communicator
+from gravac.shm import SHM_DIRECTORY, SharedMemoryError, SharedNodeStage
 
 __all__ = [
     "NODE_PRECISIONS",
+    "NODE_STAGES",
     "Hierarchy",
     "Topology",
     "group_topology",
@@ -69,6 +76,11 @@ NODE_PRECISIONS: dict[str, torch.dtype | None] = {
     "fp16": torch.float16,
     "bf16": torch.bfloat16,
 }
+
+#: how a node's dense stages move the gradient: ``"shm"`` through memory its ranks share
+#: (:mod:`gravac.shm`; their group's backend gloo, on one host), ``"collective"`` through the
+#: node group's collectives, ``"auto"`` the first where the node can, else the second
+NODE_STAGES = ("auto", "shm", "collective")
 
 #: torchrun's variables for a worker's node: ranks on its node, and its index among them
 _LOCAL_SIZE, _LOCAL_RANK = "LOCAL_WORLD_SIZE", "LOCAL_RANK"
@@ -199,10 +211,25 @@ class Hierarchy:
         precision: what stages 1 and 3 send a compressed unit in, a key of
             :data:`NODE_PRECISIONS`.
         timeout: the step timeout of the groups' collectives (:class:`Communicator`).
+        stage: how stages 1 and 3 move the gradient, one of :data:`NODE_STAGES`.
+        directory: where ``stage`` ``"shm"`` (or ``"auto"``) maps the node's memory.
+
+    Raises:
+        RuntimeError: ``stage="shm"`` where the node's group is not gloo, or where some rank
+            of the node could not map a file in ``directory`` (on every rank of that node);
+            also at a later stage that needs a larger file and cannot map it. Under
+            ``"auto"`` the node then moves its stages through its collectives from that
+            stage on, with a ``RuntimeWarning``.
     """
 
     def __init__(
-        self, topology: Topology, *, precision: str = "fp32", timeout: float | None = None
+        self,
+        topology: Topology,
+        *,
+        precision: str = "fp32",
+        timeout: float | None = None,
+        stage: str = "auto",
+        directory: str = SHM_DIRECTORY,
     ) -> None:
         self.topology = topology
         #: the 16-bit dtype of a compressed unit's dense stages; None: its own (exact)
@@ -218,6 +245,44 @@ class Hierarchy:
         self.node = Communicator(node_group, timeout=timeout)
         #: the ranks that own the same chunk, one per node: the compressed aggregation
         self.peers = Communicator(peer_group, timeout=timeout)
+        self.stage = stage
+        #: stages 1 and 3 through shared memory; None: through :attr:`node`'s collectives
+        self.shared = self._share(stage, directory)
+
+    def _share(self, stage: str, directory: str) -> SharedNodeStage | None:
+        """The node's shared memory where ``stage`` asks for it and the node can share (the
+        same answer on every rank of the node: the check is a collective of its group)."""
+        if stage == "collective":
+            return None
+        why = f"its group's backend is {self.node.backend}, not gloo"
+        shared = None
+        if self.node.backend == "gloo":
+            shared = SharedNodeStage(self.node, directory=directory)
+            why = shared.usable()
+        if not why:
+            return shared
+        if stage == "shm":
+            raise RuntimeError(f"node_stage='shm', but node {self.topology.node} cannot: {why}")
+        return None
+
+    def _unshare(self, error: SharedMemoryError) -> None:
+        """The node's memory failed at a stage (on every rank of the node): raise under
+        ``"shm"``; else warn and move this and later stages through the collectives."""
+        node = self.topology.node
+        if self.stage == "shm":
+            raise RuntimeError(f"node_stage='shm', but node {node} cannot: {error}") from None
+        warnings.warn(
+            f"two levels: {error}; node {node} moves its stages through its group's "
+            "collectives from now on (node_stage='auto')",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        self.shared = None
+
+    def begin_step(self) -> None:
+        """A step begins (the engine's :meth:`gravac.engine.Engine.begin`, on every rank)."""
+        if self.shared is not None:
+            self.shared.restart()
 
     def signal_slot(self, payload: Tensor) -> Tensor:
         """``payload`` (:func:`gravac.control.noise.signal_payload`: samples, then an energy)
@@ -250,6 +315,11 @@ class Hierarchy:
         t = self.topology
         size, n = t.padded(flat.numel()), flat.numel()
         wire = self._wire(flat.dtype, lossy)
+        if self.shared is not None:
+            try:
+                return self.shared.scatter(flat, wire, step)
+            except SharedMemoryError as exc:
+                self._unshare(exc)
         flat = flat.reshape(-1)
         if wire != flat.dtype:  # divided first: float16 overflows only where the mean would
             sent = torch.zeros(size, dtype=wire, device=flat.device)
@@ -273,11 +343,15 @@ class Hierarchy:
         t = self.topology
         wire = self._wire(chunk.dtype, lossy)
         sent = chunk.reshape(-1).to(wire)
+        rounded_off = None if wire == chunk.dtype else chunk - sent.to(chunk.dtype)
+        if self.shared is not None:
+            try:
+                return self.shared.gather(sent, numel, chunk.dtype, step), rounded_off
+            except SharedMemoryError as exc:
+                self._unshare(exc)
         out = torch.empty(sent.numel() * t.ranks_per_node, dtype=wire, device=chunk.device)
         self.node.all_gather_into(out, sent, name="the node's aggregate", step=step)
-        if wire == chunk.dtype:
-            return out[:numel], None
-        return out[:numel].to(chunk.dtype), chunk - sent.to(chunk.dtype)
+        return out[:numel].to(chunk.dtype), rounded_off
 
     def spread(self, chunk: Tensor, numel: int) -> Tensor:
         """``chunk`` (a residual of this rank's chunk, in node-mean units) as a gradient of

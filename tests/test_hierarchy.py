@@ -70,3 +70,11 @@ def test_a_bad_node_precision_is_refused(value: object) -> None:
         ValueError, match=r"node_precision must be one of \('fp32', 'fp16', 'bf16'\)"
     ):
         GravacConfig(node_precision=value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", ["gloo", "SHM", None, 1])
+def test_a_bad_node_stage_is_refused(value: object) -> None:
+    with pytest.raises(
+        ValueError, match=r"node_stage must be one of \('auto', 'shm', 'collective'\), got "
+    ):
+        GravacConfig(node_stage=value)  # type: ignore[arg-type]

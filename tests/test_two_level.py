@@ -219,16 +219,21 @@ def test_a_16_bit_node_stage_feeds_its_all_gather_rounding_back(gloo_pools: Work
 
 
 def searched(
-    rank: int, world_size: int, resume_at: int | None, budgets: tuple[int, int] | None = None
+    rank: int,
+    world_size: int,
+    resume_at: int | None,
+    budgets: tuple[int, int] | None = None,
+    stage: str = "auto",
 ) -> dict[str, Any]:
     """The default adaptive search in two levels on the tiny CNN: the CFs and parameters after
     20 steps, straight or saved and loaded into fresh objects at ``resume_at``, the search's
-    samples under ``budgets`` (:func:`tests.helpers.sample_budgets`; ``None``: the real ones)."""
+    samples under ``budgets`` (:func:`tests.helpers.sample_budgets`; ``None``: the real ones),
+    the node's stages as ``stage`` (``node_stage``) moves them."""
     with sample_budgets(budgets):
-        return _searched(rank, resume_at)
+        return _searched(rank, resume_at, stage)
 
 
-def _searched(rank: int, resume_at: int | None) -> dict[str, Any]:
+def _searched(rank: int, resume_at: int | None, stage: str) -> dict[str, Any]:
     m = tiny_model(seed=rank)
     broadcast_parameters(m)
 
@@ -240,6 +245,7 @@ def _searched(rank: int, resume_at: int | None) -> dict[str, Any]:
             theta_max=64.0,
             window=3,
             warmup_steps=2,
+            node_stage=stage,
             clock=counter_clock(),
         )
 
@@ -256,7 +262,13 @@ def _searched(rank: int, resume_at: int | None) -> dict[str, Any]:
         assert opt.last_record is not None
         cfs.append(opt.last_record.cf_sent)
     strides = (opt.engine.windows.stride, opt.engine.shadows.stride)
-    return {"cfs": cfs, "params": [p.detach().clone() for p in m.parameters()], "strides": strides}
+    assert opt.engine.hierarchy is not None
+    return {
+        "cfs": cfs,
+        "params": [p.detach().clone() for p in m.parameters()],
+        "strides": strides,
+        "shared": opt.engine.hierarchy.shared is not None,
+    }
 
 
 @pytest.mark.parametrize("budgets", [None, SMALL_BUDGETS])
@@ -277,6 +289,54 @@ def test_two_level_ranks_decide_alike_and_resume_bit_exactly(
         for a, b, c in trios:
             assert torch.equal(a, b) and torch.equal(a, c)
     assert len(set(straight[0]["cfs"])) > 1  # the search moved
+
+
+def test_the_node_stage_through_shared_memory_trains_as_its_collectives(
+    gloo_pools: Workers,
+) -> None:
+    """The default (``node_stage="auto"``) maps the node's memory on this host; 20 steps of
+    the search with backward overlapping the stages give the same CFs and parameters, bit
+    for bit, as the node group's reduce-scatter and all-gather."""
+    shared = gloo_pools.run(searched, WORLD, None, None, "auto", timeout=SPAWN_TIMEOUT)
+    collective = gloo_pools.run(searched, WORLD, None, None, "collective", timeout=SPAWN_TIMEOUT)
+    for r in range(WORLD):
+        assert shared[r]["shared"] and not collective[r]["shared"]
+        assert shared[r]["cfs"] == collective[r]["cfs"]
+        pairs = zip(shared[r]["params"], collective[r]["params"], strict=True)
+        assert all(torch.equal(a, b) for a, b in pairs)
+
+
+def skipping(rank: int, world_size: int) -> dict[str, Any]:
+    """Top-k in two levels over shared memory, rank 0's gradient not finite at steps 1-3
+    (skipped on every rank): the bytes each rank maps after every step, and the steps taken."""
+    m = model()
+    opt = GravacOptimizer(
+        torch.optim.SGD(m.parameters(), lr=1.0),
+        policy="fixed",
+        policy_options={"cf": CF},
+        ranks_per_node=NODE,
+        node_stage="shm",
+        clock=counter_clock(),
+    )
+    mapped = []
+    for step in range(STEPS):
+        for p, g in zip(m.parameters(), normal_grads(rank, step), strict=True):
+            p.grad = g
+        if rank == 0 and step in (1, 2, 3):
+            m.weight.grad[0, 0] = float("nan")
+        opt.step()
+        assert opt.engine.hierarchy is not None and opt.engine.hierarchy.shared is not None
+        mapped.append(opt.engine.hierarchy.shared.mapped_bytes())
+    return {"mapped": mapped, "steps": opt.engine.steps}
+
+
+def test_skipped_steps_reuse_the_node_memory(gloo_pools: Workers) -> None:
+    """A skipped step begins again at the same step count; its stages take the same regions,
+    so the node's memory does not grow with the skips."""
+    for out in gloo_pools.run(skipping, WORLD, timeout=SPAWN_TIMEOUT):
+        assert out["steps"] == STEPS - 3
+        assert out["mapped"][0] > 0
+        assert out["mapped"] == [out["mapped"][0]] * STEPS
 
 
 def refused(rank: int, world_size: int) -> dict[str, str]:

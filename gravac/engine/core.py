@@ -100,6 +100,7 @@ class Engine:
             :class:`gravac.GravacConfig`'s field of that name.
         node_precision: what the two levels' dense stages inside a node send a compressed
             unit in (:data:`gravac.hierarchy.NODE_PRECISIONS`).
+        node_stage: how those stages move the gradient (:data:`gravac.hierarchy.NODE_STAGES`).
         monitor: a :class:`Monitor`, a ``SummaryWriter`` or a log directory, opened on rank 0
             once the rank is known; or ``None``.
         clock: seconds, for step times (tests inject a deterministic one).
@@ -119,12 +120,14 @@ class Engine:
         clock: Callable[[], float],
         ranks_per_node: int | None = None,
         node_precision: str = "fp32",
+        node_stage: str = "auto",
     ) -> None:
         # What the engine works with.
         self.compressor = compressor  # compresses every compressed unit
         self.comm = comm  # the process group: every rank, the step's scalars agreed in it
         self.ranks_per_node = ranks_per_node  # the option the topology is planned from
         self.node_precision = node_precision  # what a node's dense stages send (two levels)
+        self.node_stage = node_stage  # how they move it: shared memory or collectives
         # the nodes, planned, agreed at the first step
         self.topology = group_topology(self.comm, self.ranks_per_node)
         # the two-level groups once formed (form_nodes); None: flat, or not formed yet
@@ -194,7 +197,10 @@ class Engine:
         if self.hierarchy is not None or self.topology.ranks_per_node == 1:
             return
         self.hierarchy = Hierarchy(
-            self.topology, precision=self.node_precision, timeout=self.comm.timeout
+            self.topology,
+            precision=self.node_precision,
+            timeout=self.comm.timeout,
+            stage=self.node_stage,
         )
         self.peers = self.hierarchy.peers
 
@@ -206,6 +212,7 @@ class Engine:
         return {
             "the nodes (ranks_per_node, or torchrun's LOCAL_WORLD_SIZE)": str(self.topology),
             "the precision inside a node": f"node_precision={self.node_precision}",
+            "the node stage": f"node_stage={self.node_stage}",
             "the compressor": repr(self.compressor),
             "the policy": repr(self.policy),
             "the controller settings": repr(self.controller_config),
@@ -306,6 +313,8 @@ class Engine:
         snapshot = copy.deepcopy(self.compressor.state_dict())
         terms = torch.zeros(terms_size(len(plan.shadows)), dtype=torch.float64)
         send = DENSE if not plan.per_layer and self._dense_at(plan.send.cf) else plan.send
+        if self.hierarchy is not None:
+            self.hierarchy.begin_step()
         return Step(self.steps, plan, send, snapshot, terms=terms, lr=lr)
 
     def _dense_at(self, cf: float) -> bool:

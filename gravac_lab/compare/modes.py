@@ -94,8 +94,8 @@ _MIB = 2**20
 POWERSGD_SEED = 0
 #: the optimizer's options a configuration or a variant may set beside the compressor, the
 #: policy and the CF range (the controller's, error feedback, what a non-finite gradient does,
-#: two-level aggregation's nodes and the precision inside them, the bucket size: the gravac-ddp
-#: mode's DDP takes it as its ``bucket_cap_mb``)
+#: two-level aggregation's nodes, the precision and the stage inside them, the bucket size:
+#: the gravac-ddp mode's DDP takes it as its ``bucket_cap_mb``)
 ENGINE_OPTIONS = (
     "error_feedback",
     "epsilon",
@@ -106,6 +106,7 @@ ENGINE_OPTIONS = (
     "nonfinite",
     "ranks_per_node",
     "node_precision",
+    "node_stage",
     "bucket_bytes",
 )
 #: the one option of ENGINE_OPTIONS that the optimizer takes and the engine does not

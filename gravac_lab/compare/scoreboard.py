@@ -16,8 +16,9 @@ the setup's link). The definitions (issue 34):
   confirms it). A run trains dense's budget (dense) or :data:`BUDGET_FACTOR` times it (the
   others); one that never holds the bar has no time. Dense DDP and a static CF decide nothing
   from the clock, so their metric per step does not depend on the link: on a shaped link their
-  time is the step of that evaluation times their median step time in a short run on that link
-  (``timing``); on loopback, and for every search, it is the run's own clock.
+  time is their own clock on loopback plus, for each step up to that evaluation, their median
+  step time in a short run on that link (``timing``) less their median step on loopback
+  (:func:`link_clock`); on loopback, and for every search, it is the run's own clock.
 * **The yardstick**, per setup: the fastest static CF of the ladder (the lowest median time to
   the bar) among those that reach the bar on every seed; a static CF that misses it on any seed
   does not count, however fast. ``None`` when none reaches it on every seed.
@@ -63,6 +64,7 @@ __all__ = [
     "bar",
     "bar_evaluation",
     "dense_bar",
+    "link_clock",
     "ratios",
     "reach",
     "score",
@@ -337,9 +339,18 @@ class SetupRuns:
     network: str
 
 
-def _retimed(run: Mapping[str, Any], step_seconds: float) -> dict[str, Any]:
-    """``run`` with each evaluation's clock its step times ``step_seconds``."""
-    evaluations = [[step, step * step_seconds, metric] for step, _, metric in run["evaluations"]]
+def link_clock(run: Mapping[str, Any], step_seconds: float) -> dict[str, Any]:
+    """``run`` (trained on loopback) as if on a link whose median step is ``step_seconds``:
+    each evaluation's clock ``t + step * (step_seconds - m)``, with ``m`` the run's own median
+    step (``run["step_seconds"]``).
+
+    A run's own clock exceeds its steps times its median step by what its first steps cost
+    once and by its slower steps (``docs/results/scoreboard.md``, its last section); a search's
+    clock on the link holds those too, so a static CF's time on the link keeps them and shifts
+    each step by what the link adds.
+    """
+    shift = step_seconds - float(run["step_seconds"])
+    evaluations = [[step, t + step * shift, metric] for step, t, metric in run["evaluations"]]
     return {**run, "evaluations": evaluations}
 
 
@@ -361,7 +372,7 @@ def setup_runs(studies: Sequence[Mapping[str, Any]], workload: str, link: str | 
             raise ValueError(f"the stored timing study of {workload} on {link} has no {missing[0]}")
         seconds = {label: float(timed[label]["step_seconds"]) for label in runs}
         return {
-            label: [_retimed(r, seconds[label]) for r in group] for label, group in runs.items()
+            label: [link_clock(r, seconds[label]) for r in group] for label, group in runs.items()
         }
 
     return SetupRuns(

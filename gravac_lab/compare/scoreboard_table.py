@@ -105,8 +105,9 @@ def _header(settings: Mapping[str, Any]) -> list[str]:
         + "; ".join(f"`{spec}`" for spec in settings["searches"]),
         "- timing: dense DDP and the static CFs do not read the clock, so their metric per step "
         "does not depend on the link: each trained once per seed on loopback; on a shaped link "
-        "their time to the bar is the step they reached it at times their median step time in "
-        f"a run of {settings['timing_steps']} steps on that link (seed {settings['timing_seed']}). "
+        "their time to the bar is their own clock on loopback plus, for each step, their median "
+        f"step time in a run of {settings['timing_steps']} steps on that link (seed "
+        f"{settings['timing_seed']}) less their median step on loopback. "
         "The searches, whose decisions read the link, trained on each link, timed by their own "
         "clock",
         "- MB: what a rank sent until the bar (median over the seeds that reached it)",

@@ -17,6 +17,7 @@ from gravac_lab.compare.scoreboard import (
     Reach,
     bar,
     bar_evaluation,
+    link_clock,
     ratios,
     reach,
     score,
@@ -110,6 +111,17 @@ def test_a_setup_on_a_shaped_link() -> None:
         [1.5, 3.0, 4.5, 6.0]
     )  # its own clock
     assert runs.timing["ddp"]["step_seconds"] == 0.5
+
+
+def test_a_static_run_on_a_link_keeps_what_its_own_clock_holds_beyond_its_median() -> None:
+    """Trained on loopback at a median 0.1 s a step, its clock 0.3 s ahead of 10 steps of that
+    (a first step's one-off cost): on a link of 0.25 s a step it keeps the 0.3 s."""
+    run = made_run("cf10", 0, [0.5, 0.9])
+    run["evaluations"] = [(10, 1.3, 0.5), (20, 2.3, 0.9)]
+    timed = link_clock(run, 0.25)
+    assert [e[1] for e in timed["evaluations"]] == pytest.approx([2.8, 5.3])
+    assert [e[2] for e in timed["evaluations"]] == [0.5, 0.9]
+    assert run["evaluations"][0][1] == 1.3  # the stored run is left as it was
 
 
 def test_lstm_perplexity_lower_is_better_on_loopback() -> None:

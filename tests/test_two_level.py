@@ -306,6 +306,47 @@ def test_the_node_stage_through_shared_memory_trains_as_its_collectives(
         assert all(torch.equal(a, b) for a, b in pairs)
 
 
+def regrouped(rank: int, world_size: int, stage: str) -> dict[str, Any]:
+    """Top-k in two levels on the tiny CNN, its last layer frozen for 3 steps, then added as a
+    group (its residual-less tensors averaged densely at that step, the layout new after it),
+    then the conv frozen: the parameters after 8 steps, the node's stages as ``stage`` moves
+    them."""
+    m = tiny_model(seed=0)
+    last = m[5]
+    last.requires_grad_(False)
+    opt = GravacOptimizer(
+        torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.05, momentum=0.9),
+        policy="fixed",
+        policy_options={"cf": CF},
+        ranks_per_node=NODE,
+        node_stage=stage,
+        clock=counter_clock(),
+    )
+    for step in range(8):
+        if step == 3:
+            last.requires_grad_(True)
+            opt.add_param_group({"params": list(last.parameters())})
+        if step == 6:
+            m[0].requires_grad_(False)
+        train_step(m, opt, rank, step)
+    assert opt.engine.hierarchy is not None
+    return {
+        "params": [p.detach().clone() for p in m.parameters()],
+        "shared": opt.engine.hierarchy.shared is not None,
+    }
+
+
+def test_layout_changes_in_two_levels_train_alike_both_ways(gloo_pools: Workers) -> None:
+    shared = gloo_pools.run(regrouped, WORLD, "shm", timeout=SPAWN_TIMEOUT)
+    collective = gloo_pools.run(regrouped, WORLD, "collective", timeout=SPAWN_TIMEOUT)
+    for r in range(WORLD):
+        assert shared[r]["shared"] and not collective[r]["shared"]
+        pairs = zip(shared[r]["params"], collective[r]["params"], strict=True)
+        assert all(torch.equal(a, b) for a, b in pairs)
+        same = zip(shared[0]["params"], shared[r]["params"], strict=True)
+        assert all(torch.equal(a, b) for a, b in same)
+
+
 def skipping(rank: int, world_size: int) -> dict[str, Any]:
     """Top-k in two levels over shared memory, rank 0's gradient not finite at steps 1-3
     (skipped on every rank): the bytes each rank maps after every step, and the steps taken."""

@@ -73,6 +73,7 @@ __all__ = [
     "FLOAT16_BYTES",
     "FLOAT32_BYTES",
     "MODES",
+    "NODE_STAGE",
     "RANKS_PER_NODE",
     "Mode",
     "Session",
@@ -111,6 +112,8 @@ ENGINE_OPTIONS = (
 )
 #: the one option of ENGINE_OPTIONS that the optimizer takes and the engine does not
 _BUCKET_BYTES = "bucket_bytes"
+#: the option of ENGINE_OPTIONS that moves a node's stages through shared memory or collectives
+NODE_STAGE = "node_stage"
 #: the option of ENGINE_OPTIONS that groups the ranks into nodes for two-level aggregation
 #: (``gravac.hierarchy``; ``gravac compare --nodes`` emulates the nodes)
 RANKS_PER_NODE = "ranks_per_node"
@@ -420,10 +423,18 @@ def _memory(engine: Engine) -> str:
 
 
 def _topology(engine: Engine) -> dict[str, Any]:
-    """The nodes the engine aggregated in: its ``ranks_per_node`` (1: flat) and the topology
-    in words."""
+    """The nodes the engine aggregated in: its ``ranks_per_node`` (1: flat), the topology in
+    words, and in two levels how the node's stages moved the gradient (``node_stage``: what
+    ran, ``"shm"`` or ``"collective"``, after any fallback of ``"auto"``)."""
     topology = engine.topology
-    return {RANKS_PER_NODE: topology.ranks_per_node, "topology": str(topology)}
+    if engine.hierarchy is None:
+        return {RANKS_PER_NODE: topology.ranks_per_node, "topology": str(topology)}
+    stage = "shm" if engine.hierarchy.shared is not None else "collective"
+    return {
+        RANKS_PER_NODE: topology.ranks_per_node,
+        "topology": f"{topology}, node stage {stage}",
+        NODE_STAGE: stage,
+    }
 
 
 class _GravacSession(Session):

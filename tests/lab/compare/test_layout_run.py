@@ -58,6 +58,9 @@ def test_two_nodes_of_two_workers_on_shaped_links(tmp_path: Path) -> None:
     assert ddp["internode_bytes_per_step"] < MAX_DDP_SHARE * ddp["dense_wire_bytes_per_step"]
     # gravac found the nodes in torchrun's variables
     assert by_mode["gravac"]["options"][modes.RANKS_PER_NODE] == RANKS_PER_NODE
+    # the node's workers share a host: the default moved the node's stages through its memory
+    assert by_mode["gravac"]["options"][modes.NODE_STAGE] == "shm"
+    assert by_mode["gravac"]["options"]["topology"] == "2 node(s) of 2 ranks, node stage shm"
     table = stdout.getvalue()
     header = next(line for line in table.splitlines() if line.startswith("| mode |"))
     assert "| inter-node MB/step |" in header

@@ -644,10 +644,13 @@ def test_a_model_that_torch_distributes_is_refused_by_name_on_every_rank(
         assert "changed a gradient" in ddp and "gravac.ddp.gravac_hook" in ddp
 
 
-def uneven_steps(rank: int, world_size: int, overlap: bool, joined: bool) -> dict[str, Any]:
-    """Rank 0 takes 9 steps, rank 1 runs out of data after 5: inside torch's ``Join``
-    (``joined``), or as the reference, rank 1 stepping with no gradient for the last 4 (its
-    learning-rate schedule going on). Each rank's parameters and step count."""
+def uneven_steps(
+    rank: int, world_size: int, overlap: bool, joined: bool, nodes: int = 1, stage: str = "auto"
+) -> dict[str, Any]:
+    """Rank 0 takes 9 steps, the others run out of data after 5: inside torch's ``Join``
+    (``joined``), or as the reference, stepping with no gradient for the last 4 (their
+    learning-rate schedule going on); in nodes of ``nodes`` ranks, their stages as ``stage``
+    (``node_stage``) moves them. Each rank's parameters and step count."""
     from torch.distributed.algorithms.join import Join
 
     model = tiny_model(seed=0)
@@ -657,6 +660,8 @@ def uneven_steps(rank: int, world_size: int, overlap: bool, joined: bool) -> dic
         warmup_steps=2,
         clock=counter_clock(),
         overlap=overlap,
+        ranks_per_node=nodes,
+        node_stage=stage,
     )
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
     data = 9 if rank == 0 else 5
@@ -689,6 +694,19 @@ def test_uneven_inputs_under_join_train_as_steps_without_gradients(
     with none, and every rank ends with the parameters of one that trained last."""
     joined = gloo_pools.run(uneven_steps, 2, overlap, True, timeout=SPAWN_TIMEOUT)
     reference = gloo_pools.run(uneven_steps, 2, overlap, False, timeout=SPAWN_TIMEOUT)
+    for got in joined:
+        assert got["steps"] == 9
+        for a, b in zip(got["params"], reference[0]["params"], strict=True):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("stage", ["shm", "collective"])
+def test_uneven_inputs_under_join_in_two_levels(stage: str, gloo_pools: Workers) -> None:
+    """Two nodes of 2 ranks, rank 0 with 9 batches, the others 5: the joined ranks take part
+    in the node's stages of the steps they shadow, through shared memory as through the
+    collectives, and every rank ends as in the run where they step with no gradient."""
+    joined = gloo_pools.run(uneven_steps, 4, True, True, 2, stage, timeout=SPAWN_TIMEOUT)
+    reference = gloo_pools.run(uneven_steps, 4, True, False, 2, stage, timeout=SPAWN_TIMEOUT)
     for got in joined:
         assert got["steps"] == 9
         for a, b in zip(got["params"], reference[0]["params"], strict=True):

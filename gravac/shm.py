@@ -113,6 +113,18 @@ def map_region(
     return mem, ""
 
 
+def _sum_rows(rows: Tensor, dtype: torch.dtype) -> Tensor:
+    """``rows.sum(0, dtype=dtype)`` of two or more rows, added row after row into a new tensor
+    (in ``dtype``, each row converted exactly before it is added): one pass a row where torch's
+    reduction over a strided first dimension takes two."""
+    # a row of another dtype is copied first (to() of the same dtype would not copy)
+    same = rows.dtype == dtype
+    out = torch.add(rows[0], rows[1]) if same else rows[0].to(dtype).add_(rows[1])
+    for row in rows[2:]:
+        out.add_(row)
+    return out
+
+
 class SharedMemoryError(RuntimeError):
     """A node could not map a region for a stage (on every rank of the node alike)."""
 
@@ -250,9 +262,10 @@ class SharedNodeStage:
                     f"two levels: a node sum (step {step}) was read after its region was "
                     "used again; wait for a stage's arrival before the next step's stages"
                 )
-            slots = region.view(wire, self.ranks * size).view(self.ranks, size)
-            out = slots[:, own].sum(0, dtype=flat.dtype).to(flat.device)
+            pieces = region.view(wire, self.ranks * size).view(self.ranks, size)[:, own]
+            out = _sum_rows(pieces, flat.dtype)
             region.finish()
+            out = out.to(flat.device)
             return out.div_(self.ranks) if exact else out
 
         barrier = self.node.barrier_async(name="a unit's node sum", step=step)

@@ -317,7 +317,7 @@ class Hierarchy:
         wire = self._wire(flat.dtype, lossy)
         if self.shared is not None:
             try:
-                return self.shared.scatter(flat, wire, step)
+                return self.shared.scatter(flat, size, wire, step)
             except SharedMemoryError as exc:
                 self._unshare(exc)
         flat = flat.reshape(-1)

@@ -232,22 +232,24 @@ class SharedNodeStage:
             regions.append(region)
         return region
 
-    def scatter(self, flat: Tensor, wire: torch.dtype, step: int | None) -> Arrival[Tensor]:
-        """Start summing this rank's chunk of the node's ``flat`` (stage 1): ``flat`` sent in
-        ``wire``, divided by ``L`` first where ``wire`` is not ``flat``'s dtype; the arrival is
-        a new tensor of ``ceil(numel / L)`` elements in ``flat``'s dtype, the chunk's sum over
-        the node's ranks (the padding past ``flat``'s end counts as zeros), divided by ``L``
-        where ``wire`` is ``flat``'s dtype: the node's mean either way, on ``flat``'s device.
+    def scatter(
+        self, flat: Tensor, size: int, wire: torch.dtype, step: int | None
+    ) -> Arrival[Tensor]:
+        """Start summing this rank's chunk of the node's ``flat`` (stage 1), padded with zeros
+        to ``size`` elements (``L`` equal chunks: :meth:`gravac.hierarchy.Topology.padded`):
+        ``flat`` sent in ``wire``, divided by ``L`` first where ``wire`` is not ``flat``'s
+        dtype; the arrival is a new tensor of ``size / L`` elements in ``flat``'s dtype, the
+        chunk's sum over the node's ranks, divided by ``L`` where ``wire`` is ``flat``'s dtype:
+        the node's mean either way, on ``flat``'s device.
 
         Raises:
             SharedMemoryError: the node could not map a larger region (every rank of it).
         """
-        n = flat.numel()
-        chunk = -(-n // self.ranks)
-        size = chunk * self.ranks
+        n, chunk = flat.numel(), size // self.ranks
         region = self._region("scatter", self.ranks * size * wire.itemsize, step)
         region.begin(self.node.timeout, "a unit's node sum", step)
-        mine = region.view(wire, self.ranks * size).view(self.ranks, size)[self.local]
+        slots = region.view(wire, self.ranks * size).view(self.ranks, size)
+        mine = slots[self.local]
         if wire != flat.dtype:  # divided first: float16 overflows only where the mean would
             torch.mul(flat.reshape(-1), 1.0 / self.ranks, out=mine[:n])
         else:
@@ -262,8 +264,7 @@ class SharedNodeStage:
                     f"two levels: a node sum (step {step}) was read after its region was "
                     "used again; wait for a stage's arrival before the next step's stages"
                 )
-            pieces = region.view(wire, self.ranks * size).view(self.ranks, size)[:, own]
-            out = _sum_rows(pieces, flat.dtype)
+            out = _sum_rows(slots[:, own], flat.dtype)
             region.finish()
             out = out.to(flat.device)
             return out.div_(self.ranks) if exact else out

@@ -141,9 +141,9 @@ def test_a_reader_that_never_finishes_times_the_writer_out(gloo_pools: Workers) 
 def stale(rank: int, world_size: int) -> str:
     """A node sum read after the next step's stage took its region."""
     stage = SharedNodeStage(Communicator())
-    first = stage.scatter(torch.ones(8), torch.float32, 0)
+    first = stage.scatter(torch.ones(8), 8, torch.float32, 0)
     stage.restart()
-    second = stage.scatter(torch.ones(8), torch.float32, 1)
+    second = stage.scatter(torch.ones(8), 8, torch.float32, 1)
     second.wait()
     try:
         first.wait()

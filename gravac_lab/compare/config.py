@@ -134,6 +134,9 @@ class CompareConfig:
         timeout: seconds one job may take before its workers are killed.
         seed: offsets the seeds of the initial weights and of every rank's batches (runs
             with different seeds measure the spread; a study's ``--seeds`` set it per job).
+        batches: which of a seed's batch orders every rank draws: 0, the seed's own; another
+            draws other batches from the same shard with the same initial weights (the
+            scoreboard's twins, :data:`gravac_lab.compare.scoreboard.TWIN_BATCHES`).
     """
 
     modes: tuple[str, ...] = DEFAULT_MODES
@@ -168,6 +171,7 @@ class CompareConfig:
     stop_at: float | None = None
     timeout: float = DEFAULT_TIMEOUT
     seed: int = 0
+    batches: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "modes", tuple(self.modes))  # a list, coming from JSON
@@ -185,6 +189,7 @@ class CompareConfig:
         _positive_int("--timing-warmup", self.timing_warmup, minimum=0)
         _positive_int("--link-test-mb", self.link_test_mb, minimum=0)
         _positive_int("--seed", self.seed, minimum=0)
+        _positive_int("batches", self.batches, minimum=0)
         _positive_int("--powersgd-start", self.powersgd_start, minimum=MIN_POWERSGD_START)
         if self.steps <= self.timing_warmup:
             raise ValueError(

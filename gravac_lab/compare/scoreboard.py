@@ -29,6 +29,15 @@ the setup's link). The definitions (issue 34):
 
 Bytes are reported, not judged: the MB a rank sent until the bar was reached.
 
+**The twins** (``--twins``): how far a run's time to the bar moves by luck alone. Every static CF
+trains a second time on loopback, each rank drawing another order of batches
+(:data:`TWIN_BATCHES`) from the same shard, from the same initial weights: the same recipe, the
+same expected quality, another trajectory; timed on a link as its CF is. A search's run is such
+another trajectory too, so a twin's time over its CF's (:func:`twin_ratios`) is what a search as
+good as that CF scores by luck alone, and the yardstick's twin is what a search that *is* the
+yardstick would score. :func:`chance` turns the ratios of every CF's twin into the chance that the
+median over the seeds of such a search's ratios meets :data:`TARGET_RATIO`.
+
 With the baselines (``--baselines``; issue 35) the dense study also trains DDP with PyTorch's
 fp16 hook (:data:`FP16`, timed on each link as DDP is) and the searches' study Accordion as the
 GraVAC paper ran it (:data:`ACCORDION`: PowerSGD at rank 4 in critical regimes, 1 otherwise;
@@ -57,12 +66,17 @@ __all__ = [
     "HOLD",
     "LADDER",
     "PERPLEXITY_SHARE",
+    "TARGET_RATIO",
+    "TWINS",
+    "TWIN_BATCHES",
+    "TWIN_SUFFIX",
     "Reach",
     "Row",
     "SetupRuns",
     "SetupScore",
     "bar",
     "bar_evaluation",
+    "chance",
     "dense_bar",
     "link_clock",
     "ratios",
@@ -71,10 +85,20 @@ __all__ = [
     "score_setup",
     "setup_runs",
     "spread",
+    "twin_ratios",
     "versus",
     "yardstick",
 ]
 
+#: issue 34's bound on a search's ratio to the yardstick (the median over the seeds)
+TARGET_RATIO = 1.15
+#: the role of the twins' study: the static ladder again, other batches (module docstring)
+TWINS = "twins"
+#: the batch order the twins draw (:attr:`gravac_lab.compare.config.CompareConfig.batches`;
+#: 0 is the seed's own)
+TWIN_BATCHES = 1
+#: a twin's label: its CF's, with this after it
+TWIN_SUFFIX = " twin"
 #: the bar on accuracy: dense's final accuracy less one point (accuracies are fractions)
 ACCURACY_POINT = 0.01
 #: the bar on perplexity: dense's final perplexity plus 3% of it
@@ -222,6 +246,26 @@ def versus(run: Sequence[Reach], other: Sequence[Reach]) -> list[float]:
     return out
 
 
+def chance(values: Sequence[float], seeds: int, target: float = TARGET_RATIO) -> float:
+    """The chance that the median of ``seeds`` ratios drawn independently from ``values`` is at
+    most ``target``: with ``p`` the share of ``values`` at most ``target`` (``inf``, a bar not
+    reached, is above it; ``nan``, nothing to compare, is left out), the chance that at least
+    ``(seeds + 1) / 2`` of the draws are, ``sum_k C(seeds, k) p^k (1 - p)^(seeds - k)``.
+
+    Raises:
+        ValueError: ``seeds`` is not a positive odd count (an even count's median is the mean of
+            two draws), or no value is a number.
+    """
+    if seeds < 1 or seeds % 2 == 0:
+        raise ValueError(f"seeds must be a positive odd count, got {seeds}")
+    counted = [v for v in values if not math.isnan(v)]
+    if not counted:
+        raise ValueError("the chance needs at least one ratio that is a number")
+    p = sum(v <= target for v in counted) / len(counted)
+    need = (seeds + 1) // 2
+    return sum(math.comb(seeds, k) * p**k * (1 - p) ** (seeds - k) for k in range(need, seeds + 1))
+
+
 @dataclass(frozen=True)
 class Row:
     """One configuration of a setup over the seeds.
@@ -260,7 +304,8 @@ class SetupScore:
         bar: the quality bar.
         yardstick: the yardstick's label (``None``: no static CF reached the bar on every seed).
         network: how the searches' link was made (its description).
-        rows: dense DDP, then the static CFs, then the searches, then the baselines.
+        rows: dense DDP, then the static CFs, then their twins (where trained, labelled
+            with :data:`TWIN_SUFFIX`), then the searches, then the baselines.
     """
 
     setup: str
@@ -285,6 +330,18 @@ class SetupScore:
             if r.label == label:
                 return r
         raise KeyError(label)
+
+
+def twin_ratios(s: SetupScore) -> dict[str, list[float]]:
+    """Each static CF's twin's time to the bar over the CF's own, seed by seed (:func:`versus`),
+    by the CF's label; empty where the twins did not train."""
+    return {
+        row.label.removesuffix(TWIN_SUFFIX): versus(
+            row.reaches, s.row(row.label.removesuffix(TWIN_SUFFIX)).reaches
+        )
+        for row in s.rows
+        if row.kind == "twin"
+    }
 
 
 def _entry(studies: Sequence[Mapping[str, Any]], role: str, workload: str, link: str | None) -> Any:
@@ -328,6 +385,8 @@ class SetupRuns:
         dense: DDP's runs, and with the baselines DDP with the fp16 hook's, by mode.
         statics: the static CFs' runs, by label.
         searches: the searches' runs (with the baselines, Accordion's too), by label.
+        twins: the static CFs' twins' runs (module docstring), by their CF's label; empty
+            where they did not train.
         timing: each label's run in the short timing study on the link (empty on loopback).
         network: how the searches' link was made (its description).
     """
@@ -335,6 +394,7 @@ class SetupRuns:
     dense: dict[str, list[Mapping[str, Any]]]
     statics: dict[str, list[Mapping[str, Any]]]
     searches: dict[str, list[Mapping[str, Any]]]
+    twins: dict[str, list[Mapping[str, Any]]]
     timing: dict[str, Mapping[str, Any]]
     network: str
 
@@ -375,10 +435,13 @@ def setup_runs(studies: Sequence[Mapping[str, Any]], workload: str, link: str | 
             label: [link_clock(r, seconds[label]) for r in group] for label, group in runs.items()
         }
 
+    trained_twins = any((e["role"], e["workload"]) == (TWINS, workload) for e in studies)
+    twins = _by_label(_entry(studies, TWINS, workload, None)["runs"]) if trained_twins else {}
     return SetupRuns(
         dense=on_link(_by_label(_entry(studies, "dense", workload, None)["runs"])),
         statics=on_link(_by_label(_entry(studies, "ladder", workload, None)["runs"])),
         searches=_by_label(searches_summary["runs"]),
+        twins=on_link(twins),
         timing=timed,
         network=_network(searches_summary),
     )
@@ -422,6 +485,10 @@ def score_setup(
         rows=(
             row(DENSE, "dense", reaches(runs.dense[DENSE])),
             *(row(label, "static", rs) for label, rs in static_reaches.items()),
+            *(
+                row(label + TWIN_SUFFIX, "twin", reaches(group))
+                for label, group in runs.twins.items()
+            ),
             *(row(label, "search", rs) for label, rs in search_reaches.items()),
             *(row(label, "baseline", rs) for label, rs in baseline_reaches.items()),
         ),

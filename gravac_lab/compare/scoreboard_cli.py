@@ -52,6 +52,7 @@ _SCOREBOARD_ONLY = (
     ("--timing-steps", "timing_steps"),
     ("--from-json", "from_json"),
     ("--baselines", "baselines"),
+    ("--twins", "twins"),
     ("--report", "report"),
 )
 #: ``gravac compare``'s options that the scoreboard replaces: (option, attribute)
@@ -77,6 +78,7 @@ _TRAINING = (
     ("--ladder", "ladder"),
     ("--timing-steps", "timing_steps"),
     ("--baselines", "baselines"),
+    ("--twins", "twins"),
     ("--variant", "variants"),
     ("--seeds", "seeds"),
     ("--workers", "workers"),
@@ -142,6 +144,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also train DDP with PyTorch's fp16 hook and Accordion as the GraVAC paper ran it "
         "(PowerSGD, ranks 4 and 1), and set the default search against them",
+    )
+    g.add_argument(
+        "--twins",
+        action="store_true",
+        help="also train every static CF again drawing other batches (same initial weights): "
+        "what a search as good as a CF scores by luck alone, and the chance that one as good "
+        "as the yardstick meets the bound",
     )
     g.add_argument(
         "--from-json",
@@ -233,7 +242,7 @@ def main(args: argparse.Namespace, base: CompareConfig) -> int:
     searches = tuple(args.variants or (parse_variant(s) for s in DEFAULT_SEARCHES))
     seeds = args.seeds or SEEDS
     timing_steps = DEFAULT_TIMING_STEPS if args.timing_steps is None else args.timing_steps
-    inputs = Inputs(base, setups, ladder, searches, seeds, timing_steps, args.baselines)
+    inputs = Inputs(base, setups, ladder, searches, seeds, timing_steps, args.baselines, args.twins)
     planned = plan(inputs)
     header = {
         **settings(inputs),

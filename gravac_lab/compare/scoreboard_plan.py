@@ -11,6 +11,8 @@ role            what                                  where, steps              
 ==============  ====================================  ==========================  ============
 ``dense``       DDP                                   loopback, ``steps``         every one
 ``ladder``      every static CF (Top-k, ``fixed``)    loopback, twice ``steps``   every one
+``twins``       every static CF, other batches        loopback, twice ``steps``   every one
+                (``--twins`` only)
 ``timing``      DDP and every static CF               each shaped link of the     the first
                                                       workload, ``timing_steps``
 ``searches``    every search                          each setup's link, twice    every one
@@ -48,7 +50,16 @@ from gravac_lab.compare import workloads
 from gravac_lab.compare.config import CompareConfig
 from gravac_lab.compare.netns import parse_rate
 from gravac_lab.compare.runner import run_compare
-from gravac_lab.compare.scoreboard import ACCORDION, BUDGET_FACTOR, DENSE, FP16, HOLD, dense_bar
+from gravac_lab.compare.scoreboard import (
+    ACCORDION,
+    BUDGET_FACTOR,
+    DENSE,
+    FP16,
+    HOLD,
+    TWIN_BATCHES,
+    TWINS,
+    dense_bar,
+)
 from gravac_lab.compare.study import Study, Variant, parse_variant
 
 __all__ = [
@@ -69,7 +80,7 @@ __all__ = [
 ]
 
 #: the roles whose runs stop once they hold the bar (the timing runs are timed, not judged)
-_STOPPED = ("ladder", "searches")
+_STOPPED = ("ladder", TWINS, "searches")
 #: the link of a setup on loopback
 LOOPBACK = "loopback"
 #: issue 34's setups: the three workloads at 1 Gbit/s and 100 Mbit/s, and the CNN on loopback
@@ -179,8 +190,8 @@ class PlannedStudy:
 class Inputs:
     """What a scoreboard runs: ``base`` holds what its studies share (its ``steps`` is dense's
     step budget; workload, modes, link and steps are each study's), the setups, the static
-    ladder's CFs, the searches, the seeds, the timing runs' steps and whether the baselines
-    train too (the module docstring)."""
+    ladder's CFs, the searches, the seeds, the timing runs' steps, and whether the baselines
+    and the ladder's twins train too (the module docstring)."""
 
     base: CompareConfig
     setups: Sequence[Setup]
@@ -189,6 +200,7 @@ class Inputs:
     seeds: Sequence[int]
     timing_steps: int
     baselines: bool = False
+    twins: bool = False
 
 
 def plan(inputs: Inputs) -> list[PlannedStudy]:
@@ -242,6 +254,9 @@ def plan(inputs: Inputs) -> list[PlannedStudy]:
         ladder_cfg = config(workload, None, ("gravac",), longer, every)
         out.append(PlannedStudy("dense", workload, None, Study(dense, (), seeds)))
         out.append(PlannedStudy("ladder", workload, None, Study(ladder_cfg, statics, seeds)))
+        if inputs.twins:
+            twins_cfg = replace(ladder_cfg, batches=TWIN_BATCHES)
+            out.append(PlannedStudy(TWINS, workload, None, Study(twins_cfg, statics, seeds)))
         for link in dict.fromkeys(s.link for s in setups if s.workload == workload and s.link):
             # one evaluation, at the end: only a timing run's step times are read
             timed = config(workload, link, timed_modes, timing_steps, timing_steps)
@@ -274,6 +289,7 @@ def settings(inputs: Inputs) -> dict[str, Any]:
         "lr_milestones": list(base.lr_milestones),
         "lr_gamma": base.lr_gamma,
         "baselines": inputs.baselines,
+        "twins": inputs.twins,
     }
 
 

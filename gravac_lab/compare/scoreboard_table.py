@@ -16,10 +16,14 @@ from gravac_lab.compare.scoreboard import (
     ACCURACY_POINT,
     DENSE,
     PERPLEXITY_SHARE,
+    TARGET_RATIO,
+    TWIN_SUFFIX,
     Row,
     SetupScore,
+    chance,
     score,
     spread,
+    twin_ratios,
     versus,
 )
 
@@ -29,6 +33,7 @@ __all__ = [
     "mb_reaches",
     "seconds_cell",
     "setup_detail",
+    "twins_lines",
     "versus_cells",
     "yardstick_text",
 ]
@@ -114,6 +119,8 @@ def _header(settings: Mapping[str, Any]) -> list[str]:
     ]
     if settings.get("baselines"):
         lines += _BASELINE_HEADER
+    if settings.get("twins"):
+        lines.append(_TWINS_HEADER)
     return lines + _provenance(settings)
 
 
@@ -206,6 +213,41 @@ def _baselines(scores: Sequence[SetupScore]) -> list[str]:
     return lines
 
 
+#: the twins' header line, where they trained
+_TWINS_HEADER = (
+    "- twins: every static CF trained again on loopback, each rank drawing other batches from "
+    "the same shard, from the same initial weights, and timed as its CF; a twin's ratio is its "
+    "time to the bar over its CF's on the same seed: what a run as good as that CF scores by "
+    "luck alone"
+)
+
+
+def twins_lines(scores: Sequence[SetupScore], seeds: int) -> list[str]:
+    """The twins' table: per setup, the yardstick's twin's ratio, every CF's twin's, the share
+    of them at most :data:`TARGET_RATIO` and the chance (:func:`chance`) that the median over
+    ``seeds`` seeds of a run as good as a CF meets it; empty where no twin trained."""
+    shown = [(s, twin_ratios(s)) for s in scores]
+    shown = [(s, twins) for s, twins in shown if twins]
+    if not shown:
+        return []
+    lines = [
+        f"| setup | yardstick | its twin: ratio | every CF's twin: ratio | twins <= "
+        f"{TARGET_RATIO:g} | chance the median of {seeds} meets {TARGET_RATIO:g} |",
+        "|---|---|--:|--:|--:|--:|",
+    ]
+    for s, twins in shown:
+        pooled = [v for values in twins.values() for v in values if not math.isnan(v)]
+        own = twins.get(s.yardstick) if s.yardstick is not None else None
+        own_cell = "–" if not own else _spread_cell(own, 2)
+        met = sum(v <= TARGET_RATIO for v in pooled)
+        odds = f"{chance(pooled, seeds):.2f}" if pooled and seeds % 2 else "–"
+        lines.append(
+            f"| {s.setup} | {s.yardstick or '–'}{TWIN_SUFFIX if own else ''} | {own_cell} | "
+            f"{_spread_cell(pooled, 2) if pooled else '–'} | {met} of {len(pooled)} | {odds} |"
+        )
+    return lines
+
+
 def mb_reaches(row: Row) -> list[Any]:
     """``row``'s reaches with their MB to the bar in place of their seconds (for
     :func:`versus`)."""
@@ -241,6 +283,9 @@ def format_scoreboard(stored: Mapping[str, Any]) -> str:
     versus_lines = _baselines(scores)
     if versus_lines:
         lines += ["", *versus_lines]
+    twin_table = twins_lines(scores, len(stored["scoreboard"]["seeds"]))
+    if twin_table:
+        lines += ["", *twin_table]
     for s in scores:
         lines += ["", f"### {s.setup}", "", *setup_detail(s)]
     return "\n".join(lines)

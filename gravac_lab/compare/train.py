@@ -55,8 +55,12 @@ LINK_TEST_JOB = "link-test"
 #: seed of the model's initial weights (plus ``--seed``), the same on every rank and in every
 #: mode
 MODEL_SEED = 0
-#: seed of rank r's batches is ``BATCH_SEED + seed + r``, the same in every mode
+#: seed of rank r's batches is ``BATCH_SEED + seed + r`` (plus ``BATCH_ORDERS`` times the
+#: config's ``batches``), the same in every mode
 BATCH_SEED = 0
+#: seeds apart of two batch orders of the same seed and rank: more than any seed plus rank, so
+#: another order shares no rank's batches with an order of any seed
+BATCH_ORDERS = 1_000_003
 #: steps of the bare model's forward and backward timed after training (median) ...
 COMPUTE_PROBE_STEPS = 10
 #: ... after this many untimed ones
@@ -114,7 +118,7 @@ def train_mode(
     session = mode.open(model, cfg)
     opt = session.optimizer
     schedule = torch.optim.lr_scheduler.MultiStepLR(opt, list(cfg.lr_milestones), cfg.lr_gamma)
-    gen = torch.Generator().manual_seed(BATCH_SEED + cfg.seed + rank)
+    gen = torch.Generator().manual_seed(BATCH_SEED + cfg.seed + rank + BATCH_ORDERS * cfg.batches)
     out: dict[str, list[Any]] = {
         key: []
         for key in (

@@ -1,5 +1,6 @@
 """``gravac compare --scoreboard`` end to end on tiny-digits on loopback: real workers and gloo,
-a 2-CF ladder, one search, one seed, a few steps; then its table rebuilt from the JSON."""
+a 2-CF ladder and its twins, one search, one seed, a few steps; then its table rebuilt from the
+JSON."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 
 from gravac_lab.compare.results_page import PLOTS
-from gravac_lab.compare.scoreboard import HOLD, bar, bar_evaluation
+from gravac_lab.compare.scoreboard import HOLD, TWIN_BATCHES, bar, bar_evaluation
 from tests.background import Background
 from tests.helpers import run_compare
 
@@ -30,7 +31,7 @@ def _scoreboard(out: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
     done = run_compare(
         "--scoreboard", "--setups", "tiny-digits@loopback", "--ladder", LADDER,
         "--variant", SEARCH, "--seeds", "0", "--steps", str(STEPS),
-        "--eval-every", str(EVAL_EVERY), "--out", str(out),
+        "--eval-every", str(EVAL_EVERY), "--twins", "--out", str(out),
     )  # fmt: skip
     return done, out
 
@@ -57,9 +58,10 @@ def test_it_trains_dense_the_ladder_and_the_search_on_loopback(
     assert [(s["role"], s["workload"], s["link"]) for s in studies] == [
         ("dense", "tiny-digits", None),
         ("ladder", "tiny-digits", None),
+        ("twins", "tiny-digits", None),
         ("searches", "tiny-digits", None),
     ]
-    dense, ladder, searches = (s["summary"]["runs"] for s in studies)
+    dense, ladder, twins, searches = (s["summary"]["runs"] for s in studies)
     assert [(r["mode"], r["steps"]) for r in dense] == [("ddp", STEPS)]
     assert [r["variant"] for r in ladder] == ["cf10", "cf100"]
     assert [r["variant"] for r in searches] == ["default"]
@@ -71,7 +73,7 @@ def test_it_trains_dense_the_ladder_and_the_search_on_loopback(
     bar_value = bar([r["final_metric"] for r in dense], higher_is_better=True)
     for study in studies[1:]:
         assert study["summary"]["config"]["stop_at"] == bar_value
-    for run in [*ladder, *searches]:
+    for run in [*ladder, *twins, *searches]:
         metrics = [e[2] for e in run["evaluations"]]
         held = bar_evaluation(metrics, bar_value, higher_is_better=True)
         if held is None:
@@ -80,6 +82,21 @@ def test_it_trains_dense_the_ladder_and_the_search_on_loopback(
             assert held + HOLD == len(metrics), run["variant"]
             assert run["steps"] == run["evaluations"][-1][0] <= 2 * STEPS
     assert any(r["steps"] < 2 * STEPS for r in [*ladder, *searches])  # one did stop
+
+
+def test_the_twins_train_the_ladder_again_on_other_batches(
+    scoreboard: tuple[dict[str, Any], str, Path],
+) -> None:
+    stored, stdout, _ = scoreboard
+    _, ladder, twins, _ = (s["summary"] for s in stored["studies"])
+    assert (ladder["config"]["batches"], twins["config"]["batches"]) == (0, TWIN_BATCHES)
+    assert [r["variant"] for r in twins["runs"]] == [r["variant"] for r in ladder["runs"]]
+    for own, twin in zip(ladder["runs"], twins["runs"], strict=True):
+        # the same CF and seed, other batches: another trajectory
+        assert own["evaluations"] != twin["evaluations"], own["variant"]
+    assert "- twins: every static CF trained again on loopback" in stdout
+    assert "| cf10 twin | twin |" in stdout and "| cf100 twin | twin |" in stdout
+    assert "| setup | yardstick | its twin: ratio |" in stdout
 
 
 def test_it_prints_the_table_and_rebuilds_it_from_the_json_without_training(

@@ -1,0 +1,131 @@
+"""The scoreboard's twins (``--twins``): the chance a run as good as a CF meets the bound, the
+twins' rows and ratios on made-up stored results, their table, and the plan that trains them."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from gravac_lab.compare.config import CompareConfig
+from gravac_lab.compare.scoreboard import (
+    TARGET_RATIO,
+    TWIN_BATCHES,
+    TWINS,
+    chance,
+    score,
+    twin_ratios,
+)
+from gravac_lab.compare.scoreboard_plan import Inputs, parse_setups, plan, settings
+from gravac_lab.compare.scoreboard_table import format_scoreboard
+from gravac_lab.compare.study import parse_variant
+from tests.lab.compare.scoreboard_made_up import (
+    SEEDS,
+    made_run,
+    stored_scoreboard,
+    study,
+    vgg_1gbit,
+)
+
+GOOD = 0.985  # at vgg_1gbit's bar (0.98)
+
+
+def test_the_chance_that_a_median_of_seeds_meets_the_bound() -> None:
+    assert chance([1.0, 1.1], 3) == 1.0
+    assert chance([1.2, math.inf], 3) == 0.0
+    # half at the bound: three draws meet it in the median as often as not
+    assert chance([1.0, 2.0], 3) == pytest.approx(0.5)
+    # p = 2/3: P(at least 2 of 3) = p^3 + 3 p^2 (1 - p) = 20/27
+    assert chance([1.0, TARGET_RATIO, 1.3], 3) == pytest.approx(20 / 27)
+    assert chance([1.0, 1.3, 1.3], 1) == pytest.approx(1 / 3)
+    assert chance([1.0, 1.3, math.nan], 3) == pytest.approx(0.5)  # nan: nothing compared
+    assert chance([1.2], 3, target=1.25) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("values", "seeds", "message"),
+    [
+        ([1.0], 2, "seeds must be a positive odd count, got 2"),
+        ([1.0], 0, "seeds must be a positive odd count, got 0"),
+        ([math.nan], 3, "at least one ratio that is a number"),
+        ([], 3, "at least one ratio that is a number"),
+    ],
+)
+def test_the_chance_refuses_what_it_cannot_judge(
+    values: list[float], seeds: int, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        chance(values, seeds)
+
+
+def _with_twins() -> list[dict[str, object]]:
+    """:func:`vgg_1gbit` and its ladder's twins on loopback: cf10's twin holds the bar one
+    evaluation later on seeds 0 and 1 (steps 30, not 20) and as early on seed 2; cf100's twin
+    reaches it on every seed, at step 10, where cf100 itself misses it on seed 2."""
+    studies = vgg_1gbit()
+    late = [made_run("cf10", s, [0.9, 0.9, GOOD, GOOD]) for s in (0, 1)]
+    twins = [*late, made_run("cf10", 2, [0.9, GOOD, GOOD, GOOD])]
+    twins += [made_run("cf100", s, [GOOD, GOOD, GOOD, GOOD]) for s in SEEDS]
+    studies.insert(2, study(TWINS, "vgg-digits", None, twins))
+    return studies
+
+
+def test_a_twin_is_timed_on_the_link_as_its_cf_and_judged_against_it() -> None:
+    (s,) = score(stored_scoreboard(_with_twins(), "vgg-digits@1gbit"))
+    assert s.yardstick == "cf10"  # the twins do not compete for it
+    twin = s.row("cf10 twin")
+    assert twin.kind == "twin"
+    # cf10's step on the link is 0.2 s (its timing run) against 0.1 s on loopback
+    assert [r.seconds for r in twin.reaches] == pytest.approx([6.0, 6.0, 4.0])
+    assert twin.ratios == pytest.approx((1.5, 1.5, 1.0))  # against the yardstick: cf10 itself
+    ratios = twin_ratios(s)
+    assert ratios["cf10"] == pytest.approx([1.5, 1.5, 1.0])
+    # cf100 missed the bar on seed 2 and its twin did not: the twin's ratio there is 0
+    assert ratios["cf100"] == pytest.approx([1.0, 1.0, 0.0])
+
+
+def test_without_twins_there_are_no_twin_rows() -> None:
+    (s,) = score(stored_scoreboard(vgg_1gbit(), "vgg-digits@1gbit"))
+    assert twin_ratios(s) == {}
+    assert all(r.kind != "twin" for r in s.rows)
+    assert "twin" not in format_scoreboard(stored_scoreboard(vgg_1gbit(), "vgg-digits@1gbit"))
+
+
+def test_the_twins_table() -> None:
+    stored = stored_scoreboard(_with_twins(), "vgg-digits@1gbit")
+    stored["scoreboard"]["twins"] = True
+    table = format_scoreboard(stored)
+    assert "- twins: every static CF trained again on loopback" in table
+    # every twin's ratio: 1.5, 1.5, 1.0 (cf10), 1.0, 1.0, 0.0 (cf100): 4 of 6 at 1.15 or below,
+    # the chance that the median of 3 is: p^3 + 3 p^2 (1 - p) at p = 2/3
+    assert (
+        f"| vgg-digits@1gbit | cf10 twin | 1.50 (1.00-1.50) | 1.00 (0.00-1.50) | 4 of 6 | "
+        f"{20 / 27:.2f} |" in table
+    )
+    assert "| cf10 twin | twin | 6.0 (4.0-6.0) | 1.50 (1.00-1.50) | yes (3/3) |" in table
+
+
+def test_the_plan_trains_the_twins_after_the_ladder_on_other_batches() -> None:
+    base = CompareConfig(steps=20, eval_every=5)
+    setups = parse_setups("tiny-digits@loopback")
+    searches = (parse_variant("default=topk:exponential"),)
+    inputs = Inputs(base, setups, (10.0, 100.0), searches, (0, 1), 8, twins=True)
+    planned = plan(inputs)
+    assert [p.role for p in planned] == ["dense", "ladder", TWINS, "searches"]
+    ladder, twins = planned[1].study, planned[2].study
+    assert twins.variants == ladder.variants and twins.seeds == ladder.seeds
+    assert (ladder.config.batches, twins.config.batches) == (0, TWIN_BATCHES)
+    assert twins.config == replace(ladder.config, batches=TWIN_BATCHES)
+    assert settings(inputs)["twins"] is True
+    assert [p.role for p in plan(Inputs(base, setups, (10.0,), searches, (0,), 8))] == [
+        "dense",
+        "ladder",
+        "searches",
+    ]
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True])
+def test_a_bad_batch_order_is_refused_naming_it(value: object) -> None:
+    with pytest.raises(ValueError, match=f"batches must be an integer >= 0, got {value!r}"):
+        CompareConfig(batches=value)  # type: ignore[arg-type]

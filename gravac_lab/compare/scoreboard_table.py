@@ -225,7 +225,9 @@ _TWINS_HEADER = (
 def twins_lines(scores: Sequence[SetupScore], seeds: int) -> list[str]:
     """The twins' table: per setup, the yardstick's twin's ratio, every CF's twin's, the share
     of them at most :data:`TARGET_RATIO` and the chance (:func:`chance`) that the median over
-    ``seeds`` seeds of a run as good as a CF meets it; empty where no twin trained."""
+    ``seeds`` seeds of a run as good as a CF meets it; then the chance that such runs meet it
+    on every setup (the product, the setups taken as independent). Empty where no twin
+    trained."""
     shown = [(s, twin_ratios(s)) for s in scores]
     shown = [(s, twins) for s, twins in shown if twins]
     if not shown:
@@ -235,16 +237,25 @@ def twins_lines(scores: Sequence[SetupScore], seeds: int) -> list[str]:
         f"{TARGET_RATIO:g} | chance the median of {seeds} meets {TARGET_RATIO:g} |",
         "|---|---|--:|--:|--:|--:|",
     ]
+    every: float | None = 1.0
     for s, twins in shown:
         pooled = [v for values in twins.values() for v in values if not math.isnan(v)]
         own = twins.get(s.yardstick) if s.yardstick is not None else None
         own_cell = "–" if not own else _spread_cell(own, 2)
         met = sum(v <= TARGET_RATIO for v in pooled)
-        odds = f"{chance(pooled, seeds):.2f}" if pooled and seeds % 2 else "–"
+        odds = chance(pooled, seeds) if pooled and seeds % 2 else None
+        every = None if every is None or odds is None else every * odds
         lines.append(
             f"| {s.setup} | {s.yardstick or '–'}{TWIN_SUFFIX if own else ''} | {own_cell} | "
-            f"{_spread_cell(pooled, 2) if pooled else '–'} | {met} of {len(pooled)} | {odds} |"
+            f"{_spread_cell(pooled, 2) if pooled else '–'} | {met} of {len(pooled)} | "
+            f"{'–' if odds is None else f'{odds:.2f}'} |"
         )
+    if every is not None and len(shown) > 1:
+        lines += [
+            "",
+            f"The chance that runs as good as a CF meet {TARGET_RATIO:g} on all {len(shown)} "
+            f"setups above (the product; the setups taken as independent): {every:.2f}",
+        ]
     return lines
 
 

@@ -22,6 +22,7 @@ from gravac_lab.compare.scoreboard_table import format_scoreboard
 from gravac_lab.compare.study import parse_variant
 from tests.lab.compare.scoreboard_made_up import (
     SEEDS,
+    lstm_loopback,
     made_run,
     stored_scoreboard,
     study,
@@ -104,6 +105,26 @@ def test_the_twins_table() -> None:
         f"{20 / 27:.2f} |" in table
     )
     assert "| cf10 twin | twin | 6.0 (4.0-6.0) | 1.50 (1.00-1.50) | yes (3/3) |" in table
+    assert "on all" not in table  # one setup: its own chance is the whole of it
+
+
+def test_the_chance_on_every_setup_is_the_product() -> None:
+    studies = _with_twins() + lstm_loopback()
+    # lstm-text's twins: cf10's holds the bar as its CF does, cf100's never (nor does cf100)
+    twins = [made_run("cf10", s, [9.0, 5.1, 5.1, 5.0], 0.2) for s in SEEDS]
+    twins += [made_run("cf100", s, [6.0, 5.5, 5.3, 5.2], 0.05) for s in SEEDS]
+    studies.append(study(TWINS, "lstm-text", None, twins))
+    stored = stored_scoreboard(studies, "vgg-digits@1gbit,lstm-text@loopback")
+    table = format_scoreboard(stored)
+    # lstm-text: cf10's twins 1.0 on every seed, cf100's nothing to compare (left out): chance 1
+    assert "| lstm-text@loopback | cf10 twin | 1.00 | 1.00 | 3 of 3 | 1.00 |" in table
+    assert (
+        f"meet 1.15 on all 2 setups above (the product; the setups taken as independent): "
+        f"{20 / 27:.2f}" in table
+    )
+    # an even count of seeds has no chance to give
+    even = {**stored, "scoreboard": {**stored["scoreboard"], "seeds": [0, 1]}}
+    assert "on all" not in format_scoreboard(even)
 
 
 def test_the_plan_trains_the_twins_after_the_ladder_on_other_batches() -> None:

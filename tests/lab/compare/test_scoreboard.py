@@ -195,6 +195,8 @@ def test_the_plan_trains_dense_and_the_ladder_once_and_the_searches_on_each_link
         (["--setups", "vgg-digits@1gbit"], "--setups applies only with --scoreboard"),
         (["--from-json", "x.json"], "--from-json applies only with --scoreboard"),
         (["--report", "x.md"], "--report applies only with --scoreboard"),
+        (["--twins"], "--twins applies only with --scoreboard"),
+        (["--scoreboard", "--from-json", "x.json", "--twins"], "--twins does not apply"),
         (
             ["--scoreboard", "--workload", "lstm-text"],
             "--workload does not apply with --scoreboard",

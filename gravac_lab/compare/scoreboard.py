@@ -77,6 +77,7 @@ __all__ = [
     "bar",
     "bar_evaluation",
     "chance",
+    "chance_at_least",
     "dense_bar",
     "link_clock",
     "ratios",
@@ -264,6 +265,17 @@ def chance(values: Sequence[float], seeds: int, target: float = TARGET_RATIO) ->
     p = sum(v <= target for v in counted) / len(counted)
     need = (seeds + 1) // 2
     return sum(math.comb(seeds, k) * p**k * (1 - p) ** (seeds - k) for k in range(need, seeds + 1))
+
+
+def chance_at_least(values: Sequence[float], seeds: int, ratio: float) -> float:
+    """The chance that the median of ``seeds`` ratios drawn independently from ``values`` is at
+    least ``ratio``: one less :func:`chance` that it is below it (how often luck alone scores
+    a search's median ``ratio`` or worse, where ``values`` are the twins' ratios).
+
+    Raises:
+        ValueError: as :func:`chance`.
+    """
+    return 1.0 - chance(values, seeds, target=math.nextafter(ratio, -math.inf))
 
 
 @dataclass(frozen=True)

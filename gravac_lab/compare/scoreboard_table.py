@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,6 +22,7 @@ from gravac_lab.compare.scoreboard import (
     Row,
     SetupScore,
     chance,
+    chance_at_least,
     score,
     spread,
     twin_ratios,
@@ -222,20 +224,26 @@ _TWINS_HEADER = (
 )
 
 
+def _odds(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
+
+
 def twins_lines(scores: Sequence[SetupScore], seeds: int) -> list[str]:
     """The twins' table: per setup, the yardstick's twin's ratio, every CF's twin's, the share
-    of them at most :data:`TARGET_RATIO` and the chance (:func:`chance`) that the median over
-    ``seeds`` seeds of a run as good as a CF meets it; then the chance that such runs meet it
-    on every setup (the product, the setups taken as independent). Empty where no twin
-    trained."""
+    of them at most :data:`TARGET_RATIO`, the chance (:func:`chance`) that the median over
+    ``seeds`` seeds of a run as good as a CF meets it, and the chance that such a run's median
+    is at least the default search's (:func:`chance_at_least`: whether luck alone explains the
+    default's ratio); then the chance that such runs meet the bound on every setup (the
+    product, the setups taken as independent). Empty where no twin trained."""
     shown = [(s, twin_ratios(s)) for s in scores]
     shown = [(s, twins) for s, twins in shown if twins]
     if not shown:
         return []
     lines = [
         f"| setup | yardstick | its twin: ratio | every CF's twin: ratio | twins <= "
-        f"{TARGET_RATIO:g} | chance the median of {seeds} meets {TARGET_RATIO:g} |",
-        "|---|---|--:|--:|--:|--:|",
+        f"{TARGET_RATIO:g} | chance the median of {seeds} meets {TARGET_RATIO:g} | chance it "
+        f"is the {_DEFAULT} search's or more |",
+        "|---|---|--:|--:|--:|--:|--:|",
     ]
     every: float | None = 1.0
     for s, twins in shown:
@@ -243,12 +251,19 @@ def twins_lines(scores: Sequence[SetupScore], seeds: int) -> list[str]:
         own = twins.get(s.yardstick) if s.yardstick is not None else None
         own_cell = "–" if not own else _spread_cell(own, 2)
         met = sum(v <= TARGET_RATIO for v in pooled)
-        odds = chance(pooled, seeds) if pooled and seeds % 2 else None
+        judged = bool(pooled) and seeds % 2 == 1
+        odds = chance(pooled, seeds) if judged else None
         every = None if every is None or odds is None else every * odds
+        default = s.row(_DEFAULT).ratios if s.has(_DEFAULT) else None
+        worse = (
+            chance_at_least(pooled, seeds, statistics.median(default))
+            if judged and default
+            else None
+        )
         lines.append(
             f"| {s.setup} | {s.yardstick or '–'}{TWIN_SUFFIX if own else ''} | {own_cell} | "
             f"{_spread_cell(pooled, 2) if pooled else '–'} | {met} of {len(pooled)} | "
-            f"{'–' if odds is None else f'{odds:.2f}'} |"
+            f"{_odds(odds)} | {_odds(worse)} |"
         )
     if every is not None and len(shown) > 1:
         lines += [

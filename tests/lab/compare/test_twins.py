@@ -14,6 +14,7 @@ from gravac_lab.compare.scoreboard import (
     TWIN_BATCHES,
     TWINS,
     chance,
+    chance_at_least,
     score,
     twin_ratios,
 )
@@ -42,6 +43,13 @@ def test_the_chance_that_a_median_of_seeds_meets_the_bound() -> None:
     assert chance([1.0, 1.3, 1.3], 1) == pytest.approx(1 / 3)
     assert chance([1.0, 1.3, math.nan], 3) == pytest.approx(0.5)  # nan: nothing compared
     assert chance([1.2], 3, target=1.25) == 1.0
+
+
+def test_the_chance_that_luck_scores_a_median_at_least_a_ratio() -> None:
+    assert chance_at_least([1.0, 2.0], 3, 2.0) == pytest.approx(0.5)  # 2.0 itself counts
+    assert chance_at_least([1.0, 2.0], 3, 1.0) == 1.0
+    assert chance_at_least([1.0, 2.0], 3, 2.5) == 0.0
+    assert chance_at_least([1.0, math.inf], 3, math.inf) == pytest.approx(0.5)  # a miss as bad
 
 
 @pytest.mark.parametrize(
@@ -100,9 +108,11 @@ def test_the_twins_table() -> None:
     assert "- twins: every static CF trained again on loopback" in table
     # every twin's ratio: 1.5, 1.5, 1.0 (cf10), 1.0, 1.0, 0.0 (cf100): 4 of 6 at 1.15 or below,
     # the chance that the median of 3 is: p^3 + 3 p^2 (1 - p) at p = 2/3
+    # the default's ratio is 0.75 on every seed: luck gives a median that low or lower only where
+    # two of three draws are below it (the 0.0 alone, p = 1/6): 3 p^2 (1 - p) + p^3 = 16/216
     assert (
         f"| vgg-digits@1gbit | cf10 twin | 1.50 (1.00-1.50) | 1.00 (0.00-1.50) | 4 of 6 | "
-        f"{20 / 27:.2f} |" in table
+        f"{20 / 27:.2f} | {1 - 16 / 216:.2f} |" in table
     )
     assert "| cf10 twin | twin | 6.0 (4.0-6.0) | 1.50 (1.00-1.50) | yes (3/3) |" in table
     assert "on all" not in table  # one setup: its own chance is the whole of it
@@ -117,7 +127,7 @@ def test_the_chance_on_every_setup_is_the_product() -> None:
     stored = stored_scoreboard(studies, "vgg-digits@1gbit,lstm-text@loopback")
     table = format_scoreboard(stored)
     # lstm-text: cf10's twins 1.0 on every seed, cf100's nothing to compare (left out): chance 1
-    assert "| lstm-text@loopback | cf10 twin | 1.00 | 1.00 | 3 of 3 | 1.00 |" in table
+    assert "| lstm-text@loopback | cf10 twin | 1.00 | 1.00 | 3 of 3 | 1.00 | 1.00 |" in table
     assert (
         f"meet 1.15 on all 2 setups above (the product; the setups taken as independent): "
         f"{20 / 27:.2f}" in table

@@ -427,14 +427,11 @@ def _topology(engine: Engine) -> dict[str, Any]:
     words, and in two levels how the node's stages moved the gradient (``node_stage``: what
     ran, ``"shm"`` or ``"collective"``, after any fallback of ``"auto"``)."""
     topology = engine.topology
+    flat = {RANKS_PER_NODE: topology.ranks_per_node, "topology": str(topology)}
     if engine.hierarchy is None:
-        return {RANKS_PER_NODE: topology.ranks_per_node, "topology": str(topology)}
+        return flat
     stage = "shm" if engine.hierarchy.shared is not None else "collective"
-    return {
-        RANKS_PER_NODE: topology.ranks_per_node,
-        "topology": f"{topology}, node stage {stage}",
-        NODE_STAGE: stage,
-    }
+    return {**flat, "topology": f"{topology}, node stage {stage}", NODE_STAGE: stage}
 
 
 class _GravacSession(Session):

@@ -347,13 +347,13 @@ class SetupScore:
 def twin_ratios(s: SetupScore) -> dict[str, list[float]]:
     """Each static CF's twin's time to the bar over the CF's own, seed by seed (:func:`versus`),
     by the CF's label; empty where the twins did not train."""
-    return {
-        row.label.removesuffix(TWIN_SUFFIX): versus(
-            row.reaches, s.row(row.label.removesuffix(TWIN_SUFFIX)).reaches
-        )
-        for row in s.rows
-        if row.kind == "twin"
-    }
+    cfs = [row.label.removesuffix(TWIN_SUFFIX) for row in s.rows if row.kind == "twin"]
+    return {cf: versus(s.row(cf + TWIN_SUFFIX).reaches, s.row(cf).reaches) for cf in cfs}
+
+
+def _has(studies: Sequence[Mapping[str, Any]], role: str, workload: str, link: str | None) -> bool:
+    """Whether the stored results hold the study of ``role`` for ``workload`` on ``link``."""
+    return any((s["role"], s["workload"], s["link"]) == (role, workload, link) for s in studies)
 
 
 def _entry(studies: Sequence[Mapping[str, Any]], role: str, workload: str, link: str | None) -> Any:
@@ -447,8 +447,11 @@ def setup_runs(studies: Sequence[Mapping[str, Any]], workload: str, link: str | 
             label: [link_clock(r, seconds[label]) for r in group] for label, group in runs.items()
         }
 
-    trained_twins = any((e["role"], e["workload"]) == (TWINS, workload) for e in studies)
-    twins = _by_label(_entry(studies, TWINS, workload, None)["runs"]) if trained_twins else {}
+    twins = (
+        _by_label(_entry(studies, TWINS, workload, None)["runs"])
+        if _has(studies, TWINS, workload, None)
+        else {}
+    )
     return SetupRuns(
         dense=on_link(_by_label(_entry(studies, "dense", workload, None)["runs"])),
         statics=on_link(_by_label(_entry(studies, "ladder", workload, None)["runs"])),
@@ -518,7 +521,6 @@ def score(stored: Mapping[str, Any]) -> list[SetupScore]:
     studies = stored["studies"]
     out = []
     for setup in stored["scoreboard"]["setups"]:
-        key = ("searches", setup["workload"], setup["link"])
-        if any((s["role"], s["workload"], s["link"]) == key for s in studies):
+        if _has(studies, "searches", setup["workload"], setup["link"]):
             out.append(score_setup(studies, setup["workload"], setup["link"]))
     return out

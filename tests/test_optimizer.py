@@ -90,24 +90,31 @@ def _run(opt_state: dict | None, steps: range) -> tuple[nn.Module, GravacOptimiz
     return model, opt
 
 
+#: a static CF after a warm-up schedule that a checkpoint at step 5 cuts in two
+_WARMED_STATIC = {"policy": "fixed", "policy_options": {"cf": 100, "warmup": [[2, 1000], [4, 10]]}}
+
+
 @pytest.mark.parametrize(
-    ("compressor", "bucket_bytes"),
+    ("compressor", "bucket_bytes", "options"),
     [
-        *((c, DEFAULT_BUCKET_BYTES) for c in ("topk", "randomk", "fp16", "powersgd")),
-        ("topk", 4096),  # the Linear(256, 32) weight split across 8 buckets
+        *((c, DEFAULT_BUCKET_BYTES, {}) for c in ("topk", "randomk", "fp16", "powersgd")),
+        ("topk", 4096, {}),  # the Linear(256, 32) weight split across 8 buckets
+        ("topk", DEFAULT_BUCKET_BYTES, _WARMED_STATIC),
     ],
 )
-def test_checkpoint_resume_is_bit_exact(compressor: str, bucket_bytes: int) -> None:
+def test_checkpoint_resume_is_bit_exact(
+    compressor: str, bucket_bytes: int, options: dict[str, object]
+) -> None:
     if compressor not in __import__("gravac").compressors.names():
         pytest.skip(f"{compressor} not registered")
     torch.manual_seed(0)
     ref_model = tiny_model()
-    ref_opt = make(ref_model, compressor=compressor, bucket_bytes=bucket_bytes)
+    ref_opt = make(ref_model, compressor=compressor, bucket_bytes=bucket_bytes, **options)
     for step in range(12):
         train_step(ref_model, ref_opt, 0, step)
 
     model = tiny_model()
-    opt = make(model, compressor=compressor, bucket_bytes=bucket_bytes)
+    opt = make(model, compressor=compressor, bucket_bytes=bucket_bytes, **options)
     for step in range(5):
         train_step(model, opt, 0, step)
     buf = io.BytesIO()
@@ -115,7 +122,7 @@ def test_checkpoint_resume_is_bit_exact(compressor: str, bucket_bytes: int) -> N
     buf.seek(0)
     saved = torch.load(buf, weights_only=False)
     resumed_model = tiny_model(seed=123)  # different init: everything must come from the file
-    resumed_opt = make(resumed_model, compressor=compressor, bucket_bytes=bucket_bytes)
+    resumed_opt = make(resumed_model, compressor=compressor, bucket_bytes=bucket_bytes, **options)
     resumed_model.load_state_dict(saved["model"])
     resumed_opt.load_state_dict(saved["opt"])
     for step in range(5, 12):
@@ -124,6 +131,17 @@ def test_checkpoint_resume_is_bit_exact(compressor: str, bucket_bytes: int) -> N
     for a, b in zip(ref_model.parameters(), resumed_model.parameters(), strict=True):
         assert torch.equal(a, b)
     assert ref_opt.controller.state_dict() == resumed_opt.controller.state_dict()
+
+
+def test_a_static_warmup_is_what_the_steps_send() -> None:
+    model = tiny_model()
+    opt = make(model, **_WARMED_STATIC)
+    sent = []
+    for step in range(8):
+        train_step(model, opt, 0, step)
+        assert opt.last_record is not None
+        sent.append(opt.last_record.cf_sent)
+    assert sent == [1000.0] * 2 + [10.0] * 4 + [100.0] * 2
 
 
 @pytest.mark.parametrize("split", [0, 5])

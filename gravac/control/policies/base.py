@@ -30,6 +30,8 @@ class ScalingPolicy(ABC):
     name: ClassVar[str]
     #: a CF sent at every step, with no search; ``None`` for adaptive policies
     static_cf: float | None = None
+    #: a static CF's first steps' CFs, ``(steps, cf)`` pairs sent in order before it
+    static_warmup: tuple[tuple[int, float], ...] = ()
     #: a static CF's steps still measure their gain (for studies; adaptive policies always do)
     measure: bool = False
 

@@ -1,10 +1,12 @@
 """A static CF: the same CF sent at every step, the baseline every search is compared with.
 
 No search and no fallback: the plan sends the ladder's ``static_cf`` at every step
-(:class:`gravac.control.policies.FixedPolicy`). Once a window (``config.window`` steps) a step
-carries the window gain under error feedback, which the engine logs; with the policy's
-``measure`` each step's gain is measured and smoothed too, so a static run shows what the
-searches would have seen.
+(:class:`gravac.control.policies.FixedPolicy`), after its ``static_warmup`` schedule: step
+``t`` (counted from 0 over the steps not skipped) of a schedule ``(n_1, cf_1), (n_2, cf_2), ...``
+sends ``cf_j`` for the first ``j`` with ``t < n_1 + ... + n_j``, the static CF after them.
+Once a window (``config.window`` steps) a step carries the window gain under error feedback,
+which the engine logs; with the policy's ``measure`` each step's gain is measured and smoothed
+too, so a static run shows what the searches would have seen.
 """
 
 from __future__ import annotations
@@ -38,16 +40,26 @@ class StaticController:
         self.static_cf = static  # the CF asked for; the plan sends its snap
         self.smoothed = setting.smoothed()
         self.window_clock = 0  # steps since the last window gain was measured
+        self.steps = 0  # steps observed, not skipped: where the warm-up schedule stands
 
     @property
     def phase(self) -> str:
         """Always :data:`PHASE`."""
         return PHASE
 
+    def planned_cf(self) -> float:
+        """The CF this step sends as asked: the warm-up's at its step, else the static CF."""
+        end = 0
+        for steps, cf in self.policy.static_warmup:
+            end += steps
+            if self.steps < end:
+                return cf
+        return self.static_cf
+
     def plan(self) -> Plan:
-        """Send the static CF; carry the window's gain once a window."""
+        """Send the planned CF, snapped; carry the window's gain once a window."""
         due = self.window_clock >= self.config.window
-        cf = self.snap(self.static_cf)
+        cf = self.snap(self.planned_cf())
         send = Decision(cf=cf, which="min")
         return Plan(cf, send, measure=self.policy.measure, window_terms=due)
 
@@ -59,6 +71,7 @@ class StaticController:
             self.window_clock = 0
         self.smoothed.fold(seen)
         self.window_clock += 1
+        self.steps += 1
         return self.smoothed.report(PHASE, seen.plan)
 
     def resnap(self) -> None:
@@ -73,6 +86,7 @@ class StaticController:
             "phase": PHASE,
             **self.smoothed.state_dict(),
             "window_clock": self.window_clock,
+            "steps": self.steps,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -84,3 +98,4 @@ class StaticController:
         self.setting.saved_theta_min(state)
         self.smoothed.load_state_dict(state)
         self.window_clock = int(state.get("window_clock", 0))
+        self.steps = int(state.get("steps", 0))

@@ -146,6 +146,44 @@ def test_fixed_policy_sends_its_cf_always() -> None:
     assert [i for i, p in enumerate(plans) if p.window_terms] == [3, 6, 9]
 
 
+def test_a_static_warmup_sends_its_cfs_in_order_then_the_static_cf() -> None:
+    warmup = [[1, 1000], [2, 1], [1, 40.0]]
+    c = make_controller(policies.create("fixed", cf=100.0, warmup=warmup), ControllerConfig(), 2)
+    sent = []
+    for step in range(7):
+        if step == 2:  # a step skipped on every rank is not a step of the schedule
+            assert c.observe(Skipped(c.plan())).phase == "fixed"
+        sent.append(run_step(c, 0.0, 0.0)[0])
+    assert sent == [1000.0, 1.0, 1.0, 40.0, 100.0, 100.0, 100.0]
+
+
+def test_a_static_warmup_resumes_where_it_stood() -> None:
+    def make_static() -> Controller:
+        policy = policies.create("fixed", cf=100.0, warmup=[[3, 10], [2, 20]])
+        return make_controller(policy, ControllerConfig(), 2)
+
+    a, b = make_static(), make_static()
+    first = [run_step(a, 0.0, 0.0)[0] for _ in range(4)]
+    b.load_state_dict(a.state_dict())
+    assert first == [10.0, 10.0, 10.0, 20.0]
+    assert [run_step(b, 0.0, 0.0)[0] for _ in range(2)] == [20.0, 100.0]
+
+
+@pytest.mark.parametrize(
+    ("warmup", "match"),
+    [
+        ("10", "must be a list of \\[steps, cf\\] pairs, got '10'"),
+        ([[1, 10, 2]], "warmup\\[0\\] must be a pair \\[steps, cf\\], got \\[1, 10, 2\\]"),
+        ([[0, 10]], "warmup\\[0\\] steps must be an integer >= 1, got 0"),
+        ([[1, 10], [2.5, 10]], "warmup\\[1\\] steps must be an integer >= 1, got 2.5"),
+        ([[1, 0.5]], "warmup\\[0\\] cf must be a finite number >= 1, got 0.5"),
+    ],
+)
+def test_a_bad_static_warmup_is_refused_by_name(warmup: object, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        policies.create("fixed", cf=100.0, warmup=warmup)
+
+
 def test_a_static_cf_that_measures_smooths_its_gains() -> None:
     c = make_controller(policies.create("fixed", cf=100.0, measure=True), ControllerConfig(), 2)
     plan = c.plan()

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 import gravac
 from gravac_lab.compare import workloads
-from gravac_lab.compare.train import BATCH_SEED, MODEL_SEED
+from gravac_lab.compare.train import MODEL_SEED, batch_generator, shard
 
 #: the modes of the module docstring
 MODES = ("dense", "gravac", "frozen", "frozen-dense", "precond")
@@ -116,12 +116,11 @@ def _train(rank: int, world: int, args: argparse.Namespace) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     work = workloads.get("lstm-text")
     train_x, train_y, test_x, test_y = work.data()
-    idx = torch.arange(rank, len(train_y), world)
-    train_x, train_y = train_x[idx], train_y[idx]
+    train_x, train_y = shard(train_x, train_y, rank, world)
     torch.manual_seed(MODEL_SEED + args.seed)
     model = work.model()
     adam = torch.optim.Adam(model.parameters(), lr=args.lr)
-    gen = torch.Generator().manual_seed(BATCH_SEED + args.seed + rank)
+    gen = batch_generator(args.seed, rank)
     dense_steps = {"dense": args.steps, "gravac": 0}.get(args.mode, args.warmup)
     opt: Any = adam
     for step in range(1, args.steps + 1):

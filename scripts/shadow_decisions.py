@@ -25,7 +25,7 @@ from gravac import GravacConfig, GravacOptimizer
 from gravac.control.searches.shadow import ShadowController
 from gravac_lab.compare import workloads
 from gravac_lab.compare.modes import broadcast_parameters
-from gravac_lab.compare.train import BATCH_SEED, MODEL_SEED, _shard
+from gravac_lab.compare.train import MODEL_SEED, batch_generator, shard
 
 __all__ = ["decisions"]
 
@@ -66,7 +66,7 @@ def decisions(rank: int, workload: str, seed: int, steps: int, out: Any) -> None
     torch.set_num_threads(1)
     w = workloads.get(workload)
     train_x, train_y, test_x, test_y = w.data()
-    train_x, train_y = _shard(train_x, train_y, rank, WORLD)
+    train_x, train_y = shard(train_x, train_y, rank, WORLD)
     torch.manual_seed(MODEL_SEED + seed)
     model = w.model()
     broadcast_parameters(model)
@@ -74,7 +74,7 @@ def decisions(rank: int, workload: str, seed: int, steps: int, out: Any) -> None
     opt = GravacOptimizer(sgd, GravacConfig(compressor="topk", batch_size=BATCH))
     if not isinstance(opt.controller, ShadowController):
         raise TypeError(f"the default search is not the search by shadow: {opt.controller!r}")
-    gen = torch.Generator().manual_seed(BATCH_SEED + seed + rank)
+    gen = batch_generator(seed, rank)
     closed, lines = 0, []
     for step in range(1, steps + 1):
         idx = torch.randint(0, len(train_y), (BATCH,), generator=gen)

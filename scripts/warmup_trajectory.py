@@ -29,7 +29,7 @@ import argparse
 import json
 import statistics
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gravac_lab.compare.scoreboard import TARGET_RATIO, Reach, chance, reach
@@ -38,6 +38,21 @@ __all__ = ["report"]
 
 #: seeds of the scoreboard's median
 BOARD_SEEDS = 3
+
+#: what a run's reach of the bar is compared by, from its seconds and its step
+Measure = Callable[[float, int], float]
+
+
+def _time(seconds: float, step: int) -> float:
+    return seconds
+
+
+#: the measures of the breakdown by the search's CFs: time, steps, seconds a step
+_MEASURES: dict[str, Measure] = {
+    "time": _time,
+    "steps": lambda seconds, step: step,
+    "seconds a step": lambda seconds, step: seconds / step,
+}
 
 
 def _step_ms(runs: Sequence[Mapping[str, Any]]) -> float:
@@ -91,7 +106,7 @@ def report(
         f"fewer on {sum(x < 0 for x in diff)}, as many on {sum(x == 0 for x in diff)}"
     )
     for v in (search, warmed):
-        ratio = [_over(at[v][s], at[static][s]) for s in seeds]
+        ratio = [_over(at[v][s], at[static][s], _time) for s in seeds]
         lines.append(
             f"{v} / {static}, time to the bar: median {statistics.median(ratio):.2f}, "
             f"<= {TARGET_RATIO} on {sum(x <= TARGET_RATIO for x in ratio)} of {len(ratio)}, "
@@ -99,13 +114,13 @@ def report(
         )
     for cfs, n in after.most_common():
         group = [s for s in seeds if _sent_after(sent[search][s], warmup) == cfs]
-
-        def over(by_step: bool | None, group: list[int] = group) -> float:
-            return statistics.median(_over(at[search][s], at[static][s], by_step) for s in group)
-
+        medians = (
+            f"{name} {statistics.median(_over(at[search][s], at[static][s], m) for s in group):.2f}"
+            for name, m in _MEASURES.items()
+        )
         lines.append(
             f"{search} where it sent {cfs} after step {warmup} ({n} seeds), over {static}: "
-            f"time {over(False):.2f}, steps {over(None):.2f}, seconds a step {over(True):.2f}"
+            + ", ".join(medians)
         )
     lines.append(
         f"median step ms on the {len(same)} seeds of {warmed}'s schedule: "
@@ -121,16 +136,12 @@ def _sent_after(cfs: Sequence[float], step: int) -> str:
     return ", ".join(f"{cf:g}" for cf in sorted(set(cfs[step:])))
 
 
-def _over(run: Reach, base: Reach, by_step: bool | None = False) -> float:
-    """``run``'s time to the bar over ``base``'s (``by_step``: seconds a step; ``None``: steps);
-    ``inf`` where either did not reach it."""
+def _over(run: Reach, base: Reach, measure: Measure) -> float:
+    """``run``'s ``measure`` of its reach of the bar over ``base``'s; ``inf`` where either did
+    not reach it."""
     if run.seconds is None or base.seconds is None or run.step is None or base.step is None:
         return float("inf")
-    if by_step is None:
-        return run.step / base.step
-    if by_step:
-        return (run.seconds / run.step) / (base.seconds / base.step)
-    return run.seconds / base.seconds
+    return measure(run.seconds, run.step) / measure(base.seconds, base.step)
 
 
 def main() -> None:

@@ -46,7 +46,9 @@ __all__ = [
     "COMPUTE_PROBE_STEPS",
     "LINK_TEST_JOB",
     "LINK_TEST_REPEATS",
+    "batch_generator",
     "link_throughput",
+    "shard",
     "train_mode",
 ]
 
@@ -72,9 +74,16 @@ _FLOAT32_BYTES = 4
 _BITS_PER_BYTE = 8
 
 
-def _shard(x: Tensor, y: Tensor, rank: int, world_size: int) -> tuple[Tensor, Tensor]:
+def shard(x: Tensor, y: Tensor, rank: int, world_size: int) -> tuple[Tensor, Tensor]:
+    """Rank ``rank``'s share of a training set: every ``world_size``-th sample from its own."""
     idx = torch.arange(rank, len(y), world_size)
     return x[idx], y[idx]
+
+
+def batch_generator(seed: int, rank: int, batches: int = 0) -> torch.Generator:
+    """The generator of rank ``rank``'s batches for a run of ``seed`` in its batch order
+    ``batches`` (:data:`BATCH_SEED`, :data:`BATCH_ORDERS`)."""
+    return torch.Generator().manual_seed(BATCH_SEED + seed + rank + BATCH_ORDERS * batches)
 
 
 def _compute_probe(
@@ -112,13 +121,13 @@ def train_mode(
     mode = modes.get(mode_name)
     workload = workloads.get(cfg.workload)
     train_x, train_y, test_x, test_y = data
-    train_x, train_y = _shard(train_x, train_y, rank, world_size)
+    train_x, train_y = shard(train_x, train_y, rank, world_size)
     torch.manual_seed(MODEL_SEED + cfg.seed)
     model = workload.model()
     session = mode.open(model, cfg)
     opt = session.optimizer
     schedule = torch.optim.lr_scheduler.MultiStepLR(opt, list(cfg.lr_milestones), cfg.lr_gamma)
-    gen = torch.Generator().manual_seed(BATCH_SEED + cfg.seed + rank + BATCH_ORDERS * cfg.batches)
+    gen = batch_generator(cfg.seed, rank, cfg.batches)
     out: dict[str, list[Any]] = {
         key: []
         for key in (

@@ -17,6 +17,9 @@ search (``--search``), a fixed CF (``--static``) and the same CF after the searc
   (:func:`gravac_lab.compare.scoreboard.chance`);
 - the median step time of each on the seeds where the search sent ``warmed``'s schedule.
 
+Without ``--warmed`` it prints the search's ratio line alone, with the CFs it sent after its
+warm-up (a JSON of the search and the static CF only).
+
 (``docs/studies/2026-12-07-warmup-trajectory.md``)::
 
     python scripts/warmup_trajectory.py docs/results/warmup/vgg-digits-loopback-36.json \\
@@ -38,6 +41,9 @@ __all__ = ["report"]
 
 #: seeds of the scoreboard's median
 BOARD_SEEDS = 3
+#: the search by shadow's warm-up at the compare workloads' ``warmup_steps`` (10) and its
+#: bridge: the steps after which the CFs sent are the search's choices
+WARMUP_STEPS = 11
 
 #: what a run's reach of the bar is compared by, from its seconds and its step
 Measure = Callable[[float, int], float]
@@ -64,13 +70,9 @@ def report(
 ) -> list[str]:
     """The lines the module docstring lists, for ``runs`` (a compare JSON's ``runs``) and the
     variants labelled ``search``, ``static`` and ``warmed``."""
-    by: dict[str, dict[int, Mapping[str, Any]]] = {}
-    for r in runs:
-        by.setdefault(r["variant"], {})[r["seed"]] = r
+    by = _by_variant(runs)
     seeds = sorted(by[static])
-    at: dict[str, dict[int, Reach]] = {
-        v: {s: reach(by[v][s], bar, higher_is_better=True) for s in seeds} for v in by
-    }
+    at = _reaches(by, bar, seeds)
     sent = {v: {s: by[v][s]["cf_sent_by_step"] for s in seeds} for v in (search, warmed)}
     same = [s for s in seeds if sent[search][s] == sent[warmed][s][: len(sent[search][s])]]
     identical = [
@@ -105,13 +107,7 @@ def report(
         f"{warmed} against {static}, seed by seed: more steps on {sum(x > 0 for x in diff)}, "
         f"fewer on {sum(x < 0 for x in diff)}, as many on {sum(x == 0 for x in diff)}"
     )
-    for v in (search, warmed):
-        ratio = [_over(at[v][s], at[static][s], _time) for s in seeds]
-        lines.append(
-            f"{v} / {static}, time to the bar: median {statistics.median(ratio):.2f}, "
-            f"<= {TARGET_RATIO} on {sum(x <= TARGET_RATIO for x in ratio)} of {len(ratio)}, "
-            f"chance the median of {BOARD_SEEDS} seeds meets it {chance(ratio, BOARD_SEEDS):.2f}"
-        )
+    lines += [_ratio_line(at, seeds, v, static) for v in (search, warmed)]
     for cfs, n in after.most_common():
         group = [s for s in seeds if _sent_after(sent[search][s], warmup) == cfs]
         medians = (
@@ -131,6 +127,47 @@ def report(
     return lines
 
 
+def against(runs: Sequence[Mapping[str, Any]], bar: float, search: str, static: str) -> str:
+    """The search's time to the bar over ``static``'s alone (no ``warmed`` variant): the ratio
+    line of :func:`report`, with the CFs it sent after its warm-up (steps 0-10)."""
+    by = _by_variant(runs)
+    seeds = sorted(by[static])
+    after = Counter(_sent_after(by[search][s]["cf_sent_by_step"], WARMUP_STEPS) for s in seeds)
+    return "\n".join(
+        [
+            _ratio_line(_reaches(by, bar, seeds), seeds, search, static),
+            f"{search}'s CFs after step {WARMUP_STEPS}: "
+            + "; ".join(f"{cfs}: {n} seeds" for cfs, n in after.most_common()),
+        ]
+    )
+
+
+def _by_variant(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[int, Mapping[str, Any]]]:
+    by: dict[str, dict[int, Mapping[str, Any]]] = {}
+    for r in runs:
+        by.setdefault(r["variant"], {})[r["seed"]] = r
+    return by
+
+
+def _reaches(
+    by: Mapping[str, Mapping[int, Mapping[str, Any]]], bar: float, seeds: Sequence[int]
+) -> dict[str, dict[int, Reach]]:
+    return {v: {s: reach(by[v][s], bar, higher_is_better=True) for s in seeds} for v in by}
+
+
+def _ratio_line(
+    at: Mapping[str, Mapping[int, Reach]], seeds: Sequence[int], v: str, static: str
+) -> str:
+    ratio = [_over(at[v][s], at[static][s], _time) for s in seeds]
+    held = sum(at[v][s].seconds is not None for s in seeds)
+    return (
+        f"{v} / {static}, time to the bar: median {statistics.median(ratio):.2f}, "
+        f"<= {TARGET_RATIO} on {sum(x <= TARGET_RATIO for x in ratio)} of {len(ratio)}, "
+        f"chance the median of {BOARD_SEEDS} seeds meets it {chance(ratio, BOARD_SEEDS):.2f}, "
+        f"bar held on {held} of {len(seeds)}"
+    )
+
+
 def _sent_after(cfs: Sequence[float], step: int) -> str:
     """The CFs of ``cfs`` after its first ``step``, in order of size."""
     return ", ".join(f"{cf:g}" for cf in sorted(set(cfs[step:])))
@@ -146,15 +183,20 @@ def _over(run: Reach, base: Reach, measure: Measure) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("path", help="a gravac compare --out JSON with the three variants")
+    parser.add_argument("path", help="a gravac compare --out JSON with those variants")
     parser.add_argument("--bar", type=float, required=True, help="the accuracy bar")
     parser.add_argument("--search", default="default", help="the search's variant label")
     parser.add_argument("--static", required=True, help="the fixed CF's variant label")
-    parser.add_argument("--warmed", required=True, help="that CF after the search's warm-up")
+    parser.add_argument(
+        "--warmed", help="that CF after the search's warm-up (without: the ratio alone)"
+    )
     args = parser.parse_args()
     with open(args.path) as f:
         runs = json.load(f)["runs"]
-    print("\n".join(report(runs, args.bar, args.search, args.static, args.warmed)))
+    if args.warmed is None:
+        print(against(runs, args.bar, args.search, args.static))
+    else:
+        print("\n".join(report(runs, args.bar, args.search, args.static, args.warmed)))
 
 
 if __name__ == "__main__":

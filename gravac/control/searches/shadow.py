@@ -10,13 +10,15 @@ around it or the link model (:func:`gravac.control.link.between_seconds`,
 :func:`gravac.control.link.link_seconds`)::
 
     warm-up:  send theta_min for warmup_steps (ended after MIN_WARMUP_STEPS on a slow link, as
-              the search by trial's), except at its first and third steps and, when the link
-              model ended it early, at its bridge step: these send the top of the ladder
+              the search by trial's), except at its first, third, fifth and seventh steps
+              (the last two where the warm-up is long enough) and, when the link model
+              ended it early, at its bridge step: these send the top of the ladder
     each window's end, with the shadow window gains shadow[cf] of every cf of the ladder:
         judged[cf] = 1 - (1 - (shadow[cf] - excess[cf])) * share, where excess[cf] is how
                      far cf's shadow gain exceeded its real window gain the last time cf was
                      sent (0 before), and share the largest signal share of a window's
-                     gradient measured so far (1 before; the option ``noise``)
+                     gradient measured so far, at least MIN_SIGNAL_SHARE (1 before; the
+                     option ``noise``)
         tsys[cf] = the median samples/s measured the last time cf was sent; else, between
                    the largest CF below it that was sent and the smallest above it that was
                    sent or is the top of the ladder timed in the warm-up, linear in the bytes;
@@ -35,9 +37,10 @@ The link model needs one step's time at ``theta_min``, the most expensive CF on 
 warm-up's other steps cost more there than they tell. So the steps whose time the link model
 does not read send the top of the ladder (:data:`TOP_WARMUP_STEPS`): the first, whose time
 carries the run's one-off costs and is not kept, the third, sent before the second's time is
-agreed, and the bridge of a warm-up the link model ended. On a fast link the warm-up goes on at
-``theta_min`` after them, as before. The warm-up then sent two CFs: its real window gain is no
-CF's own, and corrects no shadow (``docs/studies/2026-12-02-warmup-top.md``).
+agreed, the fifth and seventh, which time the top twice more, and the bridge of a warm-up the
+link model ended. On a fast link the warm-up goes on at ``theta_min`` after them, as before.
+The warm-up then sent two CFs: its real window gain is no CF's own, and corrects no shadow
+(``docs/studies/2026-12-02-warmup-top.md``).
 
 A step's time at a CF not sent is more than its communication scaled by the bytes: on the CPU
 compression grows with the elements kept, and the link model, which keeps all but the
@@ -48,8 +51,8 @@ linear in ``1 / cf``; the top's time is held to the link model's, which a noisy 
 exceed. The engine times a step from the close of the one before and counts it at that one's CF, so
 an interval holds the step before's wait for communication and its own compression: the top's
 whole step is the bridge's interval where the link model ended the warm-up (the top sent at
-both), else the intervals of the warm-up's third and fourth steps (the third sent the top)
-less one of a step at theta_min alone.
+both), else the median over the top steps after the first of the intervals of that step and
+the next, less one of a step at theta_min alone.
 
 The CF sent changes only for one better by more than omega: without that, the search moved back
 and forth between CFs from window to window. And the shadow of a high CF is optimistic: replayed
@@ -72,7 +75,8 @@ progress. So the held-back part of a gain counts by the signal share of a window
 (:mod:`gravac.control.noise`, from how the ranks' window sums agree; the option ``noise``, on
 by default): the largest share measured so far, the workload's at its start, not the current one,
 which falls late in training even where higher CFs still cost progress
-(``docs/studies/2026-12-02-signal-share.md``).
+(``docs/studies/2026-12-02-signal-share.md``), and at least :data:`MIN_SIGNAL_SHARE`: at most
+half of what was held back counts as noise, however low one early estimate came out.
 
 Every decision reads only values agreed over ranks (the shadow terms are summed over ranks with
 the step's scalars, as the window's are), so the ranks decide alike. It needs a compressor whose
@@ -95,18 +99,27 @@ from gravac.control.searches.sent import MIN_WARMUP_STEPS, SentWindows
 from gravac.control.tables import cf_key
 from gravac.control.window import predicted_progress
 
-__all__ = ["TOP_WARMUP_STEPS", "ShadowController"]
+__all__ = ["MIN_SIGNAL_SHARE", "TOP_WARMUP_STEPS", "ShadowController"]
 
 #: the warm-up steps (counted from 0) that send the top of the ladder where the warm-up is long
 #: enough for the link model to end it (MIN_WARMUP_STEPS): the first, whose time carries the
-#: run's one-off costs (a window keeps only the times of the CF it sends), and the third, sent
-#: before the second's time is agreed; so on a slow link one warm-up step of four sends
-#: theta_min, not four
-TOP_WARMUP_STEPS = (0, 2)
-#: the warm-up step after the last that sends the top of the ladder: a step's interval (from the
-#: close of the step before to its own) holds the wait for the step before's communication and
-#: its own compression, so this step's and the one before's hold all of the top's step
-_AFTER_TOP = TOP_WARMUP_STEPS[-1] + 1
+#: run's one-off costs (a window keeps only the times of the CF it sends), the third, sent
+#: before the second's time is agreed (so on a slow link one warm-up step of four sends
+#: theta_min, not four), and the fifth and seventh, each with the step after it one more
+#: estimate of the top's step: one pair of intervals timed the top of vgg-digits on loopback at
+#: 49-81 ms against a real 55 ms, enough to keep theta_min by the omega rule
+#: (``docs/studies/2026-12-07-warmup-trajectory.md``); the median of three is what the search
+#: reads. A top step is sent only where the warm-up leaves a step at theta_min alone after its
+#: pair (:meth:`ShadowController.top_steps`)
+TOP_WARMUP_STEPS = (0, 2, 4, 6)
+#: the least share of signal the search counts in what error feedback held back
+#: (:func:`gravac.control.noise.signal_gain`): so at most half of it is taken for noise. The
+#: share is estimated from the ranks' agreement, and on 2 ranks one low estimate at the start
+#: stands for the whole run (the largest so far): on one seed of 36 of vgg-digits on loopback
+#: the largest was 0.23 (0.46-0.80 on the others), its CF 1000's real window gains of
+#: 0.31-0.51 were judged 0.84-0.89, and the run held CF 1000 for seven windows without reaching
+#: the bar (``docs/studies/2026-12-07-warmup-trajectory.md``)
+MIN_SIGNAL_SHARE = 0.5
 
 
 class ShadowController:
@@ -165,13 +178,21 @@ class ShadowController:
         steps (:attr:`probes_warmup`): its times and real gain are two CFs'."""
         return self.windows_closed == 0 and self.probes_warmup
 
+    @property
+    def top_steps(self) -> tuple[int, ...]:
+        """The warm-up steps that send the top of the ladder (:data:`TOP_WARMUP_STEPS`): the
+        first two always (a slow link's warm-up may end after them), a later one only where
+        the warm-up has a step at theta_min alone after it and the step that follows it."""
+        last = self.config.warmup_steps - 2
+        return tuple(k for i, k in enumerate(TOP_WARMUP_STEPS) if i < 2 or k <= last)
+
     def sends_top(self) -> bool:
-        """Whether this step is one of the warm-up's that send the top of the ladder: its
-        first or third, or the bridge of a warm-up the link model ended early."""
+        """Whether this step is one of the warm-up's that send the top of the ladder
+        (:attr:`top_steps`), or the bridge of a warm-up the link model ended early."""
         if not self.in_probing_warmup:
             return False
         if self.windows.phase is Phase.WARMUP:
-            return self.windows.step in TOP_WARMUP_STEPS
+            return self.windows.step in self.top_steps
         return self.windows.awaiting and self.windows.step < self.config.warmup_steps
 
     # ----------------------------------------------------------------- per step
@@ -201,7 +222,7 @@ class ShadowController:
             self._shadow = {}
             return Report(self.phase)
         t = seen.throughput
-        if t is not None and self.in_probing_warmup and self.windows.step >= _AFTER_TOP - 1:
+        if t is not None and self.in_probing_warmup and self.windows.step >= TOP_WARMUP_STEPS[1]:
             self._warmup_seconds[self.windows.step] = 1.0 / t.value
         if seen.signal_share is not None:
             old = self.signal_share
@@ -220,22 +241,41 @@ class ShadowController:
         (called at its bridge step). The engine times a step from the close of the one before
         and counts it at that one's CF, so step ``s``'s interval ``I(s)`` holds the wait for
         step ``s - 1``'s communication and step ``s``'s own compression: where the bridge sent
-        the top right after the warm-up's last top step (a warm-up the link model ended at
-        once), it is ``I(bridge)``; else ``I(_AFTER_TOP - 1) + I(_AFTER_TOP) - t_min``, with
-        ``t_min`` the median interval of the steps after, which sent theta_min alone: those two
-        intervals hold one whole step at the top and one at theta_min. ``None`` where they were
-        not timed (a resume, a skipped step)."""
-        w, bridge = self._warmup_seconds, self.windows.step
-        top_bridge = bridge < self.config.warmup_steps  # the link model ended the warm-up
-        if top_bridge and bridge == _AFTER_TOP:
+        the top right after a top step (a warm-up the link model ended), it is ``I(bridge)``;
+        else the median over the top steps ``k`` after the first of
+        ``I(k) + I(k + 1) - t_min``, with ``t_min`` the median interval of the steps that sent
+        theta_min alone (neither a top step nor one right after it): each such pair of
+        intervals holds one whole step at the top and one at theta_min. ``None`` where no pair
+        or no step alone was timed (a resume, a skipped step)."""
+        w, bridge, tops = self._warmup_seconds, self.windows.step, self.top_steps
+        if self._top_bridge and bridge - 1 in tops:
             return w.get(bridge)
-        alone = [
-            v for step, v in w.items() if step > _AFTER_TOP and not (top_bridge and step == bridge)
-        ]
-        if _AFTER_TOP - 1 not in w or _AFTER_TOP not in w or not alone:
+        t_min = self._alone_seconds()
+        if t_min is None:
             return None
-        seconds = w[_AFTER_TOP - 1] + w[_AFTER_TOP] - statistics.median(alone)
+        pairs = [w[k] + w[k + 1] - t_min for k in tops[1:] if k in w and k + 1 in w]
+        if not pairs:
+            return None
+        seconds = statistics.median(pairs)
         return seconds if seconds > 0 else None
+
+    @property
+    def _top_bridge(self) -> bool:
+        """Whether the link model ended the warm-up: its bridge step sent the top."""
+        return self.windows.step < self.config.warmup_steps
+
+    def _alone_seconds(self) -> float | None:
+        """Seconds per sample of a warm-up step at theta_min alone: the median interval of the
+        steps that are neither a top step, nor right after one, nor the bridge (called at the
+        bridge step); ``None`` where none was timed."""
+        tops, bridge = self.top_steps, self.windows.step
+        paired = {k + 1 for k in tops}
+        alone = [
+            v
+            for step, v in self._warmup_seconds.items()
+            if step not in tops and step not in paired and not (self._top_bridge and step == bridge)
+        ]
+        return statistics.median(alone) if alone else None
 
     def _bounded_top_seconds(self) -> float | None:
         """Seconds per sample at the top of the ladder from the warm-up (called once
@@ -254,6 +294,9 @@ class ShadowController:
         cf, g = self.windows.close()
         mixed = self.in_probing_warmup  # the warm-up sent two CFs
         if mixed:
+            alone = self._alone_seconds()
+            if alone is not None:  # a top step's interval, counted at theta_min, is no step of it
+                self.windows.smoothed.tsys[cf] = 1.0 / alone
             self.top_seconds = self._bounded_top_seconds()
             self._warmup_seconds = {}
         self.windows_closed += 1
@@ -307,7 +350,9 @@ class ShadowController:
             return None
         g -= self.excess.get(cf, 0.0)
         share = self.signal_share
-        return g if share is None or not self.discounts_noise else signal_gain(g, share)
+        if share is None or not self.discounts_noise:
+            return g
+        return signal_gain(g, max(share, MIN_SIGNAL_SHARE))
 
     def shadow_tput(self) -> dict[float, float]:
         """Compression throughput of every CF of the ladder whose judged gain keeps epsilon."""

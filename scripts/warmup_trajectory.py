@@ -35,15 +35,16 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from gravac.control.options import ControllerConfig
 from gravac_lab.compare.scoreboard import TARGET_RATIO, Reach, chance, reach
 
 __all__ = ["report"]
 
 #: seeds of the scoreboard's median
 BOARD_SEEDS = 3
-#: the search by shadow's warm-up at the compare workloads' ``warmup_steps`` (10) and its
-#: bridge: the steps after which the CFs sent are the search's choices
-WARMUP_STEPS = 11
+#: the search by shadow's warm-up at the default ``warmup_steps`` (which gravac compare keeps)
+#: and its bridge: the steps after which the CFs sent are the search's choices
+WARMUP_STEPS = ControllerConfig.warmup_steps + 1
 
 #: what a run's reach of the bar is compared by, from its seconds and its step
 Measure = Callable[[float, int], float]

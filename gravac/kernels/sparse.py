@@ -33,9 +33,14 @@ _INT32_LIMIT = 2**31 - 1
 #: The threshold path pays off when at most this fraction of the elements is kept (above it,
 #: the survivors are most of the input and a selection among them costs as much as over all).
 _THRESHOLD_MAX_FRACTION = 1 / 8
-#: Below this many elements ``torch.topk`` is fast enough and the threshold path's fixed
-#: costs (a sample, a loop over chunks) do not pay.
-_THRESHOLD_MIN_NUMEL = 2**16
+#: Below this many elements the threshold path's fixed costs (a sample, a loop over chunks) do
+#: not pay: ``torch.topk`` is as fast (one CPU thread, ``benchmarks/topk_paths.py``: even with
+#: the threshold at 2^15 elements, the threshold 1.1 to 3 times faster from 3 x 2^14 on).
+_THRESHOLD_MIN_NUMEL = 2**15
+#: Below this many elements ``torch.topk`` is faster than NumPy's ``argpartition`` at every k
+#: (3 to 4 times from 2^13 to 2^15 elements on one CPU thread, ``benchmarks/topk_paths.py``): the
+#: exact selection where the threshold declines goes to it there.
+_PARTITION_MIN_NUMEL = 2**16
 #: The sample's stride: a prime, so that the sample does not run down one column of a matrix
 #: whose rows have a power-of-two length; 1 in 257 costs about 1/20 of a pass over the input.
 _SAMPLE_STRIDE = 257
@@ -70,7 +75,7 @@ def topk_indices(x: Tensor, k: int, *, backend: str | None = None) -> Tensor:
             return torch.arange(k, device=x.device)
         return cupy_sparse.topk_indices(x, k)
     chosen = _topk_by_threshold(x, k)
-    if chosen is None:
+    if chosen is None and n >= _PARTITION_MIN_NUMEL:
         chosen = _topk_by_partition(x, k)
     return topk_indices_reference(x, k) if chosen is None else chosen
 
@@ -161,8 +166,10 @@ def magnitude_scan(x: Tensor, count: int, *, stats: bool = True) -> MagnitudeSca
     exact path is as fast), or when ``x`` is not a contiguous CPU tensor NumPy can read.
     """
     n = x.numel()
+    if n < _THRESHOLD_MIN_NUMEL or not 0 < count <= n * _THRESHOLD_MAX_FRACTION:
+        return None
     xn = _numpy_view(x)
-    if xn is None or n < _THRESHOLD_MIN_NUMEL or not 0 < count <= n * _THRESHOLD_MAX_FRACTION:
+    if xn is None:
         return None
     sample = np.abs(xn[::_SAMPLE_STRIDE])
     expected = sample.size * count / n

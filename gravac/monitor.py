@@ -43,6 +43,11 @@ TAG_DESCRIPTIONS: dict[str, str] = {
     "step, at the CF it sent (gravac.control.window; logged once a window)",
     "gain_shadow/cf<CF>": "the window gain of <CF> over the same window, by error feedback "
     "replayed on a sample without sending it (gravac.control.replay; the search by shadow)",
+    "gain_judged/cf<CF>": "the gain the search by shadow judged <CF> by when it chose the next "
+    "window's CF at this step: the shadow gain less its excess, its held-back part counted by the "
+    "signal share (gravac.control.searches.shadow; logged once a window)",
+    "tsys_estimated/cf<CF>": "the samples/s the search by shadow estimated for <CF> at the same "
+    "choice: measured where <CF> was sent, else from the CFs timed around it or the link model",
     "signal": "the signal share of the window's gradient that ended before this step, from how "
     "the ranks' window sums agree (gravac.control.noise; the search by shadow, 2 ranks or more)",
     "system_throughput": "smoothed samples/s measured while sending at cf_sent",
@@ -85,6 +90,8 @@ class StepRecord:
     signal: float | None = None
     bytes_saved: int = 0
     skipped_steps: int = 0
+    # (CF, judged gain, estimated samples/s) the search by shadow chose by at this step
+    judged: tuple[tuple[float, float, float], ...] = ()
 
     @classmethod
     def skip(cls, step: int, phase: str, skipped_steps: int) -> StepRecord:
@@ -127,6 +134,11 @@ class StepRecord:
         for cf, gain in self.gain_shadow:
             if math.isfinite(gain):
                 out[f"gain_shadow/cf{cf:g}"] = gain
+        for cf, gain, tsys in self.judged:
+            if math.isfinite(gain):
+                out[f"gain_judged/cf{cf:g}"] = gain
+            if math.isfinite(tsys):
+                out[f"tsys_estimated/cf{cf:g}"] = tsys
         return out
 
 

@@ -519,7 +519,7 @@ def test_mixed_dtypes_go_to_separate_buckets() -> None:
         # Algorithm 1 does not read it: logged every window of 3 steps from the first
         ("paper", ("cf_sent", "cf_candidate", "theta_min", "gain_min", "comm_seconds"), [3, 6]),
         # every CF of the exponential ladder's window gain, at the steps that carry the window's
-        ("shadow", ("gain_window", "gain_shadow/cf10", "gain_shadow/cf1000"), [2, 6]),
+        ("shadow", ("gain_window", "gain_shadow/cf10", "gain_judged/cf1000"), [2, 6]),
     ],
 )
 def test_tensorboard_event_file_holds_the_tags(

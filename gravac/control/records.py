@@ -156,6 +156,9 @@ class Report:
         gain: the smoothed gain at the plan's CF; ``gain_candidate``: at its candidate.
         system_throughput: samples per second at the CF sent; ``compression_throughput``:
             times its gain.
+        judged: where the step closed a window and the search chose the next window's CF from
+            a table (the search by shadow), what its rule compared, by CF ascending:
+            ``(cf, judged gain, estimated samples per second)``, NaN where it had none.
     """
 
     phase: str
@@ -163,3 +166,4 @@ class Report:
     gain_candidate: float | None = None
     system_throughput: float | None = None
     compression_throughput: float | None = None
+    judged: tuple[tuple[float, float, float], ...] = ()

@@ -129,6 +129,7 @@ def step_record(step: Step, seen: Seen, comm_seconds: float, skipped_steps: int)
         gain_window=seen.gain_window if plan.window_terms else None,
         gain_shadow=tuple(seen.shadow_gains.items()),
         signal=seen.share,
+        judged=report.judged,
         system_throughput=report.system_throughput,
         compression_throughput=report.compression_throughput,
         wire_bytes=sum(f.wire_bytes for f in step.flights),

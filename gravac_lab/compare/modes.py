@@ -147,6 +147,9 @@ class StepFigures:
             the search by shadow), at the steps that carry them.
         signal: the signal share of that window's gradient (``StepRecord.signal``, the search
             by shadow), at the steps that carry one.
+        judged: by CF, ``[judged gain, estimated samples/s]`` that the search by shadow chose
+            the next window's CF by (``StepRecord.judged``; ``None`` for a value it did not
+            know), at the steps that chose one.
     """
 
     wire_bytes: int
@@ -158,6 +161,7 @@ class StepFigures:
     gain_window: float | None = None
     gain_shadow: dict[str, float] | None = None
     signal: float | None = None
+    judged: dict[str, list[float | None]] | None = None
 
 
 class Session(ABC):
@@ -414,6 +418,7 @@ def _figures(record: Any) -> StepFigures:
         None if record.gain_window is None else _finite(float(record.gain_window)),
         {f"{cf:g}": g for cf, g in record.gain_shadow if math.isfinite(g)} or None,
         None if record.signal is None else _finite(float(record.signal)),
+        {f"{cf:g}": [_finite(g), _finite(t)] for cf, g, t in record.judged} or None,
     )
 
 

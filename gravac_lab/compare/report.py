@@ -89,6 +89,9 @@ class ModeSummary:
             (``None`` where not measured).
         signal_by_step: the signal share of the window's gradient (``gravac.control.noise``), per
             step (``None`` where not measured).
+        judged_by_step: by CF, the judged gain and the estimated samples/s that the search by
+            shadow chose the next window's CF by (``gravac.control.searches.shadow``), per step
+            (``None`` where it chose none; within, ``None`` for a value it did not know).
         lr_by_step: the learning rate each step trained at (``--lr-milestones`` decay it).
     """
 
@@ -124,6 +127,7 @@ class ModeSummary:
     gain_window_by_step: list[float | None] = field(default_factory=list)
     gain_shadow_by_step: list[dict[str, float] | None] = field(default_factory=list)
     signal_by_step: list[float | None] = field(default_factory=list)
+    judged_by_step: list[dict[str, list[float | None]] | None] = field(default_factory=list)
     lr_by_step: list[float] = field(default_factory=list)
 
 
@@ -202,6 +206,7 @@ def summarise(
         gain_window_by_step=list(raw.get("gain_window", [])),
         gain_shadow_by_step=list(raw.get("gain_shadow", [])),
         signal_by_step=list(raw.get("signal", [])),
+        judged_by_step=list(raw.get("judged", [])),
         lr_by_step=[float(v) for v in raw.get("lr", [])],
     )
 

@@ -142,6 +142,7 @@ def train_mode(
             "gain_window",
             "gain_shadow",
             "signal",
+            "judged",
             "lr",
             "evaluations",
         )
@@ -173,6 +174,7 @@ def train_mode(
         out["gain_window"].append(figures.gain_window)
         out["gain_shadow"].append(figures.gain_shadow)
         out["signal"].append(figures.signal)
+        out["judged"].append(figures.judged)
         if step % cfg.eval_every == 0 or step == cfg.steps:
             stop = torch.zeros(1)
             if rank == 0:

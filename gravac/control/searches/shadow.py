@@ -86,6 +86,7 @@ feedback; the engine says so otherwise.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from typing import Any
@@ -234,6 +235,7 @@ class ShadowController:
         report, closes = self.windows.observe(seen, lambda: self.ladder[1:])
         if closes:
             self._end_window()
+            return dataclasses.replace(report, judged=self.judged_table())
         return report
 
     def _top_seconds(self) -> float | None:
@@ -353,6 +355,16 @@ class ShadowController:
         if share is None or not self.discounts_noise:
             return g
         return signal_gain(g, max(share, MIN_SIGNAL_SHARE))
+
+    def judged_table(self) -> tuple[tuple[float, float, float], ...]:
+        """What :meth:`_choose` compares, by CF ascending: ``(cf, judged gain, estimated
+        samples per second)``, NaN where either is not known yet (logged as
+        :attr:`gravac.control.records.Report.judged`)."""
+        rows = []
+        for cf in sorted(self.shadow_gain):
+            g, t = self.judged_gain(cf), self.estimated_tsys(cf)
+            rows.append((cf, math.nan if g is None else g, math.nan if t is None else t))
+        return tuple(rows)
 
     def shadow_tput(self) -> dict[float, float]:
         """Compression throughput of every CF of the ladder whose judged gain keeps epsilon."""

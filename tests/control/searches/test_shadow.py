@@ -580,6 +580,42 @@ def test_the_engine_logs_every_shadow_gain_once_a_window_and_resumes_them(horizo
     assert resumed == [(r.step, r.gain_shadow, r.cf_sent) for r in full.items[9:]]
 
 
+#: omega for the counter clock's tiny model, where CFs' compression throughputs lie within the
+#: default 0.1 of theta_min's and the search would keep it: with 0.01 it moves
+MOVING_OMEGA = 0.01
+
+
+def test_each_choice_is_logged_with_what_it_compared_and_follows_from_it() -> None:
+    """At every window's close the record holds the judged gain and the estimated samples/s of
+    every CF of the ladder; the next window sends a CF whose compression throughput by them is
+    within omega of the largest, and the largest such where it changed. Resumed bit for bit."""
+    search = {"search": "shadow", "omega": MOVING_OMEGA}
+    full = Records()
+    model, opt = windowed_optimizer(full, WINDOW, **search)
+    train_square(model, opt, range(20))
+    config = opt.engine.controller.config
+    closes = [i for i, r in enumerate(full.items) if r.judged]
+    assert [full.items[i].step for i in closes] == [2, 6, 10, 14, 18]
+    for i in closes[1:]:
+        table, before = full.items[i].judged, full.items[i - 1].cf_sent
+        assert [cf for cf, _, _ in table] == list(EXPONENTIAL_LADDER)
+        tput = {cf: t * g for cf, g, t in table if g >= config.epsilon}
+        assert all(math.isfinite(v) for v in tput.values())
+        best = max(tput.values())
+        sent = full.items[i + 1].cf_sent
+        assert tput[sent] >= (1 - config.omega) * best
+        if sent != before:
+            assert sent == max(cf for cf, v in tput.items() if v >= (1 - config.omega) * best)
+    sent = {r.cf_sent for r in full.items[3:]}
+    assert len(sent) > 1  # the search moved: the rule was tested on a change
+    assert "gain_judged/cf160" in full.items[closes[1]].scalars()
+    assert "tsys_estimated/cf10" in full.items[closes[1]].scalars()
+
+    part = Records()
+    resume_windowed(part, WINDOW, 9, 20, **search)
+    assert [r.judged for r in part.items[9:]] == [r.judged for r in full.items[9:]]
+
+
 def test_a_horizon_of_two_windows_changes_the_gains_from_the_second_window_on() -> None:
     """The warm-up has no window before it, so its gains are one window's either way; the
     next window's (the same CF sent, so the same steps) span both with a horizon of two."""

@@ -34,8 +34,8 @@ _INT32_LIMIT = 2**31 - 1
 #: the survivors are most of the input and a selection among them costs as much as over all).
 _THRESHOLD_MAX_FRACTION = 1 / 8
 #: Below this many elements the threshold path's fixed costs (a sample, a loop over chunks) do
-#: not pay: ``torch.topk`` is as fast (one CPU thread, ``benchmarks/topk_paths.py``: even with
-#: the threshold at 2^15 elements, the threshold 1.1 to 3 times faster from 3 x 2^14 on).
+#: not pay: ``torch.topk`` is as fast (one CPU thread, ``benchmarks/topk_paths.py``: the two
+#: even at 2^15 elements, the threshold 1.1 to 3 times faster from 3 x 2^14 elements on).
 _THRESHOLD_MIN_NUMEL = 2**15
 #: Below this many elements ``torch.topk`` is faster than NumPy's ``argpartition`` at every k
 #: (3 to 4 times from 2^13 to 2^15 elements on one CPU thread, ``benchmarks/topk_paths.py``): the

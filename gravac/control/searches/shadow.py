@@ -357,9 +357,9 @@ class ShadowController:
         return signal_gain(g, max(share, MIN_SIGNAL_SHARE))
 
     def judged_table(self) -> tuple[tuple[float, float, float], ...]:
-        """What :meth:`_choose` compares, by CF ascending: ``(cf, judged gain, estimated
-        samples per second)``, NaN where either is not known yet (logged as
-        :attr:`gravac.control.records.Report.judged`)."""
+        """What :meth:`_choose` compares (through :meth:`shadow_tput`), by CF ascending:
+        ``(cf, judged gain, estimated samples per second)``, NaN where either is not known yet
+        (logged as :attr:`gravac.control.records.Report.judged`)."""
         rows = []
         for cf in sorted(self.shadow_gain):
             g, t = self.judged_gain(cf), self.estimated_tsys(cf)
@@ -367,13 +367,14 @@ class ShadowController:
         return tuple(rows)
 
     def shadow_tput(self) -> dict[float, float]:
-        """Compression throughput of every CF of the ladder whose judged gain keeps epsilon."""
-        out = {}
-        for cf in self.shadow_gain:
-            g, t = self.judged_gain(cf), self.estimated_tsys(cf)
-            if g is not None and g >= self.config.epsilon and t is not None:
-                out[cf] = t * self.worth(g)
-        return out
+        """Compression throughput, ``tsys * p(gain)`` by :meth:`judged_table`, of every CF of the
+        ladder whose judged gain keeps epsilon and whose system throughput is estimated."""
+        eps = self.config.epsilon
+        return {
+            cf: t * self.worth(g)
+            for cf, g, t in self.judged_table()
+            if g >= eps and not math.isnan(t)
+        }
 
     def _choose(self) -> float:
         """The CF sent if its compression throughput is within omega of the largest, else the

@@ -122,6 +122,9 @@ TOP_WARMUP_STEPS = (0, 2, 4, 6)
 #: the bar (``docs/studies/2026-12-07-warmup-trajectory.md``)
 MIN_SIGNAL_SHARE = 0.5
 
+#: what a choice compares, by CF ascending: (cf, judged gain, estimated samples per second)
+Table = tuple[tuple[float, float, float], ...]
+
 
 class ShadowController:
     """The search by shadow, the module docstring's: what ``search="shadow"`` runs, and
@@ -234,8 +237,7 @@ class ShadowController:
             }
         report, closes = self.windows.observe(seen, lambda: self.ladder[1:])
         if closes:
-            self._end_window()
-            return dataclasses.replace(report, judged=self.judged_table())
+            return dataclasses.replace(report, judged=self._end_window())
         return report
 
     def _top_seconds(self) -> float | None:
@@ -292,7 +294,9 @@ class ShadowController:
         bound = link_seconds(top, m, 1.0 / self.windows.smoothed.tsys[m], self.windows.comm[m])
         return min(seconds, bound)
 
-    def _end_window(self) -> None:
+    def _end_window(self) -> Table:
+        """Close the window, fold what it measured and choose the next window's CF; returns
+        the table the choice compared (:meth:`judged_table`)."""
         cf, g = self.windows.close()
         mixed = self.in_probing_warmup  # the warm-up sent two CFs
         if mixed:
@@ -314,7 +318,9 @@ class ShadowController:
             self.excess[cf] = self._shadow[cf] - real
         if self._shadow:
             self.shadow_gain, self._shadow = self._shadow, {}
-        self.windows.settle(self._choose())
+        table = self.judged_table()
+        self.windows.settle(self._choose(table))
+        return table
 
     def estimated_tsys(self, cf: float) -> float | None:
         """System throughput at ``cf``: measured, or between the nearest CFs timed below and
@@ -356,8 +362,8 @@ class ShadowController:
             return g
         return signal_gain(g, max(share, MIN_SIGNAL_SHARE))
 
-    def judged_table(self) -> tuple[tuple[float, float, float], ...]:
-        """What :meth:`_choose` compares (through :meth:`shadow_tput`), by CF ascending:
+    def judged_table(self) -> Table:
+        """What :meth:`_choose` compares, by CF ascending:
         ``(cf, judged gain, estimated samples per second)``, NaN where either is not known yet
         (logged as :attr:`gravac.control.records.Report.judged`)."""
         rows = []
@@ -366,20 +372,22 @@ class ShadowController:
             rows.append((cf, math.nan if g is None else g, math.nan if t is None else t))
         return tuple(rows)
 
-    def shadow_tput(self) -> dict[float, float]:
-        """Compression throughput, ``tsys * p(gain)`` by :meth:`judged_table`, of every CF of the
-        ladder whose judged gain keeps epsilon and whose system throughput is estimated."""
+    def shadow_tput(self, table: Table | None = None) -> dict[float, float]:
+        """Compression throughput, ``tsys * p(gain)`` by ``table`` (``None``: the
+        :meth:`judged_table` now), of every CF of the ladder whose judged gain keeps epsilon
+        and whose system throughput is estimated."""
         eps = self.config.epsilon
         return {
             cf: t * self.worth(g)
-            for cf, g, t in self.judged_table()
+            for cf, g, t in (self.judged_table() if table is None else table)
             if g >= eps and not math.isnan(t)
         }
 
-    def _choose(self) -> float:
-        """The CF sent if its compression throughput is within omega of the largest, else the
-        largest CF that is (the smallest, ``prefer="gain"``); dense if no CF keeps epsilon."""
-        tput = self.shadow_tput()
+    def _choose(self, table: Table) -> float:
+        """The CF sent if its compression throughput by ``table`` (:meth:`judged_table`) is
+        within omega of the largest, else the largest CF that is (the smallest,
+        ``prefer="gain"``); dense if no CF keeps epsilon."""
+        tput = self.shadow_tput(table)
         if not tput:
             return DENSE_CF
         top = max(tput.values())

@@ -18,6 +18,7 @@ from gravac import GravacOptimizer, broadcast_parameters
 from gravac.ddp import GravacHookState, gravac_hook
 from gravac.engine.records import piece_key
 from tests.helpers import (
+    MOVING_OMEGA,
     SMALL_BUDGETS,
     batch,
     counter_clock,
@@ -233,13 +234,6 @@ def searched(
         return _searched(rank, resume_at, stage)
 
 
-#: the search's omega in :func:`searched`: on the counter clock no CF's compression throughput
-#: beats theta_min's by the default 0.1 (at least half of the held-back energy counts as
-#: signal, MIN_SIGNAL_SHARE), so the search would keep theta_min; with 0.01 it goes to CF 8 at
-#: step 7 and back at step 11, across the resume at step 9
-MOVING_OMEGA = 0.01
-
-
 def _searched(rank: int, resume_at: int | None, stage: str) -> dict[str, Any]:
     m = tiny_model(seed=rank)
     broadcast_parameters(m)
@@ -252,7 +246,7 @@ def _searched(rank: int, resume_at: int | None, stage: str) -> dict[str, Any]:
             theta_max=64.0,
             window=3,
             warmup_steps=2,
-            omega=MOVING_OMEGA,
+            omega=MOVING_OMEGA,  # CF 8 from step 7 to 10, across the resume at step 9
             node_stage=stage,
             clock=counter_clock(),
         )

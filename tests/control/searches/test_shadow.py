@@ -26,7 +26,13 @@ from tests.control.searches.test_trial import (
     scripted,
     windows,
 )
-from tests.helpers import Records, resume_windowed, train_square, windowed_optimizer
+from tests.helpers import (
+    MOVING_OMEGA,
+    Records,
+    resume_windowed,
+    train_square,
+    windowed_optimizer,
+)
 
 EXPONENTIAL_LADDER = (10.0, 20.0, 40.0, 160.0, 1000.0)
 
@@ -578,11 +584,6 @@ def test_the_engine_logs_every_shadow_gain_once_a_window_and_resumes_them(horizo
     resume_windowed(part, WINDOW, 9, 20, **search)
     resumed = [(r.step, r.gain_shadow, r.cf_sent) for r in part.items[9:]]
     assert resumed == [(r.step, r.gain_shadow, r.cf_sent) for r in full.items[9:]]
-
-
-#: omega for the counter clock's tiny model, where CFs' compression throughputs lie within the
-#: default 0.1 of theta_min's and the search would keep it: with 0.01 it moves
-MOVING_OMEGA = 0.01
 
 
 def test_each_choice_is_logged_with_what_it_compared_and_follows_from_it() -> None:

@@ -647,7 +647,7 @@ def test_monitor_accepts_a_summary_writer(tmp_path: object) -> None:
     writer.close()
     acc = EventAccumulator(str(tmp_path))
     acc.Reload()
-    assert len(acc.Scalars("gravac/gain_min")) == 3
+    assert len(acc.Scalars("gravac/cf_sent")) == 3
 
 
 def test_a_monitor_that_fails_mid_run_is_dropped_with_a_warning_and_training_goes_on(

@@ -26,6 +26,7 @@ well, so its shadow gain can be compared with its real window gain
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -33,7 +34,7 @@ from torch import Tensor
 
 from gravac.control.window import Sampler, budget_stride, sample_size, window_terms
 
-__all__ = ["SHADOW_BUDGET", "SHADOW_STRIDE", "ShadowSums", "shadow_round"]
+__all__ = ["SHADOW_BUDGET", "SHADOW_STRIDE", "Replayed", "ShadowSums", "shadow_round"]
 
 #: one block of 16 elements in every SHADOW_STRIDE is replayed: four times sparser than the
 #: window's sample, so that a ladder of 8 CFs (the geometric policy's) costs 8 selections over
@@ -57,6 +58,15 @@ Select = Callable[[Tensor, float], Tensor]
 _Row = tuple[float, list[int], list[int], Tensor]
 #: a unit: the layer ids of its tensors, in order
 Layers = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """One unit's step replayed at every CF (:meth:`ShadowSums.replay`), not yet applied:
+    per CF, the new shadow residual and the window's new sum (``None``: not accumulated)."""
+
+    unit: Layers
+    rounds: tuple[tuple[float, Tensor, Tensor | None], ...]
 
 
 def shadow_round(
@@ -147,11 +157,44 @@ class ShadowSums:
         *,
         accumulate: bool,
     ) -> None:
-        """Replay one committed step of one unit at every CF in ``cfs``: ``gradient`` is the
-        sample of its gradient (:meth:`gradient`). What was sent is added to the window's sums
-        if ``accumulate`` (not at a step that closes a window:
-        :meth:`gravac.engine.Engine._sums`)."""
-        keep = set(cfs)
+        """Replay one committed step of one unit at every CF in ``cfs`` (:meth:`replay`, then
+        :meth:`apply`)."""
+        self.apply(self.replay(cfs, layers, numels, gradient, select, accumulate=accumulate))
+
+    def replay(
+        self,
+        cfs: Sequence[float],
+        layers: Sequence[int],
+        numels: Sequence[int],
+        gradient: Tensor,
+        select: Select,
+        *,
+        accumulate: bool,
+    ) -> Replayed:
+        """One step of one unit replayed at every CF in ``cfs``, not yet applied: ``gradient``
+        is the sample of its gradient (:meth:`gradient`); what was sent is added to the
+        window's sums if ``accumulate`` (not at a step that closes a window:
+        :meth:`gravac.engine.Engine._sums`). The shadows are left as they were, so that a
+        step replayed while its communication is in flight can still be skipped; only
+        :meth:`apply` (or :meth:`replay` of another unit) may move them between stores."""
+        unit = self._unit(layers, numels)
+        rounds = []
+        for cf in cfs:
+            kept, values, residual = shadow_round(
+                gradient, self._get("residual", cf, unit), cf, select
+            )
+            total = self._get("sent", cf, unit) if accumulate else None
+            if accumulate:
+                total = gradient.new_zeros(gradient.shape) if total is None else total.clone()
+                total.index_add_(0, kept, values)
+            rounds.append((cf, residual, total))
+        return Replayed(unit, tuple(rounds))
+
+    def apply(self, replayed: Replayed) -> None:
+        """Commit a unit's :meth:`replay`: its shadows take the new residuals (and sums, where
+        it accumulated); the CFs it did not replay, which the controller no longer asks
+        about, are dropped from every store."""
+        keep = {cf for cf, _, _ in replayed.rounds}
         stores: list[dict[Any, Tensor]] = [
             self.residual,
             self.sent,
@@ -160,16 +203,11 @@ class ShadowSums:
         ]
         for store in stores:
             for key in [k for k in store if k[0] not in keep]:
-                del store[key]  # CFs the controller no longer asks about
-        unit = self._unit(layers, numels)
-        for cf in cfs:
-            r = self._get("residual", cf, unit)
-            kept, values, self.residual[(cf, unit)] = shadow_round(gradient, r, cf, select)
-            if accumulate:
-                total = self._get("sent", cf, unit)
-                if total is None:
-                    total = self.sent[(cf, unit)] = torch.zeros_like(gradient)
-                total.index_add_(0, kept, values)
+                del store[key]
+        for cf, residual, total in replayed.rounds:
+            self.residual[(cf, replayed.unit)] = residual
+            if total is not None:
+                self.sent[(cf, replayed.unit)] = total
 
     def _before(self, cf: float, unit: Layers) -> Tensor | None:
         """What the shadow at ``cf`` sent over the earlier windows of the horizon, flat over

@@ -642,7 +642,8 @@ class Engine:
         sparse: int = -1,
         dropped: bool = False,
     ) -> Arrival[Any]:
-        """Start agreeing the step's scalars (after the last :meth:`launch`); the arrival's
+        """Start agreeing the step's scalars (after the last :meth:`launch`) and, while they
+        and the units travel, replay the plan's shadow CFs (:meth:`_replay`); the arrival's
         ``wait()`` returns once they and every unit's aggregate have arrived, or raises
         :class:`gravac.comm.CollectiveError` (:class:`gravac.comm.StepTimeoutError` past the
         step timeout) naming the step and the first collective that did not complete.
@@ -667,7 +668,6 @@ class Engine:
         step.previous_close = self.last_close
         interval = -1.0 if self.last_close is None else now - self.last_close
         self.last_close = now
-        step.closed_at = now
         step.flags = len(has_grad)
         values = torch.tensor(self._local_values(step), dtype=torch.float64)
         step.values = len(values)
@@ -698,6 +698,8 @@ class Engine:
             payload = payload.to(self.comm.device)
             step.signal = self.comm.all_reduce_async(payload)
             waits.append(step.signal.named("the window's signal sample"))
+        self._replay(step)
+        step.closed_at = self.clock()  # what the step waits from here on is communication
         return collect(waits, step.index)
 
     def _local_values(self, step: Step) -> list[float]:
@@ -819,12 +821,13 @@ class Engine:
 
     def _feed_back(self, step: Step, present: tuple[bool, ...]) -> None:
         """Stage 3: error feedback: each compressed unit's residual ``e <- x - D(sent)``, the
-        plan's shadow CFs replayed, and the window's sums cleared where a window closed."""
+        plan's shadow CFs' replays (made at :meth:`close`) applied, and the window's sums
+        cleared where a window closed."""
         for f in step.flights:
             if f.unit.compressed:
                 self._update_residual(f, present, step.plan)
-            if f.shadow is not None:
-                self._replay(f, step.plan)
+            if f.replayed is not None:
+                self.shadows.apply(f.replayed)
         if step.plan.window_terms:
             keep = step.plan.horizon - 1  # windows the next gains span too
             self.windows.clear(keep)
@@ -863,20 +866,26 @@ class Engine:
             residual = self.memory.residual(f.unit.key)
             self.windows.add(f.unit.layer_ids, f.unit.numels, taken, residual)
 
-    def _replay(self, f: Flight, plan: Plan) -> None:
-        """Replay error feedback at each of ``plan.shadows`` on ``f``'s sampled gradient
-        (:mod:`gravac.control.replay`), added to the window's shadow sums as :meth:`_sums` says."""
-        assert f.shadow is not None  # planned shadows: sampled at launch
+    def _replay(self, step: Step) -> None:
+        """Replay error feedback at each of the plan's shadow CFs on every flight's sampled
+        gradient (:mod:`gravac.control.replay`), to be applied at commit (:meth:`_feed_back`),
+        added to the window's shadow sums as :meth:`_sums` says. :meth:`close` calls it once the
+        step's collectives are in flight, so that it runs while they travel."""
+        if not step.plan.shadows:
+            return
         assert isinstance(self.compressor, Replayable)  # the factory refuses shadows otherwise
-        unit, select = f.unit, self.compressor.shadow_kept
-        self.shadows.step(
-            plan.shadows,
-            unit.layer_ids,
-            unit.numels,
-            f.shadow,
-            select,
-            accumulate=self._sums(plan),
-        )
+        select, accumulate = self.compressor.shadow_kept, self._sums(step.plan)
+        for f in step.flights:
+            if f.shadow is not None:
+                unit = f.unit
+                f.replayed = self.shadows.replay(
+                    step.plan.shadows,
+                    unit.layer_ids,
+                    unit.numels,
+                    f.shadow,
+                    select,
+                    accumulate=accumulate,
+                )
 
     def finish(self, outcome: Outcome) -> None:
         """Count and log a committed step (after the wrapped optimizer stepped, for the

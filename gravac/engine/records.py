@@ -14,6 +14,7 @@ from torch.futures import Future
 from gravac.comm import Arrival
 from gravac.compressors.base import Compressor, Context, Payload
 from gravac.control.records import Decision, Plan
+from gravac.control.replay import Replayed
 from gravac.control.window import SampledSend
 from gravac.engine.scalars import terms_size
 from gravac.monitor import StepRecord
@@ -164,6 +165,7 @@ class Flight:
     # place of taken: a sparsifier's is mostly zero, and kept compact)
     window_send: SampledSend | None = None
     shadow: Tensor | None = None  # the sampled gradient, for the plan's shadow CFs
+    replayed: Replayed | None = None  # the shadow CFs replayed on it, applied at commit
     # x is in the front end's buffer and becomes the residual: the aggregate goes into the old
     # residual's storage at commit (out, still x's, receives a skipped step's NaN)
     rotate: bool = False
@@ -203,7 +205,8 @@ class Step:
         terms: the local gain terms, summed over the compressed units (float64,
             :class:`gravac.engine.scalars.Terms`).
         compress_seconds: time spent compensating, compressing and computing gain terms.
-        closed_at: the clock at :meth:`Engine.close`; ``None`` before.
+        closed_at: the clock at the end of :meth:`Engine.close` (its collectives started, its
+            shadows replayed); ``None`` before.
         previous_close: the clock at the close before it (``None``: none), which a dropped
             step gives back (:meth:`Engine.close`'s ``dropped``).
         scalars: every rank's scalars (set by :meth:`Engine.close`).

@@ -109,6 +109,32 @@ def test_a_closing_step_moves_the_residual_not_the_sums_and_a_new_window_keeps_r
     assert shadows.sent == {} and (2.0, (0,)) in shadows.residual
 
 
+def test_a_replay_changes_no_shadow_until_it_is_applied_and_then_is_the_step() -> None:
+    """The engine replays at close, while the step's collectives travel, and applies at
+    commit: a skipped step must leave the shadows as they were."""
+    stepped, replayed = ShadowSums(), ShadowSums()
+    g = torch.tensor([3.0, -1.0, 0.5, 0.25, 2.0, -4.0, 0.0, 1.5])
+    for sums in (stepped, replayed):
+        sums.step((2.0, 4.0), (0,), (8,), g, TOPK.shadow_kept, accumulate=True)
+
+    def held(sums: ShadowSums) -> dict[tuple[str, object], torch.Tensor]:
+        stores = ("residual", "sent")
+        return {(n, k): t.clone() for n in stores for k, t in getattr(sums, n).items()}
+
+    before = held(replayed)
+    pending = replayed.replay((2.0, 4.0), (0,), (8,), 2 * g, TOPK.shadow_kept, accumulate=True)
+    after = held(replayed)
+    assert after.keys() == before.keys() and len(before) == 4
+    assert all(torch.equal(after[k], before[k]) for k in before)
+    replayed.apply(pending)
+    stepped.step((2.0, 4.0), (0,), (8,), 2 * g, TOPK.shadow_kept, accumulate=True)
+    for store in ("residual", "sent"):
+        ours, theirs = getattr(replayed, store), getattr(stepped, store)
+        assert ours.keys() == theirs.keys()
+        assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    assert not torch.equal(replayed.residual[(2.0, (0,))], before[("residual", (2.0, (0,)))])
+
+
 def test_cfs_no_longer_asked_about_are_dropped() -> None:
     shadows = ShadowSums()
     g = torch.ones(8)

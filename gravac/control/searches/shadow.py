@@ -78,6 +78,11 @@ which falls late in training even where higher CFs still cost progress
 (``docs/studies/2026-12-02-signal-share.md``), and at least :data:`MIN_SIGNAL_SHARE`: at most
 half of what was held back counts as noise, however low one early estimate came out.
 
+The search reads window gains, so the per-step gain of the CF sent (a pass over the gradient for
+its norm) is measured only at the step that carries a window's gain, where it is logged beside
+it; the shadows are replayed while the step's collectives travel
+(:meth:`gravac.engine.Engine.close`).
+
 Every decision reads only values agreed over ranks (the shadow terms are summed over ranks with
 the step's scalars, as the window's are), so the ranks decide alike. It needs a compressor whose
 sends a sample can replay (:class:`gravac.compressors.Replayable`) and plain error
@@ -213,6 +218,7 @@ class ShadowController:
         return Plan(
             sent,
             send,
+            measure=self.windows.awaiting,
             window_terms=self.windows.awaiting,
             shadows=self.ladder,
             signal=self.discounts_noise,

@@ -34,7 +34,14 @@ from torch import Tensor
 
 from gravac.control.window import Sampler, budget_stride, sample_size, window_terms
 
-__all__ = ["SHADOW_BUDGET", "SHADOW_STRIDE", "Replayed", "ShadowSums", "shadow_round"]
+__all__ = [
+    "SHADOW_BUDGET",
+    "SHADOW_STRIDE",
+    "Replayed",
+    "ShadowSums",
+    "shadow_keep",
+    "shadow_send",
+]
 
 #: one block of 16 elements in every SHADOW_STRIDE is replayed: four times sparser than the
 #: window's sample, so that a ladder of 8 CFs (the geometric policy's) costs 8 selections over
@@ -62,26 +69,37 @@ Layers = tuple[int, ...]
 
 @dataclass(frozen=True)
 class Replayed:
-    """One unit's step replayed at every CF (:meth:`ShadowSums.replay`), not yet applied:
-    per CF, the new shadow residual and the window's new sum (``None``: not accumulated)."""
+    """One unit's step replayed at every CF (:meth:`ShadowSums.replay`), not yet applied: the
+    sampled gradient, whether what was sent adds to the window's sums, and per CF the
+    indices sent and their values (:func:`shadow_send`)."""
 
     unit: Layers
-    rounds: tuple[tuple[float, Tensor, Tensor | None], ...]
+    gradient: Tensor
+    accumulate: bool
+    rounds: tuple[tuple[float, Tensor, Tensor], ...]
 
 
-def shadow_round(
+def shadow_send(
     gradient: Tensor, residual: Tensor | None, cf: float, select: Select
-) -> tuple[Tensor, Tensor, Tensor]:
-    """One step of error feedback at ``cf`` on a sample: ``(kept, values, new residual)``.
+) -> tuple[Tensor, Tensor]:
+    """What one step of error feedback at ``cf`` sends of a sample: ``(kept, values)``.
 
     ``x = gradient + residual`` (``None``: 0); ``kept = select(x, cf)`` are the indices sent and
-    ``values`` their entries of ``x``; the new residual is ``x`` with them zeroed (a new tensor),
-    so that what is sent and what is kept add up to ``x`` exactly.
+    ``values`` their entries of ``x``. Neither input is changed (:func:`shadow_keep` then
+    makes the new residual).
     """
-    x = gradient.clone() if residual is None else gradient + residual
+    x = gradient if residual is None else gradient + residual
     kept = select(x, cf)
-    values = x.index_select(0, kept)
-    return kept, values, x.index_fill_(0, kept, 0)
+    return kept, x.index_select(0, kept)
+
+
+def shadow_keep(gradient: Tensor, residual: Tensor | None, kept: Tensor) -> Tensor:
+    """The new residual of the step :func:`shadow_send` sent ``kept`` of: ``x = gradient +
+    residual`` with those entries zeroed, in ``residual``'s storage (a new tensor where it is
+    ``None``), so that what is sent and what is kept add up to ``x`` exactly (the sum is the
+    one :func:`shadow_send` selected on: IEEE addition commutes)."""
+    x = gradient.clone() if residual is None else residual.add_(gradient)
+    return x.index_fill_(0, kept, 0)
 
 
 class ShadowSums:
@@ -171,29 +189,25 @@ class ShadowSums:
         *,
         accumulate: bool,
     ) -> Replayed:
-        """One step of one unit replayed at every CF in ``cfs``, not yet applied: ``gradient``
-        is the sample of its gradient (:meth:`gradient`); what was sent is added to the
-        window's sums if ``accumulate`` (not at a step that closes a window:
-        :meth:`gravac.engine.Engine._sums`). The shadows are left as they were, so that a
-        step replayed while its communication is in flight can still be skipped; only
-        :meth:`apply` (or :meth:`replay` of another unit) may move them between stores."""
+        """One step of one unit replayed at every CF in ``cfs``, not yet applied: what each
+        shadow sends (:func:`shadow_send`; the selections, the replay's cost). ``gradient`` is
+        the sample of the unit's gradient (:meth:`gradient`); what was sent is to be added to
+        the window's sums if ``accumulate`` (not at a step that closes a window:
+        :meth:`gravac.engine.Engine._sums`). The shadows' values are left as they were, so that
+        a step replayed while its communication is in flight can still be skipped, and no
+        second copy of them is held meanwhile."""
         unit = self._unit(layers, numels)
         rounds = []
         for cf in cfs:
-            kept, values, residual = shadow_round(
-                gradient, self._get("residual", cf, unit), cf, select
-            )
-            total = self._get("sent", cf, unit) if accumulate else None
-            if accumulate:
-                total = gradient.new_zeros(gradient.shape) if total is None else total.clone()
-                total.index_add_(0, kept, values)
-            rounds.append((cf, residual, total))
-        return Replayed(unit, tuple(rounds))
+            kept, values = shadow_send(gradient, self._get("residual", cf, unit), cf, select)
+            rounds.append((cf, kept, values))
+        return Replayed(unit, gradient, accumulate, tuple(rounds))
 
     def apply(self, replayed: Replayed) -> None:
-        """Commit a unit's :meth:`replay`: its shadows take the new residuals (and sums, where
-        it accumulated); the CFs it did not replay, which the controller no longer asks
-        about, are dropped from every store."""
+        """Commit a unit's :meth:`replay`: each shadow residual takes the step
+        (:func:`shadow_keep`, in place) and, where it accumulates, the window's sum what was
+        sent; the CFs it did not replay, which the controller no longer asks about, are
+        dropped from every store."""
         keep = {cf for cf, _, _ in replayed.rounds}
         stores: list[dict[Any, Tensor]] = [
             self.residual,
@@ -204,10 +218,14 @@ class ShadowSums:
         for store in stores:
             for key in [k for k in store if k[0] not in keep]:
                 del store[key]
-        for cf, residual, total in replayed.rounds:
-            self.residual[(cf, replayed.unit)] = residual
-            if total is not None:
-                self.sent[(cf, replayed.unit)] = total
+        unit, g = replayed.unit, replayed.gradient
+        for cf, kept, values in replayed.rounds:
+            self.residual[(cf, unit)] = shadow_keep(g, self._get("residual", cf, unit), kept)
+            if replayed.accumulate:
+                total = self._get("sent", cf, unit)
+                if total is None:
+                    total = self.sent[(cf, unit)] = torch.zeros_like(g)
+                total.index_add_(0, kept, values)
 
     def _before(self, cf: float, unit: Layers) -> Tensor | None:
         """What the shadow at ``cf`` sent over the earlier windows of the horizon, flat over

@@ -2,7 +2,8 @@
 
 The search by shadow (:mod:`gravac.control.searches.shadow`) replays error feedback on a sample of
 the gradient for every CF of its ladder at every step (:mod:`gravac.control.replay`): a sample of
-``x - e`` at launch, then one selection per CF at commit. This times both for the exponential and
+``x - e`` at launch, then one selection per CF at close (while the step's collectives travel),
+applied at commit. This times both for the exponential and
 the geometric policies' default ladders (CFs 10 to 1000) on a gradient of the benchmark's layout
 (:func:`gravac_lab.bench.common.model_layout`, one bucket), against ``dst.copy_(src)`` of the whole
 gradient in the same loop, and reports the memory the shadows keep against the gradient's (with the
@@ -139,7 +140,7 @@ def format_shadow_table(results: Sequence[ShadowResult], *, seed: int, device: t
         f"gravac bench shadow: {describe_size(r0.size)}, median of {r0.repeats} repeats after"
         f" one warm-up, seed {seed}, {environment(device)}",
         "  sample: the replayed sample of x - e (at launch); replay: one selection per CF of"
-        " the ladder (at commit); copy: dst.copy_(src) of the gradient",
+        " the ladder, applied (at close and commit); copy: dst.copy_(src) of the gradient",
         "  of copy = (sample + replay) / copy; state: the shadows' residuals and sums (this"
         " window's and the horizon's earlier ones), and the sample's indices",
     ]

@@ -9,7 +9,13 @@ import torch
 from gravac import compressors
 from gravac.compressors.base import Replayable, Round, k_for_cf
 from gravac.config import build_engine
-from gravac.control.replay import SHADOW_BUDGET, SHADOW_STRIDE, ShadowSums, shadow_round
+from gravac.control.replay import (
+    SHADOW_BUDGET,
+    SHADOW_STRIDE,
+    ShadowSums,
+    shadow_keep,
+    shadow_send,
+)
 from gravac.control.window import WINDOW_BLOCK, sample, window_terms
 from gravac.gain import gain_from_terms
 from gravac.memory import ResidualMemory
@@ -35,11 +41,16 @@ def test_the_replayed_gradient_is_one_block_in_shadow_stride_of_x_less_the_resid
 def test_a_shadow_round_sends_the_top_k_of_x_and_keeps_the_rest_exactly() -> None:
     gen = torch.Generator().manual_seed(0)
     g, r = torch.randn(1000, generator=gen), torch.randn(1000, generator=gen)
-    kept_at, values, residual = shadow_round(g, r, 50.0, TOPK.shadow_kept)
+    x, r_before = g + r, r.clone()
+    kept_at, values = shadow_send(g, r, 50.0, TOPK.shadow_kept)
+    assert torch.equal(r, r_before)  # the send changes nothing: a skipped step drops it
+    residual = shadow_keep(g, r, kept_at)
+    assert residual.data_ptr() == r.data_ptr()  # the step kept in the residual's storage
     sent = torch.zeros(1000).index_copy_(0, kept_at, values)
-    x = g + r
     assert torch.equal(sent + residual, x)  # bit for bit: each element is in one of them
-    assert torch.equal(shadow_round(g, None, 50.0, TOPK.shadow_kept)[0], TOPK.shadow_kept(g, 50.0))
+    first, _ = shadow_send(g, None, 50.0, TOPK.shadow_kept)
+    assert torch.equal(first, TOPK.shadow_kept(g, 50.0))
+    assert torch.equal(shadow_keep(g, None, first), g.clone().index_fill_(0, first, 0))
     kept = sent.ne(0)
     assert int(kept.sum()) == k_for_cf(1000, 50.0) == 20
     assert float(x[kept].abs().min()) >= float(x[~kept].abs().max())
@@ -256,7 +267,8 @@ def test_sums_kept_for_the_horizon_add_the_windows_before_to_the_terms() -> None
             g = torch.randn(80, generator=gen)
             closing = step == 3
             for sums in (kept, plain):
-                before = {cf: sums.residual.get((cf, layers)) for cf in cfs}
+                held = {cf: sums.residual.get((cf, layers)) for cf in cfs}
+                before = {cf: None if r is None else r.clone() for cf, r in held.items()}
                 sums.step(cfs, layers, numels, g, TOPK.shadow_kept, accumulate=not closing)
             if not closing:
                 for cf in cfs:

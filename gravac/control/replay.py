@@ -165,20 +165,6 @@ class ShadowSums:
             out[3 * i : 3 * i + 3] += window_terms(s, e).cpu()
         return out
 
-    def step(
-        self,
-        cfs: Sequence[float],
-        layers: Sequence[int],
-        numels: Sequence[int],
-        gradient: Tensor,
-        select: Select,
-        *,
-        accumulate: bool,
-    ) -> None:
-        """Replay one committed step of one unit at every CF in ``cfs`` (:meth:`replay`, then
-        :meth:`apply`)."""
-        self.apply(self.replay(cfs, layers, numels, gradient, select, accumulate=accumulate))
-
     def replay(
         self,
         cfs: Sequence[float],

@@ -105,7 +105,9 @@ def bench_shadow(
         def replay(
             sums: ShadowSums = sums, cfs: tuple[float, ...] = cfs, sample: torch.Tensor = sample
         ) -> Any:
-            return lambda: sums.step(cfs, layers, numels, sample, select, accumulate=True)
+            return lambda: sums.apply(
+                sums.replay(cfs, layers, numels, sample, select, accumulate=True)
+            )
 
         sample_s, replay_s, copy_s = interleaved_medians(
             [gather, replay, lambda: lambda: dst.copy_(x)],

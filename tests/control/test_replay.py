@@ -3,6 +3,8 @@ the real compressor's error feedback."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -21,6 +23,12 @@ from gravac.gain import gain_from_terms
 from gravac.memory import ResidualMemory
 
 TOPK = compressors.create("topk")
+
+
+def replay_step(shadows: ShadowSums, *args: Any, **kwargs: Any) -> None:
+    """One committed step: :meth:`ShadowSums.replay`, then :meth:`ShadowSums.apply` (as the
+    engine does at close and commit)."""
+    shadows.apply(shadows.replay(*args, **kwargs))
 
 
 def test_the_replayed_gradient_is_one_block_in_shadow_stride_of_x_less_the_residual() -> None:
@@ -68,7 +76,7 @@ def test_the_shadow_of_a_cf_replays_top_k_error_feedback_exactly() -> None:
         payload, ctx = TOPK.compress(x, 4.0, Round(step=t, key=0, world_size=1))
         sent_total += TOPK.decompress(payload, ctx)
         memory.update_sent(0, x, TOPK, payload, ctx)
-        shadows.step((4.0,), (7,), (16,), g, TOPK.shadow_kept, accumulate=True)
+        replay_step(shadows, (4.0,), (7,), (16,), g, TOPK.shadow_kept, accumulate=True)
         residual = memory.residual(0)
         assert residual is not None
         assert torch.equal(shadows.residual[(4.0, (7,))], residual)
@@ -86,14 +94,14 @@ def test_window_terms_hold_the_error_feedback_identity_for_every_cf() -> None:
     signal = torch.randn(128, generator=gen)
     for _ in range(3):  # residuals built up before the window
         g = signal + torch.randn(128, generator=gen)
-        shadows.step(cfs, layers, numels, g, TOPK.shadow_kept, accumulate=True)
+        replay_step(shadows, cfs, layers, numels, g, TOPK.shadow_kept, accumulate=True)
     shadows.clear()
     start = {cf: shadows.residual[(cf, layers)].clone() for cf in cfs}
     total = torch.zeros(128)
     for _ in range(8):
         g = signal + torch.randn(128, generator=gen)
         total += g
-        shadows.step(cfs, layers, numels, g, TOPK.shadow_kept, accumulate=True)
+        replay_step(shadows, cfs, layers, numels, g, TOPK.shadow_kept, accumulate=True)
     terms = shadows.terms(cfs, layers, numels)
     gains = []
     for i, cf in enumerate(cfs):
@@ -110,9 +118,9 @@ def test_window_terms_hold_the_error_feedback_identity_for_every_cf() -> None:
 def test_a_closing_step_moves_the_residual_not_the_sums_and_a_new_window_keeps_residuals() -> None:
     shadows = ShadowSums()
     g = torch.tensor([3.0, 1.0, 0.5, 0.25])
-    shadows.step((2.0,), (0,), (4,), g, TOPK.shadow_kept, accumulate=True)
+    replay_step(shadows, (2.0,), (0,), (4,), g, TOPK.shadow_kept, accumulate=True)
     assert torch.equal(shadows.sent[(2.0, (0,))], torch.tensor([3.0, 1.0, 0.0, 0.0]))
-    shadows.step((2.0,), (0,), (4,), g, TOPK.shadow_kept, accumulate=False)
+    replay_step(shadows, (2.0,), (0,), (4,), g, TOPK.shadow_kept, accumulate=False)
     assert torch.equal(shadows.sent[(2.0, (0,))], torch.tensor([3.0, 1.0, 0.0, 0.0]))
     # x = g + [0, 0, .5, .25] = [3, 1, 1, .5]: 3 and one of the 1s sent
     assert float(shadows.residual[(2.0, (0,))].sum()) == pytest.approx(1.5)
@@ -122,42 +130,43 @@ def test_a_closing_step_moves_the_residual_not_the_sums_and_a_new_window_keeps_r
 
 def test_a_replay_changes_no_shadow_until_it_is_applied_and_then_is_the_step() -> None:
     """The engine replays at close, while the step's collectives travel, and applies at
-    commit: a skipped step must leave the shadows as they were."""
-    stepped, replayed = ShadowSums(), ShadowSums()
+    commit: a skipped step must leave the shadows as they were, and an applied one is one
+    step of error feedback at each CF (the residual ``x`` less what was sent, the sum grown
+    by it)."""
+    shadows = ShadowSums()
     g = torch.tensor([3.0, -1.0, 0.5, 0.25, 2.0, -4.0, 0.0, 1.5])
-    for sums in (stepped, replayed):
-        sums.step((2.0, 4.0), (0,), (8,), g, TOPK.shadow_kept, accumulate=True)
+    replay_step(shadows, (2.0, 4.0), (0,), (8,), g, TOPK.shadow_kept, accumulate=True)
 
     def held(sums: ShadowSums) -> dict[tuple[str, object], torch.Tensor]:
         stores = ("residual", "sent")
         return {(n, k): t.clone() for n in stores for k, t in getattr(sums, n).items()}
 
-    before = held(replayed)
-    pending = replayed.replay((2.0, 4.0), (0,), (8,), 2 * g, TOPK.shadow_kept, accumulate=True)
-    after = held(replayed)
+    before = held(shadows)
+    pending = shadows.replay((2.0, 4.0), (0,), (8,), 2 * g, TOPK.shadow_kept, accumulate=True)
+    after = held(shadows)
     assert after.keys() == before.keys() and len(before) == 4
     assert all(torch.equal(after[k], before[k]) for k in before)
-    replayed.apply(pending)
-    stepped.step((2.0, 4.0), (0,), (8,), 2 * g, TOPK.shadow_kept, accumulate=True)
-    for store in ("residual", "sent"):
-        ours, theirs = getattr(replayed, store), getattr(stepped, store)
-        assert ours.keys() == theirs.keys()
-        assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
-    assert not torch.equal(replayed.residual[(2.0, (0,))], before[("residual", (2.0, (0,)))])
+    shadows.apply(pending)
+    for cf in (2.0, 4.0):
+        x = 2 * g + before[("residual", (cf, (0,)))]
+        kept = TOPK.shadow_kept(x, cf)
+        sent = torch.zeros(8).index_copy_(0, kept, x.index_select(0, kept))
+        assert torch.equal(shadows.residual[(cf, (0,))], x - sent)
+        assert torch.equal(shadows.sent[(cf, (0,))], before[("sent", (cf, (0,)))] + sent)
 
 
 def test_cfs_no_longer_asked_about_are_dropped() -> None:
     shadows = ShadowSums()
     g = torch.ones(8)
-    shadows.step((2.0, 4.0), (0,), (8,), g, TOPK.shadow_kept, accumulate=True)
-    shadows.step((4.0,), (0,), (8,), g, TOPK.shadow_kept, accumulate=True)
+    replay_step(shadows, (2.0, 4.0), (0,), (8,), g, TOPK.shadow_kept, accumulate=True)
+    replay_step(shadows, (4.0,), (0,), (8,), g, TOPK.shadow_kept, accumulate=True)
     assert set(shadows.residual) == set(shadows.sent) == {(4.0, (0,))}
 
 
 def test_state_round_trip_and_another_version_starts_afresh() -> None:
     shadows = ShadowSums()
     g = torch.arange(10.0)
-    shadows.step((2.0,), (1, 3), (6, 4), g, TOPK.shadow_kept, accumulate=True)
+    replay_step(shadows, (2.0,), (1, 3), (6, 4), g, TOPK.shadow_kept, accumulate=True)
     state = shadows.state_dict()
     assert [(cf, layers, sizes, t.numel()) for cf, layers, sizes, t in state["residual"]] == [
         (2.0, [1, 3], [6, 4], 10)
@@ -168,8 +177,8 @@ def test_state_round_trip_and_another_version_starts_afresh() -> None:
         for layer in (1, 3):
             assert torch.equal(again.piece(name, 2.0, layer), shadows.piece(name, 2.0, layer))
     # joined into its unit at first use, and replayed as before
-    shadows.step((2.0,), (1, 3), (6, 4), g, TOPK.shadow_kept, accumulate=True)
-    again.step((2.0,), (1, 3), (6, 4), g, TOPK.shadow_kept, accumulate=True)
+    replay_step(shadows, (2.0,), (1, 3), (6, 4), g, TOPK.shadow_kept, accumulate=True)
+    replay_step(again, (2.0,), (1, 3), (6, 4), g, TOPK.shadow_kept, accumulate=True)
     assert torch.equal(again.residual[(2.0, (1, 3))], shadows.residual[(2.0, (1, 3))])
     assert torch.equal(again.sent[(2.0, (1, 3))], shadows.sent[(2.0, (1, 3))])
     # saved and loaded again from the pieces held by layer: the same pieces
@@ -185,7 +194,7 @@ def test_state_round_trip_and_another_version_starts_afresh() -> None:
 def test_a_state_of_the_first_version_a_tensor_per_layer_still_loads() -> None:
     shadows = ShadowSums()
     g = torch.arange(10.0)
-    shadows.step((2.0,), (1, 3), (6, 4), g, TOPK.shadow_kept, accumulate=True)
+    replay_step(shadows, (2.0,), (1, 3), (6, 4), g, TOPK.shadow_kept, accumulate=True)
     pieces = [
         (cf, layer, shadows.piece(name, cf, layer).clone())
         for name in ("residual",)
@@ -201,8 +210,14 @@ def test_a_new_layout_joins_its_units_from_the_tensors_pieces() -> None:
     """Tensors 1 and 3 were one unit; after a rebuild 3 shares a unit with a new tensor 5 and
     1 is alone: each keeps its own shadow residual, and 5 starts from zeros."""
     shadows = ShadowSums()
-    shadows.step(
-        (2.0,), (1, 3), (6, 4), torch.arange(10.0).flip(0), TOPK.shadow_kept, accumulate=True
+    replay_step(
+        shadows,
+        (2.0,),
+        (1, 3),
+        (6, 4),
+        torch.arange(10.0).flip(0),
+        TOPK.shadow_kept,
+        accumulate=True,
     )
     one, three = shadows.piece("residual", 2.0, 1), shadows.piece("residual", 2.0, 3)
     assert one is not None and three is not None
@@ -213,7 +228,7 @@ def test_a_new_layout_joins_its_units_from_the_tensors_pieces() -> None:
         terms, window_terms(shadows.sent[(2.0, (3, 5))], shadows.residual[(2.0, (3, 5))])
     )
     assert torch.equal(shadows.residual[(2.0, (3, 5))], torch.cat([three, torch.zeros(2)]))
-    shadows.step((2.0,), (1,), (6,), torch.zeros(6), TOPK.shadow_kept, accumulate=False)
+    replay_step(shadows, (2.0,), (1,), (6,), torch.zeros(6), TOPK.shadow_kept, accumulate=False)
     # tensor 1's residual carried on: a zero gradient sends the top half of it
     want = one.clone().index_fill_(0, TOPK.shadow_kept(one, 2.0), 0)
     assert torch.equal(shadows.residual[(2.0, (1,))], want) and bool(one.ne(want).any())
@@ -269,7 +284,7 @@ def test_sums_kept_for_the_horizon_add_the_windows_before_to_the_terms() -> None
             for sums in (kept, plain):
                 held = {cf: sums.residual.get((cf, layers)) for cf in cfs}
                 before = {cf: None if r is None else r.clone() for cf, r in held.items()}
-                sums.step(cfs, layers, numels, g, TOPK.shadow_kept, accumulate=not closing)
+                replay_step(sums, cfs, layers, numels, g, TOPK.shadow_kept, accumulate=not closing)
             if not closing:
                 for cf in cfs:
                     x = g if before[cf] is None else g + before[cf]
@@ -301,7 +316,7 @@ def test_forgotten_tensors_lose_every_shadow_of_their_units_and_others_keep_thei
     shadows = ShadowSums()
     g = torch.arange(8.0)
     for layers in ((1,), (2,)):
-        shadows.step((2.0,), layers, (8,), g, TOPK.shadow_kept, accumulate=True)
+        replay_step(shadows, (2.0,), layers, (8,), g, TOPK.shadow_kept, accumulate=True)
     shadows.clear(keep=1)
     kept = shadows.residual[(2.0, (2,))].clone()
     shadows.forget([1])
@@ -321,7 +336,7 @@ def test_shadows_sampled_at_another_stride_start_afresh_and_a_checkpoint_keeps_i
     numels = (2048,)
     shadows = ShadowSums()
     g = shadows.gradient(torch.randn(2048, generator=gen), None, numels)
-    shadows.step((4.0,), (0,), numels, g, TOPK.shadow_kept, accumulate=True)
+    replay_step(shadows, (4.0,), (0,), numels, g, TOPK.shadow_kept, accumulate=True)
     shadows.clear(keep=1)
     shadows.fit(SHADOW_BUDGET * SHADOW_STRIDE)
     assert shadows.stride == SHADOW_STRIDE and shadows.residual and shadows.earlier
@@ -332,7 +347,7 @@ def test_shadows_sampled_at_another_stride_start_afresh_and_a_checkpoint_keeps_i
     x = torch.randn(2048, generator=gen)
     g = shadows.gradient(x, None, numels)
     assert torch.equal(g, sample(x, 2 * SHADOW_STRIDE)) and g.numel() == 16
-    shadows.step((4.0,), (0,), numels, g, TOPK.shadow_kept, accumulate=True)
+    replay_step(shadows, (4.0,), (0,), numels, g, TOPK.shadow_kept, accumulate=True)
     again = ShadowSums()
     again.load_state_dict(shadows.state_dict())
     assert again.stride == 2 * SHADOW_STRIDE

@@ -50,7 +50,7 @@ class ControllerConfig:
             "compression throughput saturated" (the other searches: "as good").
         window: steps each candidate CF is evaluated for.
         warmup_steps: steps at theta_min before the search starts (the searches by trial and
-            shadow: theta_min's window).
+            shadow: theta_min's window, at least two steps: a run's first is not timed).
         ewma_alpha: gain and throughput smoothing; ``None`` picks ``min(1, N / 100)``.
         search: the search that runs an adaptive ladder (:data:`SEARCHES`).
         progress: how the searches by trial and shadow predict a CF's progress per step from

@@ -9,6 +9,7 @@ step would be skipped, the parameters frozen for ever).
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,6 +28,7 @@ __all__ = [
     "check_controller_state",
     "check_keys",
     "check_tables",
+    "check_times",
     "interval_norms",
 ]
 
@@ -61,6 +63,24 @@ def check_keys(state: Mapping[str, Any], *, with_memory: bool) -> None:
             f"the checkpoint's gravac state is missing {missing} (keys: {sorted(state)}): not "
             "a state saved by this gravac"
         )
+
+
+def check_times(state: Mapping[str, Any]) -> None:
+    """The step before the checkpoint's times (``last_seconds``, ``last_comm``), where saved,
+    are seconds, or -1 for none: the resumed first step sends them to every rank's controller.
+
+    Raises:
+        ValueError: naming the key, its value and what is allowed.
+    """
+    for key in ("last_seconds", "last_comm"):
+        value = state.get(key, -1.0)
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        ok = ok and math.isfinite(value)
+        if not ok or (value < 0 and value != -1):
+            raise ValueError(
+                f"the checkpoint's {key} is {value!r}: a step's seconds (finite, >= 0) or -1 "
+                "for none"
+            )
 
 
 def check_tables(

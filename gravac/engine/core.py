@@ -43,6 +43,7 @@ from gravac.engine.checkpoint import (
     check_controller_state,
     check_keys,
     check_tables,
+    check_times,
     interval_norms,
 )
 from gravac.engine.finite import all_finite, ends, ends_finite, note_x, step_bound
@@ -148,7 +149,8 @@ class Engine:
 
         # State carried from one step to the next (checkpointed but for the clock's).
         self.last_cf: float | None = None  # CF sent at the previous step (None: not searching)
-        self.last_close: float | None = None  # the clock at the previous step's close()
+        self.last_end: float | None = None  # the clock at the end of the previous step
+        self.last_seconds = -1.0  # the previous step's seconds, end to end (-1: not timed)
         self.last_comm = -1.0  # the previous step's exposed communication seconds (-1: none)
         # the compressor's statistics agreed over ranks, and those kept to lag a step
         self.stats = AgreedStats(compressor, feedback=not isinstance(memory, NoMemory))
@@ -664,17 +666,13 @@ class Engine:
                 only some do.
         """
         self.launch_scattered(step, wait=True)
-        now = self.clock()
-        step.previous_close = self.last_close
-        interval = -1.0 if self.last_close is None else now - self.last_close
-        self.last_close = now
         step.flags = len(has_grad)
         values = torch.tensor(self._local_values(step), dtype=torch.float64)
         step.values = len(values)
         row = Row(
             nonfinite=not ends_finite(step.ends),
             stale=stale,
-            interval=interval,
+            interval=self.last_seconds,
             exposed=self.last_comm,
             bound=step_bound(step),
             step=step.index,
@@ -740,7 +738,20 @@ class Engine:
         for f, g in zip(step.flights, totals, strict=True):
             f.result.set_result(g)
         self.skip_run = 0
-        return Outcome(False, self._whole(step, totals), present, record, search=seen.search)
+        whole = self._whole(step, totals)
+        self._end(timed=True)
+        return Outcome(False, whole, present, record, search=seen.search)
+
+    def _end(self, *, timed: bool) -> None:
+        """Stamp the end of a step: the next step is timed from here, and this one's seconds
+        since the end of the step before (``timed``: a step committed after one that ended) go
+        with the next step's scalars; a skipped step is not timed."""
+        now = self.clock()
+        if timed and self.last_end is not None:
+            self.last_seconds = now - self.last_end
+        else:
+            self.last_seconds = -1.0
+        self.last_end = now
 
     def _whole(self, step: Step, totals: list[Tensor]) -> tuple[Tensor, ...]:
         """Each unit's aggregate: ``totals``, or in two levels every unit's chunks all-gathered
@@ -917,6 +928,7 @@ class Engine:
         self.skipped_steps += 1
         self._alone += not self.comm.distributed
         self.last_cf, self.last_comm = None, -1.0
+        self._end(timed=False)
         if self.skipped_steps & (self.skipped_steps - 1) == 0:  # 1, 2, 4, 8, ...: rate-limited
             warnings.warn(
                 f"gravac skipped step {step.index}: a gradient or aggregate was not finite on "
@@ -942,11 +954,12 @@ class Engine:
     def _drop(self, step: Step) -> Outcome:
         """Drop a step every rank's front end discarded (:meth:`close`'s ``dropped``): as if
         its launches had not been, the compressor, residuals and window sums as before it, the
-        controller not told, the next step's interval counted from the close before it. Its
+        controller not told, the next step timed from here and with the times of the step
+        before it (the dropped step's scalars carried them, and went unread). Its
         per-layer interval sums (Accordion's) cannot be taken back: the interval restarts, as
         at a skip, and the controller is told so."""
         self._undo(step)
-        self.last_close = step.previous_close
+        self.last_end = self.clock()
         if step.plan.norms:
             self.controller.observe(Skipped(step.plan))
         return _SKIP
@@ -1008,6 +1021,8 @@ class Engine:
             "total_wire_bytes": self.total_wire_bytes,
             "total_dense_wire_bytes": self.total_dense_wire_bytes,
             "last_cf": self.last_cf,
+            "last_seconds": self.last_seconds,
+            "last_comm": self.last_comm,
             "lagged_stats": self.stats.state_dict(),
             "window_sums": self.windows.state_dict(),
             "shadow_sums": self.shadows.state_dict(),
@@ -1032,13 +1047,14 @@ class Engine:
         """Check a saved state before loading it: every key it needs; the same compressor
         (name and options); a controller of the same kind (the searches by trial and by shadow
         take each other's: the shadow's is the trial's and its shadows) whose state loads;
-        finite residuals (of ``units``' sizes and dtypes, by key, where given); a different
-        world size loads with a warning.
+        finite residuals (of ``units``' sizes and dtypes, by key, where given) and step
+        times; a different world size loads with a warning.
 
         Raises:
             ValueError: naming what is wrong.
         """
         check_keys(state, with_memory=with_memory)
+        check_times(state)
         check_compatible(
             state,
             topology=self.topology,
@@ -1069,7 +1085,10 @@ class Engine:
         self.total_wire_bytes = int(state["total_wire_bytes"])
         self.total_dense_wire_bytes = int(state["total_dense_wire_bytes"])
         self.last_cf = state["last_cf"]
-        self.last_close, self.last_comm = None, -1.0
+        # the step before the checkpoint's times, agreed with the resumed first step's scalars
+        self.last_seconds = float(state.get("last_seconds", -1.0))
+        self.last_comm = float(state.get("last_comm", -1.0))
+        self.last_end = None  # the resumed first step is not timed
         self.stats.load_state_dict(state.get("lagged_stats", []))
         self.windows.load_state_dict(state.get("window_sums", {"sent": []}))
         self.shadows.load_state_dict(state.get("shadow_sums", {}))

@@ -77,7 +77,8 @@ def observation(
     over ranks, the step before's time counted at the CF it sent (``last_cf``).
 
     System throughput is ``samples / interval`` (``samples``: every rank's batch, or one per
-    rank when unknown; ``interval``: the agreed seconds between two steps' closes); the exposed
+    rank when unknown; ``interval``: the step before's agreed seconds, from the end of the step
+    before it to its own end, :meth:`gravac.engine.Engine.commit`); the exposed
     communication time is counted per sample. With a plan's ``norms`` (Accordion), every
     rank's learning rate and, at an interval's end, the mean over ranks of each layer's norm
     (``norm_layers``: the layers, in the order the ranks sent their norms).

@@ -207,8 +207,6 @@ class Step:
         compress_seconds: time spent compensating, compressing and computing gain terms.
         closed_at: the clock at the end of :meth:`Engine.close` (its collectives started, its
             shadows replayed); ``None`` before.
-        previous_close: the clock at the close before it (``None``: none), which a dropped
-            step gives back (:meth:`Engine.close`'s ``dropped``).
         scalars: every rank's scalars (set by :meth:`Engine.close`).
         flags: how many has-gradient flags this step's scalars carry (set by :meth:`Engine.close`).
         values: how many controller values they carry (set by :meth:`Engine.close`).
@@ -236,7 +234,6 @@ class Step:
     terms: Tensor = field(default_factory=lambda: torch.zeros(terms_size(0), dtype=torch.float64))
     compress_seconds: float = 0.0
     closed_at: float | None = None
-    previous_close: float | None = None
     scalars: Arrival[list[Tensor]] | None = None
     flags: int = 0
     values: int = 0

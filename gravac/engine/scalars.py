@@ -8,7 +8,8 @@ asynchronous collective (:meth:`gravac.engine.Engine.close`)::
 
 * ``nonfinite``: this rank saw a non-finite gradient (1) or not (0);
 * ``stale``: this rank changed a gradient after it was launched;
-* ``interval``: seconds since the previous step's close (-1: none);
+* ``interval``: the previous step's seconds, from the end of the step before it to its own
+  end (-1: not timed);
 * ``exposed``: the previous step's exposed communication seconds (-1: none);
 * ``bound``: a bound on ``max |x|`` over this rank's compressed units (``inf``: none known);
 * ``step``: the step's index on this rank (ranks that loaded checkpoints of different steps
@@ -198,7 +199,7 @@ class Table:
 
     @property
     def interval(self) -> float:
-        """The longest interval between two closes over ranks (-1: none)."""
+        """The longest time of the previous step over ranks, end to end (-1: not timed)."""
         return float(self.rows[:, 2].max())
 
     @property

@@ -62,6 +62,10 @@ def poison_steps(state: dict[str, Any]) -> None:
     del state["gravac"]["steps"]
 
 
+def poison_time(state: dict[str, Any]) -> None:
+    state["gravac"]["last_seconds"] = math.inf
+
+
 @pytest.mark.parametrize(
     ("poison", "says"),
     [
@@ -74,6 +78,7 @@ def poison_steps(state: dict[str, Any]) -> None:
         (poison_key, r"belongs to no bucket of this optimizer"),
         (poison_phase, r"controller state is missing 'phase'"),
         (poison_steps, r"gravac state is missing \['steps'\]"),
+        (poison_time, r"last_seconds is inf: a step's seconds \(finite, >= 0\) or -1"),
     ],
 )
 def test_a_checkpoint_that_cannot_resume_is_refused_and_changes_nothing(

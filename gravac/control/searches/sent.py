@@ -10,6 +10,8 @@ composes a :class:`SentWindows`. A window runs::
               model says a candidate beats theta_min even at epsilon's gain (a slow link)
     window:   `window` steps at `current`; the step after them (still at `current`) carries the
               window's gain and closes it
+    the warm-up lasts FIRST_TIMED_STEPS steps at least: its closing step carries its last
+    step's time, and a run's first step is never timed
 """
 
 from __future__ import annotations
@@ -26,11 +28,15 @@ from gravac.control.searches.common import DENSE_CF, Setting
 from gravac.control.tables import cf_key
 from gravac.control.window import predicted_progress
 
-__all__ = ["MIN_WARMUP_STEPS", "SentWindows"]
+__all__ = ["FIRST_TIMED_STEPS", "MIN_WARMUP_STEPS", "SentWindows"]
 
-#: warm-up steps before the link model may end it: the first with two agreed step times (a
-#: step's time and communication are agreed at the step after it)
+#: warm-up steps before the link model may end it: the first with a step's time and two
+#: steps' communication agreed (a step's are agreed at the step after it, and a run's first
+#: step is not timed: the engine times a step from the end of the one before)
 MIN_WARMUP_STEPS = 3
+#: the fewest steps of a warm-up: the step that closes it carries the time of its last step,
+#: and the second step is the first timed, so theta_min is judged by a time of its own
+FIRST_TIMED_STEPS = 2
 
 
 class SentWindows:
@@ -95,7 +101,8 @@ class SentWindows:
             return True
         self.step += 1
         if self.phase is Phase.WARMUP:  # warm-up is theta_min's first window
-            if self.step >= self.config.warmup_steps or beaten():
+            least = max(self.config.warmup_steps, FIRST_TIMED_STEPS)
+            if self.step >= least or beaten():
                 self.phase, self.awaiting = Phase.SEARCH, True
         elif self.step >= self.config.window:
             self.awaiting = True

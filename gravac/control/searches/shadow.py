@@ -46,13 +46,10 @@ A step's time at a CF not sent is more than its communication scaled by the byte
 compression grows with the elements kept, and the link model, which keeps all but the
 communication, would time every CF as the one it was anchored at, so on loopback the search
 kept sending a low CF (``docs/studies/2026-12-02-between-timing.md``). The warm-up's steps at the
-top of the ladder time its step as well, and a CF between two CFs timed is timed between them,
-linear in ``1 / cf``; the top's time is held to the link model's, which a noisy interval would
-exceed. The engine times a step from the close of the one before and counts it at that one's CF, so
-an interval holds the step before's wait for communication and its own compression: the top's
-whole step is the bridge's interval where the link model ended the warm-up (the top sent at
-both), else the median over the top steps after the first of the intervals of that step and
-the next, less one of a step at theta_min alone.
+top of the ladder time its step as well (the median of those timed: the engine times a step
+from the end of the one before to its own end, and counts it at its CF), and a CF between two
+CFs timed is timed between them, linear in ``1 / cf``; the top's time is held to the link
+model's, which a noisy step would exceed.
 
 The CF sent changes only for one better by more than omega: without that, the search moved back
 and forth between CFs from window to window. And the shadow of a high CF is optimistic: replayed
@@ -108,15 +105,14 @@ from gravac.control.window import predicted_progress
 __all__ = ["MIN_SIGNAL_SHARE", "TOP_WARMUP_STEPS", "ShadowController"]
 
 #: the warm-up steps (counted from 0) that send the top of the ladder where the warm-up is long
-#: enough for the link model to end it (MIN_WARMUP_STEPS): the first, whose time carries the
-#: run's one-off costs (a window keeps only the times of the CF it sends), the third, sent
-#: before the second's time is agreed (so on a slow link one warm-up step of four sends
-#: theta_min, not four), and the fifth and seventh, each with the step after it one more
-#: estimate of the top's step: one pair of intervals timed the top of vgg-digits on loopback at
-#: 49-81 ms against a real 55 ms, enough to keep theta_min by the omega rule
-#: (``docs/studies/2026-12-07-warmup-trajectory.md``); the median of three is what the search
-#: reads. A top step is sent only where the warm-up leaves a step at theta_min alone after its
-#: pair (:meth:`ShadowController.top_steps`)
+#: enough for the link model to end it (MIN_WARMUP_STEPS): the first, which is never timed (no
+#: step ended before it) and carries the run's one-off costs, the third, sent before the
+#: second's time is agreed (so on a slow link one warm-up step of four sends theta_min, not
+#: four), and the fifth and seventh, each one more time of the top's step: one step timed the
+#: top of vgg-digits on loopback at 49-81 ms against a real 55 ms, enough to keep theta_min by
+#: the omega rule (``docs/studies/2026-12-07-warmup-trajectory.md``); the median of three is
+#: what the search reads. A top step is sent only where its time is agreed before the warm-up's
+#: last step (:meth:`ShadowController.top_steps`)
 TOP_WARMUP_STEPS = (0, 2, 4, 6)
 #: the least share of signal the search counts in what error feedback held back
 #: (:func:`gravac.control.noise.signal_gain`): so at most half of it is taken for noise. The
@@ -148,7 +144,7 @@ class ShadowController:
         self.same_windows = 0  # of them, the last ones in a row that sent the same CF
         self.last_sent: float | None = None  # the CF the last window that ended sent
         self.signal_share: float | None = None  # the largest signal share measured so far
-        self._warmup_seconds: dict[int, float] = {}  # seconds/sample of warm-up steps, by step
+        self._top_samples: list[float] = []  # seconds/sample of the warm-up's top steps timed
         self.top_seconds: float | None = None  # seconds/sample at the top, the warm-up's
 
     @property
@@ -191,7 +187,7 @@ class ShadowController:
     def top_steps(self) -> tuple[int, ...]:
         """The warm-up steps that send the top of the ladder (:data:`TOP_WARMUP_STEPS`): the
         first two always (a slow link's warm-up may end after them), a later one only where
-        the warm-up has a step at theta_min alone after it and the step that follows it."""
+        its time, agreed at the step after it, comes before the warm-up's last step."""
         last = self.config.warmup_steps - 2
         return tuple(k for i, k in enumerate(TOP_WARMUP_STEPS) if i < 2 or k <= last)
 
@@ -232,8 +228,8 @@ class ShadowController:
             self._shadow = {}
             return Report(self.phase)
         t = seen.throughput
-        if t is not None and self.in_probing_warmup and self.windows.step >= TOP_WARMUP_STEPS[1]:
-            self._warmup_seconds[self.windows.step] = 1.0 / t.value
+        if t is not None and self.in_probing_warmup and cf_key(t.cf) == self.ladder[-1]:
+            self._top_samples.append(1.0 / t.value)
         if seen.signal_share is not None:
             old = self.signal_share
             self.signal_share = seen.signal_share if old is None else max(old, seen.signal_share)
@@ -247,58 +243,18 @@ class ShadowController:
         return report
 
     def _top_seconds(self) -> float | None:
-        """Seconds per sample of a step at the top of the ladder, from the warm-up's intervals
-        (called at its bridge step). The engine times a step from the close of the one before
-        and counts it at that one's CF, so step ``s``'s interval ``I(s)`` holds the wait for
-        step ``s - 1``'s communication and step ``s``'s own compression: where the bridge sent
-        the top right after a top step (a warm-up the link model ended), it is ``I(bridge)``;
-        else the median over the top steps ``k`` after the first of
-        ``I(k) + I(k + 1) - t_min``, with ``t_min`` the median interval of the steps that sent
-        theta_min alone (neither a top step nor one right after it): each such pair of
-        intervals holds one whole step at the top and one at theta_min. ``None`` where no pair
-        or no step alone was timed (a resume, a skipped step)."""
-        w, bridge, tops = self._warmup_seconds, self.windows.step, self.top_steps
-        if self._top_bridge and bridge - 1 in tops:
-            return w.get(bridge)
-        t_min = self._alone_seconds()
-        if t_min is None:
-            return None
-        pairs = [w[k] + w[k + 1] - t_min for k in tops[1:] if k in w and k + 1 in w]
-        if not pairs:
-            return None
-        seconds = statistics.median(pairs)
-        return seconds if seconds > 0 else None
-
-    @property
-    def _top_bridge(self) -> bool:
-        """Whether the link model ended the warm-up: its bridge step sent the top."""
-        return self.windows.step < self.config.warmup_steps
-
-    def _alone_seconds(self) -> float | None:
-        """Seconds per sample of a warm-up step at theta_min alone: the median interval of the
-        steps that are neither a top step, nor right after one, nor the bridge (called at the
-        bridge step); ``None`` where none was timed."""
-        tops, bridge = self.top_steps, self.windows.step
-        paired = {k + 1 for k in tops}
-        alone = [
-            v
-            for step, v in self._warmup_seconds.items()
-            if step not in tops and step not in paired and not (self._top_bridge and step == bridge)
-        ]
-        return statistics.median(alone) if alone else None
-
-    def _bounded_top_seconds(self) -> float | None:
         """Seconds per sample at the top of the ladder from the warm-up (called once
-        theta_min's window is closed), at most what the link model gives it from theta_min:
-        a higher CF compresses no more slowly, so a longer time comes from an interval slowed
-        by something else, and would put every CF between at theta_min's time or above for the
-        rest of the run (none of them sent, none timed again)."""
+        theta_min's window is closed): the median of its top steps timed, at most what the
+        link model gives it from theta_min: a higher CF compresses no more slowly, so a longer
+        time comes from a step slowed by something else, and would put every CF between at
+        theta_min's time or above for the rest of the run (none of them sent, none timed
+        again). ``None`` where no top step was timed (a resume, a skipped step)."""
         top, m = self.ladder[-1], self.windows.theta_min
-        seconds = self._top_seconds()
-        if seconds is None or m not in self.windows.smoothed.tsys or m not in self.windows.comm:
+        w = self.windows
+        if not self._top_samples or m not in w.smoothed.tsys or m not in w.comm:
             return None
-        bound = link_seconds(top, m, 1.0 / self.windows.smoothed.tsys[m], self.windows.comm[m])
-        return min(seconds, bound)
+        bound = link_seconds(top, m, 1.0 / w.smoothed.tsys[m], w.comm[m])
+        return min(statistics.median(self._top_samples), bound)
 
     def _end_window(self) -> Table:
         """Close the window, fold what it measured and choose the next window's CF; returns
@@ -306,11 +262,8 @@ class ShadowController:
         cf, g = self.windows.close()
         mixed = self.in_probing_warmup  # the warm-up sent two CFs
         if mixed:
-            alone = self._alone_seconds()
-            if alone is not None:  # a top step's interval, counted at theta_min, is no step of it
-                self.windows.smoothed.tsys[cf] = 1.0 / alone
-            self.top_seconds = self._bounded_top_seconds()
-            self._warmup_seconds = {}
+            self.top_seconds = self._top_seconds()
+            self._top_samples = []
         self.windows_closed += 1
         self.same_windows = self.same_windows + 1 if cf == self.last_sent else 1
         self.last_sent = None if mixed else cf
@@ -429,7 +382,7 @@ class ShadowController:
             "same_windows": self.same_windows,
             "last_sent": self.last_sent,
             "signal_share": self.signal_share,
-            "warmup_seconds": sorted(self._warmup_seconds.items()),
+            "top_samples": list(self._top_samples),
             "top_seconds": self.top_seconds,
         }
 
@@ -451,6 +404,6 @@ class ShadowController:
         self.last_sent = None if last is None else float(last)
         share = state.get("signal_share")
         self.signal_share = None if share is None else float(share)
-        self._warmup_seconds = {int(k): float(v) for k, v in state.get("warmup_seconds", [])}
+        self._top_samples = [float(v) for v in state.get("top_samples", [])]
         top = state.get("top_seconds")
         self.top_seconds = None if top is None else float(top)

@@ -374,8 +374,8 @@ def test_without_a_window_gain_the_per_step_gain_judges() -> None:
 
 
 def test_a_skipped_bridge_step_is_repeated() -> None:
-    c = make(warmup=1)
-    run_link(c, 1, lambda cf: 0.9, MODERATE)
+    c = make(warmup=2)
+    run_link(c, 2, lambda cf: 0.9, MODERATE)
     plan = c.plan()
     assert plan.window_terms
     c.observe(Skipped(plan))  # the bridge step was skipped on every rank

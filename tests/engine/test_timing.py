@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 from gravac import GravacOptimizer
 from gravac.control.searches.shadow import TOP_WARMUP_STEPS, ShadowController
-from tests.helpers import tiny_model, train_step
+from tests.helpers import batch, tiny_model, train_step
 
 #: seconds a step takes at the top of the ladder and at theta_min, by the test's clock
 TOP, MIN = 3.0, 5.0
@@ -35,3 +36,24 @@ def test_each_step_is_timed_whole_at_the_cf_it_sent() -> None:
     train_step(model, opt, 0, 10)  # closes the warm-up
     assert search.top_seconds == TOP
     assert search.windows.smoothed.tsys[search.ladder[0]] == pytest.approx(1.0 / MIN)
+
+
+def test_a_dropped_step_is_not_timed_and_the_next_is_timed_from_its_end() -> None:
+    """A backward pass whose gradients ``zero_grad()`` discards (the step dropped on every
+    rank) takes 100 s: no time counted holds them, and none is lost or counted twice."""
+    now = [0.0]
+    model = tiny_model()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = GravacOptimizer(sgd, warmup_steps=20, search="trial", clock=lambda: now[0])
+    for step in range(4):
+        now[0] += MIN
+        train_step(model, opt, 0, step)
+    now[0] += 100.0  # the dropped step's own time
+    x, y = batch(0, 4)
+    nn.functional.cross_entropy(model(x), y).backward()  # the hooks launch its buckets
+    opt.zero_grad()  # and the step is dropped
+    for step in range(4, 8):
+        now[0] += MIN
+        train_step(model, opt, 0, step)
+    # steps 1 to 6 timed (the first is never; the seventh's is agreed at the eighth)
+    assert opt.engine.controller.state_dict()["samples"] == [pytest.approx(1.0 / MIN)] * 6

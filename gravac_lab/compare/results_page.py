@@ -23,7 +23,8 @@ the default reached the bar on every seed:
 * at least :data:`FEWER_BYTES_THAN_ACCORDION` times fewer MB to the bar than Accordion;
 * at most :data:`VERSUS_FP16` of DDP with PyTorch's fp16 hook's time where the link is the
   bottleneck: where DDP's communication not hidden behind backward is at least
-  :data:`LINK_BOUND_SHARE` of its step on that link (its timing run; on loopback its own).
+  :data:`LINK_BOUND_SHARE` of its step on that link (its timing run on the first seed timed;
+  on loopback its own on the first seed).
 """
 
 from __future__ import annotations
@@ -198,7 +199,7 @@ def _median_versus(p: PageSetup, other: str, *, by_mb: bool = False) -> float | 
 def link_bound(p: PageSetup) -> bool:
     """Whether DDP's exposed communication is at least :data:`LINK_BOUND_SHARE` of its step
     on the setup's link."""
-    ddp = p.runs.timing.get(DENSE) or p.runs.dense[DENSE][0]
+    ddp = p.runs.timing.get(DENSE, p.runs.dense[DENSE])[0]
     return float(ddp["comm_seconds"]) >= LINK_BOUND_SHARE * float(ddp["step_seconds"])
 
 

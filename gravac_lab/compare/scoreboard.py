@@ -6,7 +6,8 @@ Plain functions over the stored results of a scoreboard (``gravac compare --scor
 :func:`gravac_lab.compare.runner.run_compare` returns it. Roles: ``dense`` (DDP, the step budget,
 loopback), ``ladder`` (the static CFs, twice the budget, loopback), ``timing`` (DDP and the
 static CFs, a short run on a shaped link) and ``searches`` (the searches, twice the budget, on
-the setup's link). The definitions (issue 34):
+the setup's link); on a shaped link a ``timing`` and a ``searches`` entry a seed, where the
+scoreboard interleaved them seed by seed. The definitions (issue 34):
 
 * **The bar**, per workload: dense DDP's final metric at the step budget (the median over the
   seeds), less :data:`ACCURACY_POINT` of accuracy, or plus :data:`PERPLEXITY_SHARE` of
@@ -17,8 +18,9 @@ the setup's link). The definitions (issue 34):
   others); one that never holds the bar has no time. Dense DDP and a static CF decide nothing
   from the clock, so their metric per step does not depend on the link: on a shaped link their
   time is their own clock on loopback plus, for each step up to that evaluation, their median
-  step time in a short run on that link (``timing``) less their median step on loopback
-  (:func:`link_clock`); on loopback, and for every search, it is the run's own clock.
+  step time in a short run on that link (``timing``, on the same seed where each seed was
+  timed) less their median step on loopback (:func:`link_clock`); on loopback, and for every
+  search, it is the run's own clock.
 * **The yardstick**, per setup: the fastest static CF of the ladder (the lowest median time to
   the bar) among those that reach the bar on every seed; a static CF that misses it on any seed
   does not count, however fast. ``None`` when none reaches it on every seed.
@@ -356,18 +358,32 @@ def _has(studies: Sequence[Mapping[str, Any]], role: str, workload: str, link: s
     return any((s["role"], s["workload"], s["link"]) == (role, workload, link) for s in studies)
 
 
-def _entry(studies: Sequence[Mapping[str, Any]], role: str, workload: str, link: str | None) -> Any:
-    """The summary of the study of ``role`` for ``workload`` (and ``link``; ``dense`` and
-    ``ladder`` are on loopback).
+def _entries(
+    studies: Sequence[Mapping[str, Any]], role: str, workload: str, link: str | None
+) -> list[Any]:
+    """The summaries of the studies of ``role`` for ``workload`` on ``link`` (``dense`` and
+    ``ladder`` are on loopback), in the order stored: one, or one a seed where the scoreboard
+    interleaved a shaped link's timing runs and searches seed by seed.
 
     Raises:
         ValueError: the stored results have no such study.
     """
-    for s in studies:
-        if (s["role"], s["workload"], s["link"]) == (role, workload, link):
-            return s["summary"]
-    where = "loopback" if link is None else link
-    raise ValueError(f"the stored results have no {role} study of {workload} on {where}")
+    found = [
+        s["summary"]
+        for s in studies
+        if (s["role"], s["workload"], s["link"]) == (role, workload, link)
+    ]
+    if not found:
+        where = "loopback" if link is None else link
+        raise ValueError(f"the stored results have no {role} study of {workload} on {where}")
+    return found
+
+
+def _runs(
+    studies: Sequence[Mapping[str, Any]], role: str, workload: str, link: str | None
+) -> list[Mapping[str, Any]]:
+    """Every run of the studies of ``role`` for ``workload`` on ``link`` (:func:`_entries`)."""
+    return [r for summary in _entries(studies, role, workload, link) for r in summary["runs"]]
 
 
 def _by_label(runs: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
@@ -399,7 +415,9 @@ class SetupRuns:
         searches: the searches' runs (with the baselines, Accordion's too), by label.
         twins: the static CFs' twins' runs (module docstring), by their CF's label; empty
             where they did not train.
-        timing: each label's run in the short timing study on the link (empty on loopback).
+        timing: each label's runs in the short timing studies on the link, in seed order
+            (empty on loopback): one a seed, or the first seed's alone (scoreboards before
+            ``INTERLEAVED`` timed one seed).
         network: how the searches' link was made (its description).
     """
 
@@ -407,7 +425,7 @@ class SetupRuns:
     statics: dict[str, list[Mapping[str, Any]]]
     searches: dict[str, list[Mapping[str, Any]]]
     twins: dict[str, list[Mapping[str, Any]]]
-    timing: dict[str, Mapping[str, Any]]
+    timing: dict[str, list[Mapping[str, Any]]]
     network: str
 
 
@@ -432,33 +450,37 @@ def setup_runs(studies: Sequence[Mapping[str, Any]], workload: str, link: str | 
     Raises:
         ValueError: a study or a timing run the setup needs is missing.
     """
-    searches_summary = _entry(studies, "searches", workload, link)
-    timing = [] if link is None else _entry(studies, "timing", workload, link)["runs"]
-    timed = {label: group[0] for label, group in _by_label(timing).items()}
+    timed = {} if link is None else _by_label(_runs(studies, "timing", workload, link))
+
+    def step_seconds(label: str, seed: int) -> float:
+        """The step of ``label`` on the link: its timing run on ``seed``, else on the first
+        seed timed."""
+        if label not in timed:
+            raise ValueError(f"the stored timing study of {workload} on {link} has no {label}")
+        runs = timed[label]
+        run = next((r for r in runs if int(r["seed"]) == seed), runs[0])
+        return float(run["step_seconds"])
 
     def on_link(runs: dict[str, list[Mapping[str, Any]]]) -> dict[str, list[Mapping[str, Any]]]:
         if link is None:
             return runs
-        missing = [label for label in runs if label not in timed]
-        if missing:
-            raise ValueError(f"the stored timing study of {workload} on {link} has no {missing[0]}")
-        seconds = {label: float(timed[label]["step_seconds"]) for label in runs}
         return {
-            label: [link_clock(r, seconds[label]) for r in group] for label, group in runs.items()
+            label: [link_clock(r, step_seconds(label, int(r["seed"]))) for r in group]
+            for label, group in runs.items()
         }
 
     twins = (
-        _by_label(_entry(studies, TWINS, workload, None)["runs"])
+        _by_label(_runs(studies, TWINS, workload, None))
         if _has(studies, TWINS, workload, None)
         else {}
     )
     return SetupRuns(
-        dense=on_link(_by_label(_entry(studies, "dense", workload, None)["runs"])),
-        statics=on_link(_by_label(_entry(studies, "ladder", workload, None)["runs"])),
-        searches=_by_label(searches_summary["runs"]),
+        dense=on_link(_by_label(_runs(studies, "dense", workload, None))),
+        statics=on_link(_by_label(_runs(studies, "ladder", workload, None))),
+        searches=_by_label(_runs(studies, "searches", workload, link)),
         twins=on_link(twins),
         timing=timed,
-        network=_network(searches_summary),
+        network=_network(_entries(studies, "searches", workload, link)[0]),
     )
 
 
@@ -511,16 +533,21 @@ def score_setup(
 
 
 def score(stored: Mapping[str, Any]) -> list[SetupScore]:
-    """Every setup of a stored scoreboard (``{"scoreboard": {"setups": [...]}, "studies":
-    [...]}``), in its order; a setup whose searches are not stored yet (a run cut short: they
-    train last of a setup's studies) is left out.
+    """Every setup of a stored scoreboard (``{"scoreboard": {"setups": [...], "seeds":
+    [...]}, "studies": [...]}``), in its order; a setup whose searches are not stored on every
+    seed yet (a run cut short: they train last of a setup's studies, or of each seed's) is left
+    out.
 
     Raises:
         ValueError: a setup whose searches are stored lacks another study it needs.
     """
     studies = stored["studies"]
+    seeds = set(stored["scoreboard"]["seeds"])
     out = []
     for setup in stored["scoreboard"]["setups"]:
-        if _has(studies, "searches", setup["workload"], setup["link"]):
-            out.append(score_setup(studies, setup["workload"], setup["link"]))
+        workload, link = setup["workload"], setup["link"]
+        if not _has(studies, "searches", workload, link):
+            continue
+        if seeds <= {int(r["seed"]) for r in _runs(studies, "searches", workload, link)}:
+            out.append(score_setup(studies, workload, link))
     return out

@@ -13,14 +13,23 @@ role            what                                  where, steps              
 ``ladder``      every static CF (Top-k, ``fixed``)    loopback, twice ``steps``   every one
 ``twins``       every static CF, other batches        loopback, twice ``steps``   every one
                 (``--twins`` only)
-``timing``      DDP and every static CF               each shaped link of the     the first
+``timing``      DDP and every static CF               each shaped link of the     one a study
                                                       workload, ``timing_steps``
-``searches``    every search                          each setup's link, twice    every one
-                                                      ``steps``
+``searches``    every search                          each shaped link of the     one a study
+                                                      workload, twice ``steps``
 ==============  ====================================  ==========================  ============
 
 (twice: :data:`gravac_lab.compare.scoreboard.BUDGET_FACTOR`), so that a run cut short leaves
 its finished workloads complete.
+
+A search and the static CFs it is judged against train seed by seed, so that they are timed
+minutes apart rather than a workload's whole ladder apart: on a shared machine whose pace moves
+between hours, the board at ``d3dd25e`` timed vgg-digits' search on loopback at 1.4x its
+yardstick's step in a later slot, and at 1.0-1.1x interleaved (``docs/results/scoreboard.md``).
+On loopback the searches train in the ladder's study (:data:`INTERLEAVED`), each seed's after
+its static CFs; :func:`run_plan` stores its runs as two entries, ``ladder`` and ``searches``,
+as if they had trained apart. On a shaped link each seed's timing run comes just before its
+searches (a ``timing`` and a ``searches`` study a seed).
 
 Dense DDP's and a static CF's metric per step do not depend on the link (they decide nothing
 from the clock), only their step times do: they train once per seed on loopback and are timed
@@ -42,7 +51,7 @@ still trains its whole budget.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -66,6 +75,7 @@ __all__ = [
     "DEFAULT_SEARCHES",
     "DEFAULT_SETUPS",
     "DEFAULT_TIMING_STEPS",
+    "INTERLEAVED",
     "LOOPBACK",
     "SEEDS",
     "Inputs",
@@ -79,8 +89,11 @@ __all__ = [
     "settings",
 ]
 
+#: the role of the ladder's study on loopback with the loopback setup's searches interleaved
+#: seed by seed (module docstring); stored as a ``ladder`` and a ``searches`` entry
+INTERLEAVED = "ladder+searches"
 #: the roles whose runs stop once they hold the bar (the timing runs are timed, not judged)
-_STOPPED = ("ladder", TWINS, "searches")
+_STOPPED = ("ladder", TWINS, "searches", INTERLEAVED)
 #: the link of a setup on loopback
 LOOPBACK = "loopback"
 #: issue 34's setups: the three workloads at 1 Gbit/s and 100 Mbit/s, and the CNN on loopback
@@ -178,12 +191,31 @@ def ladder_variants(cfs: Sequence[float]) -> tuple[Variant, ...]:
 @dataclass(frozen=True)
 class PlannedStudy:
     """One study of the scoreboard: its role (see the module docstring), workload, link
-    (``None``: loopback) and the study itself."""
+    (``None``: loopback), the study itself, and in an :data:`INTERLEAVED` study the labels of
+    its static CFs (the others are the searches)."""
 
     role: str
     workload: str
     link: str | None
     study: Study
+    ladder: tuple[str, ...] = ()
+
+
+def _part(summary: Mapping[str, Any], ladder: set[str], of_ladder: bool) -> dict[str, Any]:
+    """The summary of an :data:`INTERLEAVED` study kept to its static CFs' runs
+    (``of_ladder``) or to its searches' (the rest): its runs, aggregates and variants;
+    what the study shares (its configuration, network, host, seconds) as it is."""
+
+    def kept(label: str) -> bool:
+        return (label in ladder) is of_ladder
+
+    study = summary["study"]
+    return {
+        **summary,
+        "study": {**study, "variants": [v for v in study["variants"] if kept(v["label"])]},
+        "runs": [r for r in summary["runs"] if kept(r["variant"])],
+        "aggregates": [a for a in summary["aggregates"] if kept(a["variant"])],
+    }
 
 
 @dataclass(frozen=True)
@@ -253,18 +285,24 @@ def plan(inputs: Inputs) -> list[PlannedStudy]:
         dense = config(workload, None, dense_modes, base.steps, every)
         ladder_cfg = config(workload, None, ("gravac",), longer, every)
         out.append(PlannedStudy("dense", workload, None, Study(dense, (), seeds)))
-        out.append(PlannedStudy("ladder", workload, None, Study(ladder_cfg, statics, seeds)))
+        if Setup(workload, None) in setups:
+            interleaved = Study(ladder_cfg, (*statics, *searches, *accordion), seeds)
+            labels = tuple(v.label for v in statics)
+            out.append(PlannedStudy(INTERLEAVED, workload, None, interleaved, labels))
+        else:
+            out.append(PlannedStudy("ladder", workload, None, Study(ladder_cfg, statics, seeds)))
         if inputs.twins:
             twins_cfg = replace(ladder_cfg, batches=TWIN_BATCHES)
             out.append(PlannedStudy(TWINS, workload, None, Study(twins_cfg, statics, seeds)))
-        for link in dict.fromkeys(s.link for s in setups if s.workload == workload and s.link):
-            # one evaluation, at the end: only a timing run's step times are read
-            timed = config(workload, link, timed_modes, timing_steps, timing_steps)
-            out.append(PlannedStudy("timing", workload, link, Study(timed, statics, seeds[:1])))
         for s in setups:
-            if s.workload == workload:
-                searching = config(workload, s.link, ("gravac",), longer, every)
-                study = Study(searching, (*searches, *accordion), seeds)
+            if s.workload != workload or s.link is None:
+                continue
+            # one evaluation, at the end: only a timing run's step times are read
+            timed = config(workload, s.link, timed_modes, timing_steps, timing_steps)
+            searching = config(workload, s.link, ("gravac",), longer, every)
+            for seed in seeds:
+                out.append(PlannedStudy("timing", workload, s.link, Study(timed, statics, (seed,))))
+                study = Study(searching, (*searches, *accordion), (seed,))
                 out.append(PlannedStudy("searches", workload, s.link, study))
     return out
 
@@ -280,7 +318,6 @@ def settings(inputs: Inputs) -> dict[str, Any]:
         "steps": base.steps,
         "compressed_steps": base.steps * BUDGET_FACTOR,
         "timing_steps": inputs.timing_steps,
-        "timing_seed": seeds[0],
         "hold": HOLD,
         "eval_every": base.eval_every,
         "workers": base.workers,
@@ -290,6 +327,7 @@ def settings(inputs: Inputs) -> dict[str, Any]:
         "lr_gamma": base.lr_gamma,
         "baselines": inputs.baselines,
         "twins": inputs.twins,
+        "interleaved": True,
     }
 
 
@@ -314,7 +352,13 @@ def run_plan(
         summary = run_compare(study)
         if p.role == "dense":
             bars[p.workload] = dense_bar(summary["runs"], p.workload)
-        entries.append({"role": p.role, "workload": p.workload, "link": p.link, "summary": summary})
+        if p.role == INTERLEAVED:
+            statics = set(p.ladder)
+            parts = [(r, _part(summary, statics, r == "ladder")) for r in ("ladder", "searches")]
+        else:
+            parts = [(p.role, summary)]
+        for role, part in parts:
+            entries.append({"role": role, "workload": p.workload, "link": p.link, "summary": part})
         if on_study is not None:
             on_study(entries)
     return entries

@@ -94,6 +94,19 @@ def _header(settings: Mapping[str, Any]) -> list[str]:
         else ""
     )
     nodes = settings.get("nodes", 1)  # absent from the JSON of scoreboards before nodes
+    # absent from the JSON of scoreboards before the searches trained seed by seed beside the
+    # static CFs, which timed the static CFs on a link on one seed
+    interleaved = settings.get("interleaved", False)
+    timed_when = (
+        "the same seed, just before that seed's searches"
+        if interleaved
+        else f"seed {settings['timing_seed']}"
+    )
+    searched_when = (
+        "; on loopback in the ladder's study, each seed's after its static CFs"
+        if interleaved
+        else ""
+    )
     in_nodes = f" in {nodes} nodes" if nodes > 1 else ""
     lines = [
         f"- setups: {', '.join(s['name'] for s in settings['setups'])}; "
@@ -113,10 +126,10 @@ def _header(settings: Mapping[str, Any]) -> list[str]:
         "- timing: dense DDP and the static CFs do not read the clock, so their metric per step "
         "does not depend on the link: each trained once per seed on loopback; on a shaped link "
         "their time to the bar is their own clock on loopback plus, for each step, their median "
-        f"step time in a run of {settings['timing_steps']} steps on that link (seed "
-        f"{settings['timing_seed']}) less their median step on loopback. "
+        f"step time in a run of {settings['timing_steps']} steps on that link "
+        f"({timed_when}) less their median step on loopback. "
         "The searches, whose decisions read the link, trained on each link, timed by their own "
-        "clock",
+        f"clock{searched_when}",
         "- MB: what a rank sent until the bar (median over the seeds that reached it)",
     ]
     if settings.get("baselines"):

@@ -27,6 +27,7 @@ from gravac_lab.compare.scoreboard import (
     yardstick,
 )
 from gravac_lab.compare.scoreboard_plan import (
+    INTERLEAVED,
     Inputs,
     ladder_variants,
     parse_setups,
@@ -41,6 +42,7 @@ from tests.lab.compare.scoreboard_made_up import (
     lstm_loopback,
     made_run,
     stored_scoreboard,
+    study,
     vgg_1gbit,
     vgg_1gbit_with_baselines,
 )
@@ -110,7 +112,34 @@ def test_a_setup_on_a_shaped_link() -> None:
     assert [e[1] for e in runs.searches["default"][0]["evaluations"]] == pytest.approx(
         [1.5, 3.0, 4.5, 6.0]
     )  # its own clock
-    assert runs.timing["ddp"]["step_seconds"] == 0.5
+    assert [r["step_seconds"] for r in runs.timing["ddp"]] == [0.5]  # one seed timed
+
+
+def test_a_shaped_link_timed_seed_by_seed() -> None:
+    """Timing runs and searches stored a seed at a time (as the scoreboard interleaves them):
+    each seed's static CFs are timed on the link by that seed's timing run."""
+    dense, ladder, _, searches = vgg_1gbit()
+    studies = [dense, ladder]
+    for seed in SEEDS:
+        cf10_step = 0.2 * (1 + seed)  # 0.2, 0.4 and 0.6 s on the link
+        timed = [made_run(None, seed, [0.5], 0.5), made_run("cf10", seed, [0.5], cf10_step)]
+        timed.append(made_run("cf100", seed, [0.5], 0.1))
+        studies.append(study("timing", "vgg-digits", "1gbit", timed))
+        runs = [r for r in searches["summary"]["runs"] if r["seed"] == seed]
+        studies.append(study("searches", "vgg-digits", "1gbit", runs))
+    s = score_setup(studies, "vgg-digits", "1gbit")
+    # cf10 at the bar from step 20: 20 steps of its seed's step on the link
+    assert [r.seconds for r in s.row("cf10").reaches] == pytest.approx([4.0, 8.0, 12.0])
+    assert s.row("default").ratios == pytest.approx((0.75, 0.375, 0.25))  # 3 s on each seed
+    timing = setup_runs(studies, "vgg-digits", "1gbit").timing
+    assert {label: [r["seed"] for r in runs] for label, runs in timing.items()} == {
+        label: list(SEEDS) for label in ("ddp", "cf10", "cf100")
+    }
+    # cut short before seed 2's searches: the setup is not finished
+    assert [x.setup for x in score(stored_scoreboard(studies, "vgg-digits@1gbit"))] == [
+        "vgg-digits@1gbit"
+    ]
+    assert score(stored_scoreboard(studies[:-1], "vgg-digits@1gbit")) == []
 
 
 def test_a_static_run_on_a_link_keeps_what_its_own_clock_holds_beyond_its_median() -> None:
@@ -153,7 +182,15 @@ def test_the_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "| lstm-text@loopback | test perplexity <= 5.1500 | cf10, 4.0 s |" in table
     assert "| paper | search | 6.0 (6.0-–) | 1.50 (1.50-–) | no (2/3) |" in table
     assert "| cf100 | static | 1.0 (1.0-–) | 0.25 (0.25-–) | no (2/3) |" in table
-    assert "a run of 30 steps on that link (seed 0)" in table
+    assert (
+        "a run of 30 steps on that link (the same seed, just before that seed's searches)" in table
+    )
+    assert "on loopback in the ladder's study, each seed's after its static CFs" in table
+    # a scoreboard stored before the searches trained seed by seed beside the static CFs
+    before = {k: v for k, v in stored["scoreboard"].items() if k != "interleaved"}
+    old_table = format_scoreboard({**stored, "scoreboard": {**before, "timing_seed": 0}})
+    assert "a run of 30 steps on that link (seed 0)" in old_table
+    assert "ladder's study" not in old_table
     assert "seeds 0, 1, 2\n" in table  # a constant learning rate
     decayed = {**stored["scoreboard"], "lr_milestones": [150, 250], "lr_gamma": 0.1}
     assert "seeds 0, 1, 2; the learning rate x 0.1 after steps 150, 250\n" in format_scoreboard(
@@ -171,22 +208,31 @@ def test_the_plan_trains_dense_and_the_ladder_once_and_the_searches_on_each_link
     setups = parse_setups("tiny-digits@1gbit,tiny-digits@loopback,tiny-digits@100mbit")
     searches = (parse_variant("default=topk:exponential"),)
     planned = plan(Inputs(base, setups, (10.0, 100.0), searches, (0, 1), 8))
+    # on each shaped link, each seed's timing run just before its searches
     assert [(p.role, p.link) for p in planned] == [
         ("dense", None),
-        ("ladder", None),
-        ("timing", "1gbit"),
-        ("timing", "100mbit"),
-        ("searches", "1gbit"),
-        ("searches", None),
-        ("searches", "100mbit"),
+        (INTERLEAVED, None),
+        *[
+            (r, link)
+            for link in ("1gbit", "100mbit")
+            for _ in (0, 1)
+            for r in ("timing", "searches")
+        ],
     ]
-    dense, ladder, timing, _, searching, loop, _ = (p.study for p in planned)
+    assert [p.study.seeds for p in planned[2:6]] == [(0,), (0,), (1,), (1,)]
+    dense, ladder, timing, searching = (p.study for p in planned[:4])
     assert (dense.config.modes, dense.config.steps, dense.config.bandwidth) == (("ddp",), 20, None)
-    assert (ladder.config.steps, ladder.variants) == (40, ladder_variants((10.0, 100.0)))
-    assert dense.config.delay is None and loop.config.delay is None
-    assert (timing.config.modes, timing.config.steps, timing.seeds) == (("ddp", "gravac"), 8, (0,))
+    statics = ladder_variants((10.0, 100.0))
+    assert (ladder.config.steps, ladder.variants) == (40, (*statics, *searches))
+    assert planned[1].ladder == ("cf10", "cf100")
+    # the loopback searches train after each seed's static CFs, not after the whole ladder
+    assert [(j.seed, j.variant.label) for j in ladder.jobs() if j.variant] == [
+        (seed, label) for seed in (0, 1) for label in ("cf10", "cf100", "default")
+    ]
+    assert dense.config.delay is None and ladder.config.delay is None
+    assert (timing.config.modes, timing.config.steps) == (("ddp", "gravac"), 8)
     assert (timing.config.eval_every, timing.config.delay) == (8, "1ms")
-    assert (searching.config.steps, searching.seeds, searching.variants) == (40, (0, 1), searches)
+    assert (searching.config.steps, searching.variants) == (40, searches)
 
 
 @pytest.mark.parametrize(

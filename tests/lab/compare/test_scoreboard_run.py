@@ -58,13 +58,18 @@ def test_it_trains_dense_the_ladder_and_the_search_on_loopback(
     assert [(s["role"], s["workload"], s["link"]) for s in studies] == [
         ("dense", "tiny-digits", None),
         ("ladder", "tiny-digits", None),
-        ("twins", "tiny-digits", None),
         ("searches", "tiny-digits", None),
+        ("twins", "tiny-digits", None),
     ]
-    dense, ladder, twins, searches = (s["summary"]["runs"] for s in studies)
+    dense, ladder, searches, twins = (s["summary"]["runs"] for s in studies)
     assert [(r["mode"], r["steps"]) for r in dense] == [("ddp", STEPS)]
-    assert [r["variant"] for r in ladder] == ["cf10", "cf100"]
-    assert [r["variant"] for r in searches] == ["default"]
+    # the ladder and the search trained in one study, stored as two
+    for study, labels in ((studies[1], ["cf10", "cf100"]), (studies[2], ["default"])):
+        summary = study["summary"]
+        assert [r["variant"] for r in summary["runs"]] == labels
+        assert [a["variant"] for a in summary["aggregates"]] == labels
+        assert [v["label"] for v in summary["study"]["variants"]] == labels
+    assert stored["scoreboard"]["interleaved"] is True
     assert stored["scoreboard"]["ladder"] == [10.0, 100.0]
     header = stored["scoreboard"]
     assert header["command"].startswith("gravac compare --scoreboard --setups tiny-digits@loopback")
@@ -88,13 +93,14 @@ def test_the_twins_train_the_ladder_again_on_other_batches(
     scoreboard: tuple[dict[str, Any], str, Path],
 ) -> None:
     stored, stdout, _ = scoreboard
-    _, ladder, twins, _ = (s["summary"] for s in stored["studies"])
+    _, ladder, _, twins = (s["summary"] for s in stored["studies"])
     assert (ladder["config"]["batches"], twins["config"]["batches"]) == (0, TWIN_BATCHES)
     assert [r["variant"] for r in twins["runs"]] == [r["variant"] for r in ladder["runs"]]
     for own, twin in zip(ladder["runs"], twins["runs"], strict=True):
         # the same CF and seed, other batches: another trajectory
         assert own["evaluations"] != twin["evaluations"], own["variant"]
     assert "- twins: every static CF trained again on loopback" in stdout
+    assert "on loopback in the ladder's study, each seed's after its static CFs" in stdout
     assert "| cf10 twin | twin |" in stdout and "| cf100 twin | twin |" in stdout
     assert "| setup | yardstick | its twin: ratio |" in stdout
 

@@ -18,7 +18,7 @@ from gravac_lab.compare.scoreboard import (
     score,
     twin_ratios,
 )
-from gravac_lab.compare.scoreboard_plan import Inputs, parse_setups, plan, settings
+from gravac_lab.compare.scoreboard_plan import INTERLEAVED, Inputs, parse_setups, plan, settings
 from gravac_lab.compare.scoreboard_table import format_scoreboard
 from gravac_lab.compare.study import parse_variant
 from tests.lab.compare.scoreboard_made_up import (
@@ -143,16 +143,16 @@ def test_the_plan_trains_the_twins_after_the_ladder_on_other_batches() -> None:
     searches = (parse_variant("default=topk:exponential"),)
     inputs = Inputs(base, setups, (10.0, 100.0), searches, (0, 1), 8, twins=True)
     planned = plan(inputs)
-    assert [p.role for p in planned] == ["dense", "ladder", TWINS, "searches"]
+    assert [p.role for p in planned] == ["dense", INTERLEAVED, TWINS]
     ladder, twins = planned[1].study, planned[2].study
-    assert twins.variants == ladder.variants and twins.seeds == ladder.seeds
+    assert [v.label for v in twins.variants] == list(planned[1].ladder) == ["cf10", "cf100"]
+    assert twins.seeds == ladder.seeds
     assert (ladder.config.batches, twins.config.batches) == (0, TWIN_BATCHES)
     assert twins.config == replace(ladder.config, batches=TWIN_BATCHES)
     assert settings(inputs)["twins"] is True
     assert [p.role for p in plan(Inputs(base, setups, (10.0,), searches, (0,), 8))] == [
         "dense",
-        "ladder",
-        "searches",
+        INTERLEAVED,
     ]
 
 

@@ -353,26 +353,30 @@ def twin_ratios(s: SetupScore) -> dict[str, list[float]]:
     return {cf: versus(s.row(cf + TWIN_SUFFIX).reaches, s.row(cf).reaches) for cf in cfs}
 
 
+def _matching(
+    studies: Sequence[Mapping[str, Any]], role: str, workload: str, link: str | None
+) -> list[Any]:
+    """The summaries of the studies of ``role`` for ``workload`` on ``link`` (``dense`` and
+    ``ladder`` are on loopback), in the order stored: none, one, or one a seed where the
+    scoreboard interleaved a shaped link's timing runs and searches seed by seed."""
+    key = (role, workload, link)
+    return [s["summary"] for s in studies if (s["role"], s["workload"], s["link"]) == key]
+
+
 def _has(studies: Sequence[Mapping[str, Any]], role: str, workload: str, link: str | None) -> bool:
-    """Whether the stored results hold the study of ``role`` for ``workload`` on ``link``."""
-    return any((s["role"], s["workload"], s["link"]) == (role, workload, link) for s in studies)
+    """Whether the stored results hold a study of ``role`` for ``workload`` on ``link``."""
+    return bool(_matching(studies, role, workload, link))
 
 
 def _entries(
     studies: Sequence[Mapping[str, Any]], role: str, workload: str, link: str | None
 ) -> list[Any]:
-    """The summaries of the studies of ``role`` for ``workload`` on ``link`` (``dense`` and
-    ``ladder`` are on loopback), in the order stored: one, or one a seed where the scoreboard
-    interleaved a shaped link's timing runs and searches seed by seed.
+    """:func:`_matching`, which must find one at least.
 
     Raises:
         ValueError: the stored results have no such study.
     """
-    found = [
-        s["summary"]
-        for s in studies
-        if (s["role"], s["workload"], s["link"]) == (role, workload, link)
-    ]
+    found = _matching(studies, role, workload, link)
     if not found:
         where = "loopback" if link is None else link
         raise ValueError(f"the stored results have no {role} study of {workload} on {where}")
@@ -546,8 +550,7 @@ def score(stored: Mapping[str, Any]) -> list[SetupScore]:
     out = []
     for setup in stored["scoreboard"]["setups"]:
         workload, link = setup["workload"], setup["link"]
-        if not _has(studies, "searches", workload, link):
-            continue
-        if seeds <= {int(r["seed"]) for r in _runs(studies, "searches", workload, link)}:
+        searches = _matching(studies, "searches", workload, link)
+        if seeds <= {int(r["seed"]) for summary in searches for r in summary["runs"]}:
             out.append(score_setup(studies, workload, link))
     return out

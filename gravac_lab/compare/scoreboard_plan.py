@@ -11,8 +11,9 @@ role            what                                  where, steps              
 ==============  ====================================  ==========================  ============
 ``dense``       DDP                                   loopback, ``steps``         every one
 ``ladder``      every static CF (Top-k, ``fixed``)    loopback, twice ``steps``   every one
-``twins``       every static CF, other batches        loopback, twice ``steps``   every one
-                (``--twins`` only)
+``twins``       every static CF, other batches        loopback, twice ``steps``   one a study
+                (``--twins`` only; the ladder's
+                study then one a seed too)
 ``timing``      DDP and every static CF               each shaped link of the     one a study
                                                       workload, ``timing_steps``
 ``searches``    every search                          each shaped link of the     one a study
@@ -29,7 +30,9 @@ yardstick's step in a later slot, and at 1.0-1.1x interleaved (``docs/results/sc
 On loopback the searches train in the ladder's study (:data:`INTERLEAVED`), each seed's after
 its static CFs; :func:`run_plan` stores its runs as two entries, ``ladder`` and ``searches``,
 as if they had trained apart. On a shaped link each seed's timing run comes just before its
-searches (a ``timing`` and a ``searches`` study a seed).
+searches (a ``timing`` and a ``searches`` study a seed). With the twins, which are judged
+against the ladder's runs on the same seed, the ladder's study is one a seed as well, each
+followed by its seed's twins.
 
 Dense DDP's and a static CF's metric per step do not depend on the link (they decide nothing
 from the clock), only their step times do: they train once per seed on loopback and are timed
@@ -285,15 +288,18 @@ def plan(inputs: Inputs) -> list[PlannedStudy]:
         dense = config(workload, None, dense_modes, base.steps, every)
         ladder_cfg = config(workload, None, ("gravac",), longer, every)
         out.append(PlannedStudy("dense", workload, None, Study(dense, (), seeds)))
-        if Setup(workload, None) in setups:
-            interleaved = Study(ladder_cfg, (*statics, *searches, *accordion), seeds)
-            labels = tuple(v.label for v in statics)
-            out.append(PlannedStudy(INTERLEAVED, workload, None, interleaved, labels))
-        else:
-            out.append(PlannedStudy("ladder", workload, None, Study(ladder_cfg, statics, seeds)))
-        if inputs.twins:
-            twins_cfg = replace(ladder_cfg, batches=TWIN_BATCHES)
-            out.append(PlannedStudy(TWINS, workload, None, Study(twins_cfg, statics, seeds)))
+        twins_cfg = replace(ladder_cfg, batches=TWIN_BATCHES)
+        # with the twins, a study a seed: each seed's twins right after its static CFs
+        for some in [(seed,) for seed in seeds] if inputs.twins else [seeds]:
+            if Setup(workload, None) in setups:
+                interleaved = Study(ladder_cfg, (*statics, *searches, *accordion), some)
+                labels = tuple(v.label for v in statics)
+                out.append(PlannedStudy(INTERLEAVED, workload, None, interleaved, labels))
+            else:
+                ladder = Study(ladder_cfg, statics, some)
+                out.append(PlannedStudy("ladder", workload, None, ladder))
+            if inputs.twins:
+                out.append(PlannedStudy(TWINS, workload, None, Study(twins_cfg, statics, some)))
         for s in setups:
             if s.workload != workload or s.link is None:
                 continue

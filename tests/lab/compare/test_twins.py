@@ -137,20 +137,34 @@ def test_the_chance_on_every_setup_is_the_product() -> None:
     assert "on all" not in format_scoreboard(even)
 
 
-def test_the_plan_trains_the_twins_after_the_ladder_on_other_batches() -> None:
+def test_the_plan_trains_each_seeds_twins_right_after_its_static_cfs() -> None:
+    """With the twins the ladder's study (interleaved on loopback or not) is one a seed, each
+    followed by its seed's twins: the same CFs, the same configuration but the batches."""
     base = CompareConfig(steps=20, eval_every=5)
     setups = parse_setups("tiny-digits@loopback")
     searches = (parse_variant("default=topk:exponential"),)
     inputs = Inputs(base, setups, (10.0, 100.0), searches, (0, 1), 8, twins=True)
     planned = plan(inputs)
-    assert [p.role for p in planned] == ["dense", INTERLEAVED, TWINS]
-    ladder, twins = planned[1].study, planned[2].study
-    assert [v.label for v in twins.variants] == list(planned[1].ladder) == ["cf10", "cf100"]
-    assert twins.seeds == ladder.seeds
-    assert (ladder.config.batches, twins.config.batches) == (0, TWIN_BATCHES)
-    assert twins.config == replace(ladder.config, batches=TWIN_BATCHES)
+    assert [p.role for p in planned] == ["dense", INTERLEAVED, TWINS, INTERLEAVED, TWINS]
+    assert planned[0].study.seeds == (0, 1)
+    for seed, (ladder, twins) in enumerate([planned[1:3], planned[3:5]]):
+        assert ladder.study.seeds == twins.study.seeds == (seed,)
+        labels = [v.label for v in ladder.study.variants]
+        assert labels == ["cf10", "cf100", "default"]
+        assert [v.label for v in twins.study.variants] == list(ladder.ladder) == labels[:2]
+        assert (ladder.study.config.batches, twins.study.config.batches) == (0, TWIN_BATCHES)
+        assert twins.study.config == replace(ladder.study.config, batches=TWIN_BATCHES)
     assert settings(inputs)["twins"] is True
-    assert [p.role for p in plan(Inputs(base, setups, (10.0,), searches, (0,), 8))] == [
+    shaped = plan(replace(inputs, setups=parse_setups("tiny-digits@1gbit")))
+    roles = [(p.role, p.link, p.study.seeds) for p in shaped]
+    assert roles[:5] == [
+        ("dense", None, (0, 1)),
+        ("ladder", None, (0,)),
+        (TWINS, None, (0,)),
+        ("ladder", None, (1,)),
+        (TWINS, None, (1,)),
+    ]
+    assert [p.role for p in plan(Inputs(base, setups, (10.0,), searches, (0, 1), 8))] == [
         "dense",
         INTERLEAVED,
     ]

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -13,37 +16,37 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from gravac.cli import main
 from gravac.demo import DemoConfig
+from tests.background import Background
 
 STEPS = 120
 #: test accuracy the CI-sized run must reach (measured about 0.95 at 120 steps)
 MIN_ACCURACY = 0.85
 
 
+def _demo(log_dir: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """``gravac demo --json``, CI-sized, logging to ``log_dir``, in a process of its own."""
+    argv = ["--max-steps", str(STEPS), "--warmup-steps", "20", "--window", "10"]
+    command = [sys.executable, "-m", "gravac", "demo", *argv, "--log-dir", str(log_dir), "--json"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    return done, log_dir
+
+
+def launches(tmp: Path, items: list[pytest.Item]) -> dict[str, Callable[[], Any]]:
+    """The module's one run (tests/background.py starts it with the session)."""
+    return {"demo": functools.partial(_demo, tmp / "run")}
+
+
+@pytest.fixture(scope="module")
+def demo(background: Background, request: pytest.FixtureRequest) -> tuple[dict[str, Any], Path]:
+    """The demo's JSON summary and its log folder, once it has ended."""
+    done, log_dir = background.results(request)["demo"]
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout), log_dir
+
+
 @pytest.mark.slow
-def test_demo_json_reaches_accuracy_and_saves_bytes(tmp_path: Path) -> None:
-    log_dir = tmp_path / "run"
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gravac",
-            "demo",
-            "--max-steps",
-            str(STEPS),
-            "--warmup-steps",
-            "20",
-            "--window",
-            "10",
-            "--log-dir",
-            str(log_dir),
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    summary = json.loads(out.stdout)
+def test_demo_json_reaches_accuracy_and_saves_bytes(demo: tuple[dict[str, Any], Path]) -> None:
+    summary, log_dir = demo
     assert summary["world_size"] == 2
     assert summary["final_accuracy"] >= MIN_ACCURACY
     assert len(summary["cf_trajectory"]) == STEPS

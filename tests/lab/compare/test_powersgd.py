@@ -6,16 +6,19 @@ torch's ``powerSGD_hook`` mis-orders gloo collectives across DDP buckets from
 
 from __future__ import annotations
 
-import contextlib
-import io
+import functools
 import json
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from gravac.cli import main
 from gravac_lab.compare import workloads
+from tests.background import Background
+from tests.helpers import run_compare
 
 pytestmark = pytest.mark.slow
 
@@ -39,20 +42,34 @@ def _powersgd_elements(model: torch.nn.Module, rank: int) -> int:
     return total
 
 
-def test_ddp_powersgd_runs_past_the_switch_over(tmp_path: Path) -> None:
-    out = tmp_path / "powersgd.json"
-    with contextlib.redirect_stdout(io.StringIO()):
-        status = main(
-            ["compare", "--workload", "vgg-digits", "--modes", "ddp-powersgd",
-             "--steps", str(STEPS), "--powersgd-start", str(START), "--powersgd-rank", str(RANK),
-             "--timing-warmup", "1", "--eval-every", str(STEPS), "--out", str(out)]
-        )  # fmt: skip
-    assert status == 0
+def _run(out: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
+    done = run_compare(
+        "--workload", "vgg-digits", "--modes", "ddp-powersgd", "--steps", str(STEPS),
+        "--powersgd-start", str(START), "--powersgd-rank", str(RANK), "--timing-warmup", "1",
+        "--eval-every", str(STEPS), "--out", str(out),
+    )  # fmt: skip
+    return done, out
+
+
+def launches(tmp: Path, items: list[pytest.Item]) -> dict[str, Callable[[], Any]]:
+    """The module's one run (tests/background.py starts it with the session)."""
+    return {"powersgd": functools.partial(_run, tmp / "powersgd.json")}
+
+
+@pytest.fixture(scope="module")
+def run(background: Background, request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The run's one mode's record, once it has ended."""
+    done, out = background.results(request)["powersgd"]
+    assert done.returncode == 0, done.stderr[-3000:]
     (m,) = json.loads(out.read_text())["runs"]
+    return m
+
+
+def test_ddp_powersgd_runs_past_the_switch_over(run: dict[str, Any]) -> None:
     model = workloads.get("vgg-digits").model()
     dense = workloads.parameter_count(model)
     compressed = _powersgd_elements(model, RANK)
-    assert m["wire_bytes"] == 4 * (START * dense + (STEPS - START) * compressed)
-    assert m["wire_bytes_per_step"] == 4 * compressed
-    assert m["timed_from"] == START + 1
-    assert "bucket_cap_mb" in m["options"]
+    assert run["wire_bytes"] == 4 * (START * dense + (STEPS - START) * compressed)
+    assert run["wire_bytes_per_step"] == 4 * compressed
+    assert run["timed_from"] == START + 1
+    assert "bucket_cap_mb" in run["options"]

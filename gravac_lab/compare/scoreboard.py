@@ -49,10 +49,11 @@ its step time changes with its regimes, so it trains on each link). Their rows a
 
 from __future__ import annotations
 
+import collections
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gravac_lab.compare import workloads
@@ -86,10 +87,13 @@ __all__ = [
     "reach",
     "score",
     "score_setup",
+    "sent_most",
     "setup_runs",
     "spread",
+    "static_label",
     "twin_ratios",
     "versus",
+    "versus_sent",
     "yardstick",
 ]
 
@@ -280,6 +284,20 @@ def chance_at_least(values: Sequence[float], seeds: int, ratio: float) -> float:
     return 1.0 - chance(values, seeds, target=math.nextafter(ratio, -math.inf))
 
 
+def static_label(cf: float) -> str:
+    """The label of the ladder's static CF ``cf`` (``cf40``)."""
+    return f"cf{cf:g}"
+
+
+def sent_most(run: Mapping[str, Any]) -> float | None:
+    """The CF ``run`` sent at the most steps (``cf_sent_by_step``; of a tie the highest),
+    ``None`` where it logged no CF sent (dense steps log none)."""
+    counts = collections.Counter(cf for cf in run.get("cf_sent_by_step") or () if cf is not None)
+    if not counts:
+        return None
+    return max(counts, key=lambda cf: (counts[cf], cf))
+
+
 @dataclass(frozen=True)
 class Row:
     """One configuration of a setup over the seeds.
@@ -320,6 +338,8 @@ class SetupScore:
         network: how the searches' link was made (its description).
         rows: dense DDP, then the static CFs, then their twins (where trained, labelled
             with :data:`TWIN_SUFFIX`), then the searches, then the baselines.
+        sent: per search, each seed's static CF (its label) that the search sent at the most
+            steps (:func:`sent_most`), ``None`` where that CF is not on the ladder.
     """
 
     setup: str
@@ -329,6 +349,7 @@ class SetupScore:
     yardstick: str | None
     network: str
     rows: tuple[Row, ...]
+    sent: Mapping[str, tuple[str | None, ...]] = field(default_factory=dict)
 
     def has(self, label: str) -> bool:
         """Whether a row is labelled ``label``."""
@@ -344,6 +365,21 @@ class SetupScore:
             if r.label == label:
                 return r
         raise KeyError(label)
+
+
+def versus_sent(s: SetupScore, search: str) -> list[float]:
+    """Per seed, the search's time to the bar over that of the static CF it sent most on that
+    seed (:attr:`SetupScore.sent`), on the same seed (:func:`versus`; ``nan`` where that CF is
+    not on the ladder): above 1 where the search ran its CF slower than the CF's static run,
+    whatever it chose.
+
+    Raises:
+        KeyError: ``search`` is not a search of ``s``.
+    """
+    out = []
+    for r, label in zip(s.row(search).reaches, s.sent[search], strict=True):
+        out += [math.nan] if label is None else versus([r], s.row(label).reaches)
+    return out
 
 
 def twin_ratios(s: SetupScore) -> dict[str, list[float]]:
@@ -533,7 +569,17 @@ def score_setup(
             *(row(label, "search", rs) for label, rs in search_reaches.items()),
             *(row(label, "baseline", rs) for label, rs in baseline_reaches.items()),
         ),
+        sent={
+            label: tuple(_ladder_label(sent_most(r), static_reaches) for r in runs.searches[label])
+            for label in search_reaches
+        },
     )
+
+
+def _ladder_label(cf: float | None, statics: Mapping[str, Any]) -> str | None:
+    """The static CF ``cf``'s label where it is on the ladder (``statics``), else ``None``."""
+    label = None if cf is None else static_label(cf)
+    return label if label in statics else None
 
 
 def score(stored: Mapping[str, Any]) -> list[SetupScore]:

@@ -71,6 +71,7 @@ from gravac_lab.compare.scoreboard import (
     TWIN_BATCHES,
     TWINS,
     dense_bar,
+    static_label,
 )
 from gravac_lab.compare.study import Study, Variant, parse_variant
 
@@ -188,7 +189,7 @@ def parse_ladder(text: str) -> tuple[float, ...]:
 
 def ladder_variants(cfs: Sequence[float]) -> tuple[Variant, ...]:
     """Top-k at each static CF of ``cfs``, labelled ``cf<CF>``."""
-    return tuple(parse_variant(f'cf{cf:g}=topk:fixed{{"cf": {cf:g}}}') for cf in cfs)
+    return tuple(parse_variant(f'{static_label(cf)}=topk:fixed{{"cf": {cf:g}}}') for cf in cfs)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from gravac_lab.compare.scoreboard import (
     spread,
     twin_ratios,
     versus,
+    versus_sent,
 )
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "format_scoreboard",
     "mb_reaches",
     "seconds_cell",
+    "sent_lines",
     "setup_detail",
     "twins_lines",
     "versus_cells",
@@ -179,6 +181,29 @@ def _summary(scores: Sequence[SetupScore]) -> list[str]:
     return lines
 
 
+def sent_lines(scores: Sequence[SetupScore]) -> list[str]:
+    """Each search against the static CF it sent most, seed by seed
+    (:func:`gravac_lab.compare.scoreboard.versus_sent`): which CF, and its time to the bar over
+    that CF's static run's. A ratio to the yardstick above 1.15 with this one near 1 is a
+    choice of CF; with this one above 1 too, the search ran its CF slower. Empty where no
+    search logged its CFs."""
+    shown = [(s, label) for s in scores for label in s.sent if any(s.sent[label])]
+    if not shown:
+        return []
+    lines = [
+        "**Each search against the static CF it sent most**: on each seed the CF it sent at the "
+        "most steps, and its time to the bar over that static CF's on the same seed (median, "
+        "range; – where that CF is not on the ladder).",
+        "",
+        "| setup | search | CF sent most, by seed | time over that CF's |",
+        "|---|---|---|--:|",
+    ]
+    for s, label in shown:
+        cfs = ", ".join(cf or "–" for cf in s.sent[label])
+        lines.append(f"| {s.setup} | {label} | {cfs} | {_versus_cell(versus_sent(s, label))} |")
+    return lines
+
+
 #: the search set against the baselines
 _DEFAULT = "default"
 
@@ -319,6 +344,9 @@ def format_scoreboard(stored: Mapping[str, Any]) -> str:
     if unfinished:
         lines.append(f"- not finished (their studies are not all stored): {', '.join(unfinished)}")
     lines += ["", *_summary(scores)]
+    sent = sent_lines(scores)
+    if sent:
+        lines += ["", *sent]
     versus_lines = _baselines(scores)
     if versus_lines:
         lines += ["", *versus_lines]

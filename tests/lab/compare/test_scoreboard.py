@@ -22,8 +22,10 @@ from gravac_lab.compare.scoreboard import (
     reach,
     score,
     score_setup,
+    sent_most,
     setup_runs,
     versus,
+    versus_sent,
     yardstick,
 )
 from gravac_lab.compare.scoreboard_plan import (
@@ -201,6 +203,31 @@ def test_the_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path.write_text(json.dumps(stored))
     assert main(["compare", "--scoreboard", "--from-json", str(path)]) == 0
     assert capsys.readouterr().out == table + "\n"
+
+
+def test_each_search_against_the_static_cf_it_sent_most() -> None:
+    """Per seed, the CF a search sent at the most steps (of a tie the highest; none where it
+    logged no CF), and its time to the bar over that static CF's on the same seed: on
+    vgg_1gbit every search sends CF 10; on seed 1 'default' sends CF 40 most, which is not on
+    the ladder."""
+    assert sent_most({"cf_sent_by_step": [1000.0, 10.0, 160.0, None, 160.0, 10.0]}) == 160.0
+    assert sent_most({"cf_sent_by_step": [None, None]}) is None
+    assert sent_most({}) is None
+    studies = vgg_1gbit()
+    run = next(
+        r for r in studies[3]["summary"]["runs"] if (r["variant"], r["seed"]) == ("default", 1)
+    )
+    run["cf_sent_by_step"] = [10.0, 10.0] + [40.0] * (len(run["cf_sent_by_step"]) - 2)
+    stored = stored_scoreboard(studies, "vgg-digits@1gbit")
+    (s,) = score(stored)
+    assert s.sent == {"default": ("cf10", None, "cf10"), "paper": ("cf10", "cf10", "cf10")}
+    # default at the bar in 3.0 s on its own clock, cf10 in 4.0 s on the link
+    mine = versus_sent(s, "default")
+    assert mine[0] == mine[2] == 0.75 and math.isnan(mine[1])
+    assert versus_sent(s, "paper") == [1.5, 1.5, math.inf]  # paper misses seed 2, cf10 not
+    table = format_scoreboard(stored)
+    assert "| vgg-digits@1gbit | default | cf10, –, cf10 | 0.75 |" in table
+    assert "| vgg-digits@1gbit | paper | cf10, cf10, cf10 | 1.50 (1.50-–) |" in table
 
 
 def test_the_plan_trains_dense_and_the_ladder_once_and_the_searches_on_each_link() -> None:

@@ -17,7 +17,9 @@ not for the test that happens to run in this process meanwhile.
 
 from __future__ import annotations
 
+import functools
 import shutil
+import subprocess
 import tempfile
 import threading
 from collections.abc import Callable
@@ -76,3 +78,27 @@ class Background:
         """Drop the launches not started, wait for the running ones, remove their files."""
         self._pool.shutdown(wait=True, cancel_futures=True)
         shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+#: a module's ``launches`` (the module docstring)
+Launches = Callable[[Path, list[pytest.Item]], dict[str, Callable[[], Any]]]
+#: what a launch of a command returns: the finished process and the file or folder it wrote
+Finished = tuple[subprocess.CompletedProcess[str], Path]
+
+
+def one_launch(name: str, run: Callable[[Path], Finished], path: str) -> Launches:
+    """The ``launches`` of a module whose tests read one run: ``run(tmp / path)``, named
+    ``name``."""
+
+    def launches(tmp: Path, items: list[pytest.Item]) -> dict[str, Callable[[], Any]]:
+        return {name: functools.partial(run, tmp / path)}
+
+    return launches
+
+
+def succeeded(background: Background, request: pytest.FixtureRequest, name: str) -> Finished:
+    """The requesting module's launch ``name`` (:data:`Finished`) once it has ended; the test
+    fails with the end of the process's stderr unless it exited 0."""
+    done, path = background.results(request)[name]
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done, path

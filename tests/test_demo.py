@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from gravac.cli import main
 from gravac.demo import DemoConfig
-from tests.background import Background
+from tests.background import Background, one_launch, succeeded
 
 STEPS = 120
 #: test accuracy the CI-sized run must reach (measured about 0.95 at 120 steps)
@@ -31,16 +29,14 @@ def _demo(log_dir: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
     return done, log_dir
 
 
-def launches(tmp: Path, items: list[pytest.Item]) -> dict[str, Callable[[], Any]]:
-    """The module's one run (tests/background.py starts it with the session)."""
-    return {"demo": functools.partial(_demo, tmp / "run")}
+#: the module's one run (tests/background.py starts it with the session)
+launches = one_launch("demo", _demo, "run")
 
 
 @pytest.fixture(scope="module")
 def demo(background: Background, request: pytest.FixtureRequest) -> tuple[dict[str, Any], Path]:
     """The demo's JSON summary and its log folder, once it has ended."""
-    done, log_dir = background.results(request)["demo"]
-    assert done.returncode == 0, done.stderr[-3000:]
+    done, log_dir = succeeded(background, request, "demo")
     return json.loads(done.stdout), log_dir
 
 

@@ -6,10 +6,8 @@ torch's ``powerSGD_hook`` mis-orders gloo collectives across DDP buckets from
 
 from __future__ import annotations
 
-import functools
 import json
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +15,7 @@ import pytest
 import torch
 
 from gravac_lab.compare import workloads
-from tests.background import Background
+from tests.background import Background, one_launch, succeeded
 from tests.helpers import run_compare
 
 pytestmark = pytest.mark.slow
@@ -51,16 +49,14 @@ def _run(out: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
     return done, out
 
 
-def launches(tmp: Path, items: list[pytest.Item]) -> dict[str, Callable[[], Any]]:
-    """The module's one run (tests/background.py starts it with the session)."""
-    return {"powersgd": functools.partial(_run, tmp / "powersgd.json")}
+#: the module's one run (tests/background.py starts it with the session)
+launches = one_launch("powersgd", _run, "powersgd.json")
 
 
 @pytest.fixture(scope="module")
 def run(background: Background, request: pytest.FixtureRequest) -> dict[str, Any]:
     """The run's one mode's record, once it has ended."""
-    done, out = background.results(request)["powersgd"]
-    assert done.returncode == 0, done.stderr[-3000:]
+    _, out = succeeded(background, request, "powersgd")
     (m,) = json.loads(out.read_text())["runs"]
     return m
 

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gravac_lab.compare import workloads
-from tests.background import Background
+from tests.background import Background, one_launch, succeeded
 from tests.helpers import run_compare
 
 pytestmark = pytest.mark.slow
@@ -59,15 +57,13 @@ def _quick(out: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
     return done, out
 
 
-def launches(tmp: Path, items: list[pytest.Item]) -> dict[str, Callable[[], Any]]:
-    """The module's one run (tests/background.py starts it with the session)."""
-    return {"quick": functools.partial(_quick, tmp / "quick.json")}
+#: the module's one run (tests/background.py starts it with the session)
+launches = one_launch("quick", _quick, "quick.json")
 
 
 @pytest.fixture(scope="module")
 def quick(background: Background, request: pytest.FixtureRequest) -> tuple[dict[str, Any], str]:
-    done, out = background.results(request)["quick"]
-    assert done.returncode == 0, done.stderr[-2000:]
+    done, out = succeeded(background, request, "quick")
     return json.loads(out.read_text()), done.stdout
 
 

@@ -6,6 +6,7 @@ import contextlib
 import importlib.util
 import io
 import itertools
+import os
 import shutil
 import subprocess
 import sys
@@ -147,6 +148,15 @@ def run_compare(*args: str, timeout: float = 600) -> subprocess.CompletedProcess
     stdout and stderr captured)."""
     command = [sys.executable, "-m", "gravac", "compare", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+
+
+def torchrun_env(beside: Path) -> dict[str, str]:
+    """This process's environment with ``TMPDIR`` a folder beside ``beside`` (made here): a
+    torchrun agent leaves a ``torchelastic_*`` folder in the temporary folder after each run,
+    which then goes with the test's own files rather than into the machine's."""
+    tmp = beside.with_name(beside.name + "-tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    return {**os.environ, "TMPDIR": str(tmp)}
 
 
 def torchrun_command(script: Path, *args: str, nproc: int = 2) -> list[str]:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.background import Background
-from tests.helpers import torchrun_command
+from tests.helpers import torchrun_command, torchrun_env
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_digits.py"
 #: clean torchrun exits each front end must show: before the fixes, 2 of 6 runs aborted at
@@ -40,7 +40,8 @@ def _torchrun(log_dir: Path, *args: str) -> Run:
     """The example on 2 processes, with ``args``, logging to ``log_dir``; never raises on a
     failed run. The port is picked at launch, not before, so that no other launch takes it."""
     command = torchrun_command(EXAMPLE, *args, "--log-dir", str(log_dir))
-    return log_dir, subprocess.run(command, capture_output=True, text=True, timeout=300)
+    env = torchrun_env(log_dir)
+    return log_dir, subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
 
 
 def _two_nodes(log_dir: Path, *args: str) -> Run:
@@ -50,6 +51,7 @@ def _two_nodes(log_dir: Path, *args: str) -> Run:
     from gravac.launch import free_port
 
     port = free_port()
+    env = torchrun_env(log_dir)
     agents = []
     for node in range(2):
         command = torchrun_command(EXAMPLE, *args, "--log-dir", str(log_dir), nproc=2)
@@ -58,7 +60,9 @@ def _two_nodes(log_dir: Path, *args: str) -> Run:
             c if not c.startswith("--master_port") else f"--master_port={port}" for c in command
         ]
         agents.append(
-            subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            subprocess.Popen(
+                command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+            )
         )
     outs = [a.communicate(timeout=300) for a in agents]
     code = max(a.returncode for a in agents)

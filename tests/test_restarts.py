@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from tests.background import Background
+from tests.helpers import torchrun_env
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "torchrun_restarts.py"
 #: the step at which rank 1 is killed, once
@@ -45,7 +46,8 @@ def _torchrun(folder: Path, max_restarts: int, *args: str) -> Run:
         str(STEPS),
         *args,
     ]
-    return folder, subprocess.run(command, capture_output=True, text=True, timeout=300)
+    env = torchrun_env(folder)
+    return folder, subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
 
 
 def launches(tmp: Path, items: list[pytest.Item]) -> dict[str, Callable[[], Run]]:

@@ -4,7 +4,6 @@ two runs' states bit for bit."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +11,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from tests.helpers import torchrun_env
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 #: seconds one example run may take (2 processes importing the framework, a few steps)
@@ -28,7 +29,11 @@ def run_example(command: Command, report: Path, env: dict[str, str]) -> Run:
     """Run ``command()`` (``env`` added to this process's); its output and ``report``, the
     directory it writes its ranks' reports to. Never raises on a failed run."""
     out = subprocess.run(
-        command(), capture_output=True, text=True, timeout=RUN_TIMEOUT, env={**os.environ, **env}
+        command(),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+        env={**torchrun_env(report), **env},
     )
     return out, report
 

@@ -150,13 +150,18 @@ def run_compare(*args: str, timeout: float = 600) -> subprocess.CompletedProcess
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
 
 
-def torchrun_env(beside: Path) -> dict[str, str]:
-    """This process's environment with ``TMPDIR`` a folder beside ``beside`` (made here): a
-    torchrun agent leaves a ``torchelastic_*`` folder in the temporary folder after each run,
-    which then goes with the test's own files rather than into the machine's."""
-    tmp = beside.with_name(beside.name + "-tmp")
+def tmpdir_env(tmp: Path) -> dict[str, str]:
+    """This process's environment with ``TMPDIR`` the folder ``tmp`` (made here if missing),
+    for a process whose temporary files a test reads or keeps out of the machine's."""
     tmp.mkdir(parents=True, exist_ok=True)
     return {**os.environ, "TMPDIR": str(tmp)}
+
+
+def torchrun_env(beside: Path) -> dict[str, str]:
+    """:func:`tmpdir_env` with a folder beside ``beside``: a torchrun agent leaves a
+    ``torchelastic_*`` folder in the temporary folder after each run, which then goes with the
+    test's own files rather than into the machine's."""
+    return tmpdir_env(beside.with_name(beside.name + "-tmp"))
 
 
 def torchrun_command(script: Path, *args: str, nproc: int = 2) -> list[str]:

@@ -9,6 +9,7 @@ the test accuracy over steps, and prints a closing table; ``--json`` prints a su
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import time
@@ -16,6 +17,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -26,7 +28,15 @@ from gravac.launch import spawn_workers
 from gravac.monitor import TensorBoardMonitor
 from gravac.optimizer import GravacOptimizer, broadcast_parameters
 
-__all__ = ["DemoConfig", "DigitsCNN", "add_parser", "digits_data", "run_demo", "train_worker"]
+__all__ = [
+    "DemoConfig",
+    "DigitsCNN",
+    "add_parser",
+    "digits_data",
+    "digits_file_arrays",
+    "run_demo",
+    "train_worker",
+]
 
 #: share of the digits held out for testing
 TEST_FRACTION = 0.2
@@ -40,21 +50,53 @@ DEVICES = {"cpu": "gloo", "cuda": "nccl"}
 #: the largest learning rate taken: the model trains in float32, and SGD's update ``-lr * g``
 #: with a larger one is not a float32 number (torch raised from inside the step)
 LR_MAX = torch.finfo(torch.float32).max
+#: the digits as scikit-learn ships them, under its package folder: ``load_digits`` parses this
+#: file, and importing scikit-learn for it costs each process about a second of CPU (it imports
+#: SciPy), which every worker of a run and of the test suite paid (:func:`digits_file_arrays`)
+DIGITS_FILE = ("datasets", "data", "digits.csv.gz")
+#: its rows (the images) and columns (64 pixels, then the label)
+DIGITS_SHAPE = (1797, 65)
 
 
 def digits_data() -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """scikit-learn's digits as (train_x, train_y, test_x, test_y); x in [0, 1], N x 1 x 8 x 8."""
+    pixels, labels = _digits_arrays()
+    x = torch.tensor(pixels, dtype=torch.float32).view(-1, 1, 8, 8) / 16.0
+    y = torch.tensor(labels, dtype=torch.long)
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(DATA_SEED))
+    n_test = int(len(y) * TEST_FRACTION)
+    test, train = order[:n_test], order[n_test:]
+    return x[train], y[train], x[test], y[test]
+
+
+def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """The digits' pixels (1797 x 64, 0-16) and labels, as ``load_digits`` gives them: read from
+    the file scikit-learn ships (:data:`DIGITS_FILE`), else through ``load_digits`` itself."""
+    read = digits_file_arrays()
+    if read is not None:
+        return read
     try:
         from sklearn.datasets import load_digits
     except ImportError as exc:  # pragma: no cover - the demo extra installs it
         raise RuntimeError("the demo needs scikit-learn: pip install 'gravac[demo]'") from exc
     digits = load_digits()
-    x = torch.tensor(digits.data, dtype=torch.float32).view(-1, 1, 8, 8) / 16.0
-    y = torch.tensor(digits.target, dtype=torch.long)
-    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(DATA_SEED))
-    n_test = int(len(y) * TEST_FRACTION)
-    test, train = order[:n_test], order[n_test:]
-    return x[train], y[train], x[test], y[test]
+    return digits.data, digits.target
+
+
+def digits_file_arrays() -> tuple[np.ndarray, np.ndarray] | None:
+    """The digits read from scikit-learn's :data:`DIGITS_FILE` without importing scikit-learn
+    (rows of 64 pixels and the label, as ``load_digits`` parses it); ``None`` where scikit-learn
+    is not installed or holds no such file of :data:`DIGITS_SHAPE`."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin).parent.joinpath(*DIGITS_FILE)
+    if not path.is_file():
+        return None
+    table = np.loadtxt(path, delimiter=",")
+    if table.shape != DIGITS_SHAPE:
+        return None
+    return table[:, :-1], table[:, -1].astype(int)
 
 
 class DigitsCNN(nn.Module):

@@ -8,10 +8,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from gravac import demo as demo_module
 from gravac.cli import main
 from gravac.demo import DemoConfig
 from tests.background import Background, one_launch, succeeded
@@ -72,3 +74,27 @@ def test_cuda_device_needs_a_gpu_per_worker() -> None:
         DemoConfig(device="cuda", workers=2)
     with pytest.raises(ValueError, match="--device must be one of"):
         DemoConfig(device="tpu")
+
+
+def test_the_digits_are_read_from_scikit_learns_file_as_load_digits_gives_them() -> None:
+    """The file is read without importing scikit-learn (a second of CPU per process), and its
+    arrays are ``load_digits``' to the bit: its pixels, labels and their dtypes."""
+    from sklearn.datasets import load_digits
+
+    read = demo_module.digits_file_arrays()
+    assert read is not None, "scikit-learn ships the digits' file"
+    digits = load_digits()
+    for ours, theirs in zip(read, (digits.data, digits.target), strict=True):
+        assert ours.dtype == theirs.dtype
+        assert np.array_equal(ours, theirs)
+
+
+def test_without_the_file_the_digits_come_from_load_digits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A scikit-learn that keeps no such file (or moved it) still gives the same split."""
+    expected = demo_module.digits_data()
+    monkeypatch.setattr(demo_module, "DIGITS_FILE", ("datasets", "data", "no-such-file.csv.gz"))
+    assert demo_module.digits_file_arrays() is None
+    for ours, theirs in zip(demo_module.digits_data(), expected, strict=True):
+        assert torch.equal(ours, theirs)

@@ -277,6 +277,16 @@ def _variant_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _cpu_text(host: dict[str, Any]) -> str:
+    """`` (model, torch's CPU kernels: level)`` from a study's ``host``, as far as it names them
+    (the JSON of older studies does not): empty where it names neither."""
+    parts = [
+        *([str(host["cpu"])] if host.get("cpu") else []),
+        *([f"torch's CPU kernels: {host['torch_cpu']}"] if host.get("torch_cpu") else []),
+    ]
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def _optimizer_text(cfg: dict[str, Any]) -> str:
     """What every mode trained with: ``SGD lr L momentum M`` or ``Adam lr L`` (runs stored
     before ``--optimizer`` trained with SGD)."""
@@ -331,9 +341,9 @@ def format_table(summary: dict[str, Any]) -> str:
         f"steps{until}, {_optimizer_text(cfg)}, {cfg['threads']} torch thread(s) per worker",
         f"- network: {link}",
         *node_lines,
-        f"- host: {host['cpus']} CPUs, 1-minute load average {host['load_before']:.2f} before "
-        f"the run and {host['load_after']:.2f} after it (its own workers included): other "
-        "load skews the times",
+        f"- host: {host['cpus']} CPUs{_cpu_text(host)}, 1-minute load average "
+        f"{host['load_before']:.2f} before the run and {host['load_after']:.2f} after it (its "
+        "own workers included): other load skews the times",
         *_variant_lines(summary),
         f"- seeds {', '.join(map(str, seeds))}: every figure is the median over the seeds, "
         "with the lowest and highest in brackets where they differ",

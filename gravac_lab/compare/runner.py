@@ -48,7 +48,7 @@ from gravac_lab.compare.report import decisions_agree, summarise
 from gravac_lab.compare.study import Study
 from gravac_lab.compare.train import LINK_TEST_JOB
 
-__all__ = ["CompareError", "run_compare"]
+__all__ = ["CompareError", "cpu_name", "run_compare"]
 
 #: seconds between checks on the workers of a job
 _POLL_SECONDS = 0.1
@@ -60,8 +60,25 @@ _WORKER_MODULE = "gravac_lab.compare.worker"
 #: rank and job (each worker saves scikit-learn's import); each job's configuration is
 #: ``job<index>.json`` beside it
 _DATA_FILE = "data.pt"
+#: where Linux names the processor (:func:`cpu_name`)
+_CPUINFO = "/proc/cpuinfo"
 #: signals that end a run as Ctrl-C does (cleaning up)
 _TERMINATING = (signal.SIGTERM, signal.SIGHUP)
+
+
+def cpu_name() -> str | None:
+    """The processor's model name as Linux reports it (``/proc/cpuinfo``); ``None`` elsewhere.
+    With torch's CPU kernel level beside it in a study's ``host``, it tells whether two studies
+    ran on the same kind of machine: their float results may differ where they did not."""
+    try:
+        with open(_CPUINFO) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    return value.strip()
+    except OSError:
+        return None
+    return None
 
 
 class CompareError(RuntimeError):
@@ -251,6 +268,8 @@ def run_compare(study: Study | CompareConfig) -> dict[str, Any]:
         "aggregates": [asdict(a) for a in aggregate(summaries)],
         "host": {
             "cpus": os.cpu_count(),
+            "cpu": cpu_name(),
+            "torch_cpu": torch.backends.cpu.get_cpu_capability(),
             "load_before": load_before,
             "load_after": os.getloadavg()[0],
         },

@@ -99,6 +99,18 @@ def test_table_names_the_optimizer() -> None:
     assert f"SGD lr {lr:g} momentum 0.9," in format_table(summary)
 
 
+def test_table_names_the_machine_where_the_study_names_it() -> None:
+    """A study's float results may differ between kinds of machine: the table says which ran it
+    where the JSON holds it, and the line of an older JSON, which does not, reads as before."""
+    summary = made_up.summary()
+    assert "- host: 2 CPUs, 1-minute load average 0.50 before" in format_table(summary)
+    summary["host"].update(cpu="AMD EPYC", torch_cpu="AVX512")
+    expected = "- host: 2 CPUs (AMD EPYC, torch's CPU kernels: AVX512), 1-minute load average"
+    assert expected in format_table(summary)
+    summary["host"]["cpu"] = None  # not Linux
+    assert "- host: 2 CPUs (torch's CPU kernels: AVX512), 1-minute" in format_table(summary)
+
+
 def test_table_names_the_runs_whose_ranks_disagreed() -> None:
     runs = made_up.runs()
     runs[4] = made_up.run("gravac", "cf100", 1, ranks_agree=False)

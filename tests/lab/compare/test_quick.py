@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
-from gravac_lab.compare import workloads
+from gravac_lab.compare import runner, workloads
 from tests.background import Background, one_launch, succeeded
 from tests.helpers import run_compare
 
@@ -77,6 +78,8 @@ def test_quick_json_has_every_mode_and_field(quick: tuple[dict[str, Any], str]) 
     assert summary["network"]["shaped"] is False
     assert "loopback" in summary["network"]["description"]
     assert summary["table"].count("\n| ") == len(MODES) + 1  # header and one row a mode
+    assert summary["host"]["cpu"] == runner.cpu_name()
+    assert summary["host"]["torch_cpu"] == torch.backends.cpu.get_cpu_capability()
 
 
 def test_quick_values_are_sane(quick: tuple[dict[str, Any], str]) -> None:

@@ -1,0 +1,132 @@
+"""How well the default search's judged gains foretell the static CFs' steps to the bar.
+
+The search by shadow ranks a CF by its compression throughput, its system throughput times the
+progress per step its judged window gain predicts (the gain itself:
+:func:`gravac.control.window.predicted_progress`). On a scoreboard every CF of the ladder also
+trained as a static CF, so the prediction can be set against what each CF did: for each setup
+of each stored scoreboard (:func:`gravac_lab.compare.scoreboard.score`), this prints per static
+CF its median steps to the bar over the seeds, its progress (the fewest steps of any CF over its
+own, so 1 for that CF), and the search's median judged gain of that CF over the windows it
+judged (:data:`JUDGED_STEPS`) on every seed, the gain relative to that of the CF with the
+fewest steps beside it. A CF that missed the bar on a seed counts the run's last step there.
+A ``gravac compare`` study of static CFs (variants labelled ``cfN``) beside the search over
+more seeds is read the same way, against ``--bar``.
+
+(``docs/studies/2026-12-07-judged-progress.md``)::
+
+    python scripts/judged_progress.py docs/results/scoreboard-interleaved-lstm-1gbit.json
+    python scripts/judged_progress.py docs/results/twelve/vgg-digits-loopback-12-step-timing.json \\
+        --bar 0.9733
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gravac.control.tables import cf_key
+from gravac_lab.compare import workloads
+from gravac_lab.compare.scoreboard import Reach, reach, score, setup_runs
+
+__all__ = ["judged_gains", "report", "table"]
+
+#: the steps whose judged tables count: the search's decisions up to the step budget of dense
+#: DDP on the scoreboards (300), after the warm-up (whose table precedes any CF's own run)
+JUDGED_STEPS = range(11, 300)
+
+
+def judged_gains(runs: Sequence[Mapping[str, Any]]) -> dict[float, float]:
+    """The median judged gain of each CF over the runs' tables (``judged_by_step``) at the
+    steps :data:`JUDGED_STEPS`, by CF; NaN entries (not yet judged) left out, and runs stored
+    before the tables were logged hold none."""
+    gains: dict[float, list[float]] = {}
+    for run in runs:
+        for step, table in enumerate(run.get("judged_by_step", [])):
+            if table and step in JUDGED_STEPS:
+                for cf, (gain, _) in table.items():
+                    if not math.isnan(gain):
+                        gains.setdefault(cf_key(float(cf)), []).append(gain)
+    return {cf: statistics.median(values) for cf, values in sorted(gains.items())}
+
+
+def table(
+    title: str, statics: Mapping[float, Sequence[Reach]], judged: Mapping[float, float], last: int
+) -> list[str]:
+    """The markdown lines of one setup: per static CF (``statics``: its reaches of the bar by
+    seed, by CF), its median steps to the bar (``last`` where missed), its progress, the
+    search's ``judged`` gain of it, and that gain over the one of the CF with the fewest steps."""
+    steps = {
+        cf: statistics.median(r.step if r.step is not None else last for r in reaches)
+        for cf, reaches in statics.items()
+    }
+    best = min(steps, key=lambda cf: steps[cf])
+    lines = [
+        f"### {title}",
+        "",
+        "| CF | steps to the bar | progress | judged gain | over the fewest steps' CF's |",
+        "|---|--:|--:|--:|--:|",
+    ]
+    for cf, n in steps.items():
+        gain = judged.get(cf, math.nan)
+        lines.append(
+            f"| cf{cf:g} | {n:g} | {steps[best] / n:.2f} | {gain:.3f} | "
+            f"{gain / judged.get(best, math.nan):.2f} |"
+        )
+    return [*lines, ""]
+
+
+def _cf(label: str) -> float:
+    """The CF of a static CF's label (``cf160``)."""
+    return cf_key(float(label.removeprefix("cf")))
+
+
+def report(stored: Mapping[str, Any], search: str, bar: float | None = None) -> list[str]:
+    """The tables (:func:`table`) of ``stored``, judged by ``search``: each setup of a stored
+    scoreboard, or a ``gravac compare`` study whose static CFs are its variants labelled
+    ``cfN``, against ``bar`` (the scoreboard's own bar where it is one).
+
+    Raises:
+        ValueError: a study without ``bar``.
+    """
+    if "scoreboard" in stored:
+        studies, last = stored["studies"], int(stored["scoreboard"]["compressed_steps"])
+        lines = []
+        for s in score(stored):
+            workload, _, link = s.setup.partition("@")
+            runs = setup_runs(studies, workload, None if link == "loopback" else link)
+            statics = {_cf(r.label): r.reaches for r in s.rows if r.kind == "static"}
+            lines += table(s.setup, statics, judged_gains(runs.searches[search]), last)
+        return lines
+    if bar is None:
+        raise ValueError("--bar is needed for a study that is not a scoreboard")
+    higher = workloads.get(stored["workload"]["name"]).higher_is_better
+    by_label: dict[str, list[Mapping[str, Any]]] = {}
+    for run in stored["runs"]:
+        by_label.setdefault(str(run.get("variant")), []).append(run)
+    statics = {
+        _cf(label): tuple(reach(r, bar, higher) for r in runs)
+        for label, runs in by_label.items()
+        if label.startswith("cf")
+    }
+    title = f"{stored['workload']['name']}, {len(by_label[search])} seeds"
+    return table(title, statics, judged_gains(by_label[search]), int(stored["config"]["steps"]))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("files", nargs="+", type=Path, help="stored scoreboards or studies")
+    parser.add_argument("--search", default="default", help="the search's label")
+    parser.add_argument("--bar", type=float, help="the bar of a study that is not a scoreboard")
+    args = parser.parse_args(argv)
+    for path in args.files:
+        print(f"## {path}\n")
+        print("\n".join(report(json.loads(path.read_text()), args.search, args.bar)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""``scripts/judged_progress.py``: the search's judged gains beside the static CFs' progress."""
+
+from __future__ import annotations
+
+import math
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from gravac_lab.compare.scoreboard import Reach
+from tests.helpers import load_script
+
+
+def _script() -> ModuleType:
+    return load_script("judged_progress")
+
+
+def _tables(steps: int, judged: dict[int, dict[str, list[float]]]) -> list[Any]:
+    """``judged_by_step`` of a run of ``steps`` steps with ``judged``'s tables at their steps."""
+    return [judged.get(step) for step in range(steps)]
+
+
+def test_the_judged_gain_of_a_cf_is_its_median_over_the_decisions_after_the_warm_up() -> None:
+    script = _script()
+    first = {
+        "judged_by_step": _tables(
+            40,
+            {
+                10: {"10": [0.1, 5.0]},  # the warm-up's table: not counted
+                11: {"10": [0.9, 5.0], "160": [math.nan, 7.0]},  # 160 not judged yet
+                36: {"10": [0.8, 5.0], "160": [0.5, 7.0]},
+            },
+        )
+    }
+    second = {"judged_by_step": _tables(20, {12: {"10": [0.7, 5.0], "160": [0.6, 7.0]}})}
+    got = script.judged_gains([first, second])
+    assert got == {10.0: pytest.approx(0.8), 160.0: pytest.approx(0.55)}
+
+
+def test_the_table_sets_each_cfs_progress_beside_its_judged_gain() -> None:
+    script = _script()
+
+    def reaches(*steps: int | None) -> list[Reach]:
+        return [
+            Reach(seed, None if s is None else 1.0, s, None, 0.0) for seed, s in enumerate(steps)
+        ]
+
+    statics = {10.0: reaches(100, 120, 110), 160.0: reaches(200, None, 220)}
+    lines = script.table("w@l", statics, {10.0: 0.99, 160.0: 0.66}, 600)
+    assert lines[0] == "### w@l"
+    # cf160: median of 200, 600 (missed: the last step) and 220 is 220; 110 / 220 = 0.5
+    assert "| cf10 | 110 | 1.00 | 0.990 | 1.00 |" in lines
+    assert "| cf160 | 220 | 0.50 | 0.660 | 0.67 |" in lines
+
+
+def _run(variant: str, seed: int, metrics: list[float]) -> dict[str, Any]:
+    evaluations = [[10 * (i + 1), float(i + 1), m] for i, m in enumerate(metrics)]
+    return {
+        "variant": variant,
+        "seed": seed,
+        "evaluations": evaluations,
+        "final_metric": metrics[-1],
+        "wire_bytes_by_step": [0] * (10 * len(metrics)),
+        "judged_by_step": _tables(10 * len(metrics), {20: {"40": [0.9, 1.0]}}),
+    }
+
+
+def test_a_study_is_read_against_the_bar_given() -> None:
+    script = _script()
+    study = {
+        "workload": {"name": "vgg-digits"},
+        "config": {"steps": 50},
+        "runs": [
+            _run("cf40", 0, [0.5, 0.97, 0.98, 0.98, 0.99]),  # held from step 20
+            _run("cf40", 1, [0.97, 0.98, 0.5, 0.98, 0.99]),  # from step 10
+            _run("default", 0, [0.5, 0.5, 0.5, 0.5, 0.5]),
+        ],
+    }
+    lines = script.report(study, "default", 0.97)
+    assert lines[0] == "### vgg-digits, 1 seeds"
+    assert "| cf40 | 15 | 1.00 | 0.900 | 1.00 |" in lines
+    with pytest.raises(ValueError, match="--bar is needed"):
+        script.report(study, "default")

@@ -6,11 +6,12 @@ progress per step its judged window gain predicts (the gain itself:
 trained as a static CF, so the prediction can be set against what each CF did: for each setup
 of each stored scoreboard (:func:`gravac_lab.compare.scoreboard.score`), this prints per static
 CF its median steps to the bar over the seeds, its progress (the fewest steps of any CF over its
-own, so 1 for that CF), and the search's median judged gain of that CF over the windows it
-judged (:data:`JUDGED_STEPS`) on every seed, the gain relative to that of the CF with the
-fewest steps beside it. A CF that missed the bar on a seed counts the run's last step there.
-A ``gravac compare`` study of static CFs (variants labelled ``cfN``) beside the search over
-more seeds is read the same way, against ``--bar``.
+own, so 1 for that CF), and the search's median judged gain of that CF over its decisions after
+its warm-up and before that fewest number of steps (while the decisions count), on every seed,
+with the gain relative to that of the CF with the fewest steps beside it. A CF that missed the
+bar on a seed counts the run's last step there. A ``gravac compare`` study of static CFs
+(variants labelled ``cfN``) beside the search over more seeds is read the same way, against
+``--bar``.
 
 (``docs/studies/2026-12-07-judged-progress.md``)::
 
@@ -35,19 +36,19 @@ from gravac_lab.compare.scoreboard import Reach, reach, score, setup_runs
 
 __all__ = ["judged_gains", "report", "table"]
 
-#: the steps whose judged tables count: the search's decisions up to the step budget of dense
-#: DDP on the scoreboards (300), after the warm-up (whose table precedes any CF's own run)
-JUDGED_STEPS = range(11, 300)
+#: the first step whose judged table counts: the warm-up's table (its last step, 10, or its bridge)
+#: precedes any CF's own run
+FIRST_JUDGED = 11
 
 
-def judged_gains(runs: Sequence[Mapping[str, Any]]) -> dict[float, float]:
-    """The median judged gain of each CF over the runs' tables (``judged_by_step``) at the
-    steps :data:`JUDGED_STEPS`, by CF; NaN entries (not yet judged) left out, and runs stored
-    before the tables were logged hold none."""
+def judged_gains(runs: Sequence[Mapping[str, Any]], until: float) -> dict[float, float]:
+    """The median judged gain of each CF over the runs' tables (``judged_by_step``) from step
+    :data:`FIRST_JUDGED` to before ``until``, by CF; NaN entries (not yet judged) left out, and
+    runs stored before the tables were logged hold none."""
     gains: dict[float, list[float]] = {}
     for run in runs:
         for step, table in enumerate(run.get("judged_by_step", [])):
-            if table and step in JUDGED_STEPS:
+            if table and FIRST_JUDGED <= step < until:
                 for cf, (gain, _) in table.items():
                     if not math.isnan(gain):
                         gains.setdefault(cf_key(float(cf)), []).append(gain)
@@ -55,16 +56,21 @@ def judged_gains(runs: Sequence[Mapping[str, Any]]) -> dict[float, float]:
 
 
 def table(
-    title: str, statics: Mapping[float, Sequence[Reach]], judged: Mapping[float, float], last: int
+    title: str,
+    statics: Mapping[float, Sequence[Reach]],
+    search: Sequence[Mapping[str, Any]],
+    last: int,
 ) -> list[str]:
     """The markdown lines of one setup: per static CF (``statics``: its reaches of the bar by
-    seed, by CF), its median steps to the bar (``last`` where missed), its progress, the
-    search's ``judged`` gain of it, and that gain over the one of the CF with the fewest steps."""
+    seed, by CF), its median steps to the bar (``last`` where missed), its progress, the judged
+    gain of it by the ``search``'s runs until the fewest steps (:func:`judged_gains`), and that
+    gain over the one of the CF with the fewest steps."""
     steps = {
         cf: statistics.median(r.step if r.step is not None else last for r in reaches)
         for cf, reaches in statics.items()
     }
     best = min(steps, key=lambda cf: steps[cf])
+    judged = judged_gains(search, steps[best])
     lines = [
         f"### {title}",
         "",
@@ -100,7 +106,7 @@ def report(stored: Mapping[str, Any], search: str, bar: float | None = None) -> 
             workload, _, link = s.setup.partition("@")
             runs = setup_runs(studies, workload, None if link == "loopback" else link)
             statics = {_cf(r.label): r.reaches for r in s.rows if r.kind == "static"}
-            lines += table(s.setup, statics, judged_gains(runs.searches[search]), last)
+            lines += table(s.setup, statics, runs.searches[search], last)
         return lines
     if bar is None:
         raise ValueError("--bar is needed for a study that is not a scoreboard")
@@ -114,7 +120,7 @@ def report(stored: Mapping[str, Any], search: str, bar: float | None = None) -> 
         if label.startswith("cf")
     }
     title = f"{stored['workload']['name']}, {len(by_label[search])} seeds"
-    return table(title, statics, judged_gains(by_label[search]), int(stored["config"]["steps"]))
+    return table(title, statics, by_label[search], int(stored["config"]["steps"]))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

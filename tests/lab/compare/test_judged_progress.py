@@ -34,8 +34,13 @@ def test_the_judged_gain_of_a_cf_is_its_median_over_the_decisions_after_the_warm
         )
     }
     second = {"judged_by_step": _tables(20, {12: {"10": [0.7, 5.0], "160": [0.6, 7.0]}})}
-    got = script.judged_gains([first, second])
+    got = script.judged_gains([first, second], 40)
     assert got == {10.0: pytest.approx(0.8), 160.0: pytest.approx(0.55)}
+    # the decisions before step 20 alone: the second run's at 12, the first's at 11
+    assert script.judged_gains([first, second], 20) == {
+        10.0: pytest.approx(0.8),
+        160.0: pytest.approx(0.6),
+    }
 
 
 def test_the_table_sets_each_cfs_progress_beside_its_judged_gain() -> None:
@@ -47,7 +52,9 @@ def test_the_table_sets_each_cfs_progress_beside_its_judged_gain() -> None:
         ]
 
     statics = {10.0: reaches(100, 120, 110), 160.0: reaches(200, None, 220)}
-    lines = script.table("w@l", statics, {10.0: 0.99, 160.0: 0.66}, 600)
+    # judged before step 110 (cf10's steps) only: the table at step 200 does not count
+    tables = {50: {"10": [0.99, 1.0], "160": [0.66, 1.0]}, 200: {"10": [0.5, 1.0]}}
+    lines = script.table("w@l", statics, [{"judged_by_step": _tables(300, tables)}], 600)
     assert lines[0] == "### w@l"
     # cf160: median of 200, 600 (missed: the last step) and 220 is 220; 110 / 220 = 0.5
     assert "| cf10 | 110 | 1.00 | 0.990 | 1.00 |" in lines
@@ -62,7 +69,7 @@ def _run(variant: str, seed: int, metrics: list[float]) -> dict[str, Any]:
         "evaluations": evaluations,
         "final_metric": metrics[-1],
         "wire_bytes_by_step": [0] * (10 * len(metrics)),
-        "judged_by_step": _tables(10 * len(metrics), {20: {"40": [0.9, 1.0]}}),
+        "judged_by_step": _tables(10 * len(metrics), {12: {"40": [0.9, 1.0]}}),
     }
 
 

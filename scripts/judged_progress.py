@@ -11,13 +11,15 @@ its warm-up and before that fewest number of steps (while the decisions count), 
 with the gain relative to that of the CF with the fewest steps beside it. A CF that missed the
 bar on a seed counts the run's last step there. A ``gravac compare`` study of static CFs
 (variants labelled ``cfN``) beside the search over more seeds is read the same way, against
-``--bar``.
+``--bar``; ``--statics`` adds the static CFs of another study of the same seeds to it.
 
 (``docs/studies/2026-12-07-judged-progress.md``)::
 
     python scripts/judged_progress.py docs/results/scoreboard-interleaved-lstm-1gbit.json
     python scripts/judged_progress.py docs/results/twelve/vgg-digits-loopback-12-step-timing.json \\
         --bar 0.9733
+    python scripts/judged_progress.py docs/results/twelve/vgg-digits-4w-12-search.json \\
+        --statics docs/results/twelve/vgg-digits-4w-12.json --bar 0.9705 --search h1
 """
 
 from __future__ import annotations
@@ -128,10 +130,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("files", nargs="+", type=Path, help="stored scoreboards or studies")
     parser.add_argument("--search", default="default", help="the search's label")
     parser.add_argument("--bar", type=float, help="the bar of a study that is not a scoreboard")
+    parser.add_argument(
+        "--statics",
+        type=Path,
+        help="a study whose runs (its static CFs) join each study's: the same seeds, trained apart",
+    )
     args = parser.parse_args(argv)
+    extra = [] if args.statics is None else json.loads(args.statics.read_text())["runs"]
     for path in args.files:
+        stored = json.loads(path.read_text())
+        if extra:
+            stored = {**stored, "runs": [*extra, *stored["runs"]]}
         print(f"## {path}\n")
-        print("\n".join(report(json.loads(path.read_text()), args.search, args.bar)))
+        print("\n".join(report(stored, args.search, args.bar)))
 
 
 if __name__ == "__main__":

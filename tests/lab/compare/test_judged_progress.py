@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -89,3 +91,19 @@ def test_a_study_is_read_against_the_bar_given() -> None:
     assert "| cf40 | 15 | 1.00 | 0.900 | 1.00 |" in lines
     with pytest.raises(ValueError, match="--bar is needed"):
         script.report(study, "default")
+
+
+def test_the_static_cfs_of_another_study_join_a_search_trained_apart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = _script()
+    config, workload = {"steps": 50}, {"name": "vgg-digits"}
+    statics = {"workload": workload, "config": config, "runs": [_run("cf40", 0, [0.5, 0.97, 0.98])]}
+    searches = {"workload": workload, "config": config, "runs": [_run("default", 0, [0.5, 0.5])]}
+    (tmp_path / "statics.json").write_text(json.dumps(statics))
+    (tmp_path / "searches.json").write_text(json.dumps(searches))
+    args = [str(tmp_path / "searches.json"), "--bar", "0.97"]
+    script.main([*args, "--statics", str(tmp_path / "statics.json")])
+    assert "| cf40 | 20 | 1.00 | 0.900 | 1.00 |" in capsys.readouterr().out
+    with pytest.raises(ValueError):  # no static CF to set the search against
+        script.main(args)

@@ -34,7 +34,7 @@ from typing import Any
 
 from gravac.control.tables import cf_key
 from gravac_lab.compare import workloads
-from gravac_lab.compare.scoreboard import Reach, reach, score, setup_runs
+from gravac_lab.compare.scoreboard import Reach, by_label, reach, score, setup_runs
 
 __all__ = ["judged_gains", "report", "table"]
 
@@ -113,16 +113,14 @@ def report(stored: Mapping[str, Any], search: str, bar: float | None = None) -> 
     if bar is None:
         raise ValueError("--bar is needed for a study that is not a scoreboard")
     higher = workloads.get(stored["workload"]["name"]).higher_is_better
-    by_label: dict[str, list[Mapping[str, Any]]] = {}
-    for run in stored["runs"]:
-        by_label.setdefault(str(run.get("variant")), []).append(run)
+    labelled = by_label(stored["runs"])
     statics = {
-        _cf(label): tuple(reach(r, bar, higher) for r in runs)
-        for label, runs in by_label.items()
+        _cf(label): tuple(reach(r, bar, higher) for r in group)
+        for label, group in labelled.items()
         if label.startswith("cf")
     }
-    title = f"{stored['workload']['name']}, {len(by_label[search])} seeds"
-    return table(title, statics, by_label[search], int(stored["config"]["steps"]))
+    title = f"{stored['workload']['name']}, {len(labelled[search])} seeds"
+    return table(title, statics, labelled[search], int(stored["config"]["steps"]))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

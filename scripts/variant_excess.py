@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gravac_lab.compare.scoreboard import by_label
+
 __all__ = ["excess", "rows"]
 
 
@@ -28,12 +30,8 @@ def rows(study: dict[str, Any]) -> list[str]:
     """The table's lines for one ``gravac compare`` study (dense DDP first, if it ran)."""
     perplexity = "perplexity" in study["workload"]["metric"]
     dense = {r["seed"]: r["final_metric"] for r in study["runs"] if r["mode"] == "ddp"}
-    by: dict[str, list[dict[str, Any]]] = {}
-    for run in study["runs"]:
-        by.setdefault(run["variant"] or run["mode"], []).append(run)
     out = []
-    for label, runs in by.items():
-        runs.sort(key=lambda r: r["seed"])
+    for label, runs in by_label(study["runs"]).items():
         finals = " / ".join(f"{r['final_metric']:.4f}" for r in runs)
         over = " / ".join(
             excess(r["final_metric"], dense[r["seed"]], perplexity) if r["seed"] in dense else "-"

@@ -79,6 +79,7 @@ __all__ = [
     "SetupScore",
     "bar",
     "bar_evaluation",
+    "by_label",
     "chance",
     "chance_at_least",
     "dense_bar",
@@ -426,7 +427,7 @@ def _runs(
     return [r for summary in _entries(studies, role, workload, link) for r in summary["runs"]]
 
 
-def _by_label(runs: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+def by_label(runs: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
     """Runs grouped by label (the variant of a gravac run, the mode of another: ``ddp``,
     ``ddp-fp16``), in order, each by seed."""
     out: dict[str, list[Mapping[str, Any]]] = {}
@@ -490,7 +491,7 @@ def setup_runs(studies: Sequence[Mapping[str, Any]], workload: str, link: str | 
     Raises:
         ValueError: a study or a timing run the setup needs is missing.
     """
-    timed = {} if link is None else _by_label(_runs(studies, "timing", workload, link))
+    timed = {} if link is None else by_label(_runs(studies, "timing", workload, link))
 
     def step_seconds(label: str, seed: int) -> float:
         """The step of ``label`` on the link: its timing run on ``seed``, else on the first
@@ -510,14 +511,14 @@ def setup_runs(studies: Sequence[Mapping[str, Any]], workload: str, link: str | 
         }
 
     twins = (
-        _by_label(_runs(studies, TWINS, workload, None))
+        by_label(_runs(studies, TWINS, workload, None))
         if _has(studies, TWINS, workload, None)
         else {}
     )
     return SetupRuns(
-        dense=on_link(_by_label(_runs(studies, "dense", workload, None))),
-        statics=on_link(_by_label(_runs(studies, "ladder", workload, None))),
-        searches=_by_label(_runs(studies, "searches", workload, link)),
+        dense=on_link(by_label(_runs(studies, "dense", workload, None))),
+        statics=on_link(by_label(_runs(studies, "ladder", workload, None))),
+        searches=by_label(_runs(studies, "searches", workload, link)),
         twins=on_link(twins),
         timing=timed,
         network=_network(_entries(studies, "searches", workload, link)[0]),

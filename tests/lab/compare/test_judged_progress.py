@@ -107,3 +107,27 @@ def test_the_static_cfs_of_another_study_join_a_search_trained_apart(
     assert "| cf40 | 20 | 1.00 | 0.900 | 1.00 |" in capsys.readouterr().out
     with pytest.raises(ValueError):  # no static CF to set the search against
         script.main(args)
+
+
+def test_rejudged_counts_the_held_back_energy_by_the_aggregates_signal_share() -> None:
+    script = _script()
+    run = {
+        "signal_by_step": [None, 0.6, None, 0.2],
+        "judged_by_step": [
+            {"10": [0.7, 1.0]},  # before any share: the gain itself, kept
+            {"10": [0.7, 1.0]},  # share 0.6: 1 - 0.3 = 0.6 (1 - e), e = 0.5
+            None,
+            {"160": [0.85, 2.0]},  # the largest share is still 0.6: 1 - e = 0.25
+        ],
+    }
+    assert script.aggregate_share(0.6, 1) == pytest.approx(0.6)
+    assert script.aggregate_share(0.6, 4) == pytest.approx(2.4 / 2.8)
+    assert script.rejudged(run, 1)["judged_by_step"] == run["judged_by_step"]
+    tables = script.rejudged(run, 4)["judged_by_step"]
+    assert tables[0] == {"10": [0.7, 1.0]}
+    assert tables[1]["10"] == [pytest.approx(1 - 0.5 * 2.4 / 2.8), 1.0]
+    assert tables[2] is None
+    assert tables[3]["160"] == [pytest.approx(1 - 0.25 * 2.4 / 2.8), 2.0]
+    # a share under the search's floor (MIN_SIGNAL_SHARE, 0.5) counts as the floor
+    low = script.rejudged({"signal_by_step": [0.1], "judged_by_step": [{"10": [0.9, 1.0]}]}, 2)
+    assert low["judged_by_step"][0]["10"][0] == pytest.approx(1 - 0.2 * (1 / 1.5))

@@ -13,7 +13,10 @@ One module a job:
 * :mod:`gravac_lab.compare.netns`: loopback, or ``tc``-shaped veth links between namespaces
   (one a node), and the bytes they sent;
 * :mod:`gravac_lab.compare.train`: one worker's training loop and link test;
-* :mod:`gravac_lab.compare.worker`: the worker process (``python -m gravac_lab.compare.worker``);
+* :mod:`gravac_lab.compare.worker`: one rank's work in a job, in a process of its own;
+* :mod:`gravac_lab.compare.forkserver`: a rank's fork server, which forks its worker of every
+  job (``python -m gravac_lab.compare.forkserver``), and :mod:`gravac_lab.compare.host`, the
+  runner's handle on it;
 * :mod:`gravac_lab.compare.runner`: the network, then every job's workers, then the summary;
 * :mod:`gravac_lab.compare.report`: a run's medians, time to target and per-step series, the
   markdown table;

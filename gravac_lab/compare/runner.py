@@ -3,25 +3,27 @@
 :func:`run_compare` sets up the network (:mod:`gravac_lab.compare.netns`: shaped links between
 namespaces, or loopback), measures a shaped link's throughput, then runs the study's jobs
 (:meth:`gravac_lab.compare.study.Study.jobs`: every mode, gravac variant and seed) one after
-another, each as fresh worker processes (``python -m gravac_lab.compare.worker``) on its own
+another, each as fresh worker processes (:mod:`gravac_lab.compare.worker`) on its own
 configuration, and returns the summary: every run's (:class:`gravac_lab.compare.report.ModeSummary`)
 and every mode and variant's over the seeds (:mod:`gravac_lab.compare.aggregate`), which
 :func:`gravac_lab.compare.report.format_table` lays out. Every rank records the CF it sent each
 step; a run where a rank's differ from rank 0's is logged and marked (``ranks_agree``).
 
-Workers are started as subprocesses (inside ``ip netns exec`` of their node's namespace when
-links are shaped), with ``GLOO_SOCKET_IFNAME`` naming their interface (their node's link, or
-loopback), torchrun's variables for their node where there are several
-(:meth:`gravac_lab.compare.layout.NodeLayout.torchrun_env`), and their stdout sent to stderr, so
-that stdout carries only the result. On shaped links the bytes the links between nodes sent
+Each rank has one fork server for the run (:mod:`gravac_lab.compare.forkserver`, through its
+:class:`~gravac_lab.compare.host.Host`), started as a subprocess (inside ``ip netns exec`` of its
+node's namespace when links are shaped) with ``GLOO_SOCKET_IFNAME`` naming the rank's interface
+(its node's link, or loopback) and torchrun's variables for its node where there are several
+(:meth:`gravac_lab.compare.layout.NodeLayout.torchrun_env`). It imports the training code once
+and forks the rank's worker of each job from there, its stdout sent to stderr, so that stdout
+carries only the result. On shaped links the bytes the links between nodes sent
 during each training job (:meth:`gravac_lab.compare.netns.Network.tx_bytes`, read before and
 after it) go into its summary.
 
 A job fails as soon as one worker fails (the others are killed: they would wait for it forever)
 or when it outlives ``--timeout``; the error carries the failed worker's traceback. Whatever
-happens, workers are killed and namespaces deleted before :func:`run_compare` returns or raises;
-SIGTERM and SIGHUP are turned into ``KeyboardInterrupt`` for the duration, as Ctrl-C is, so that
-they clean up too.
+happens, workers and fork servers are ended and namespaces deleted before :func:`run_compare`
+returns or raises; SIGTERM and SIGHUP are turned into ``KeyboardInterrupt`` for the duration,
+as Ctrl-C is, so that they clean up too.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,6 +45,7 @@ import torch
 from gravac_lab.compare import modes, netns, workloads
 from gravac_lab.compare.aggregate import aggregate
 from gravac_lab.compare.config import CompareConfig
+from gravac_lab.compare.host import SERVER_MODULE, Host, HostError
 from gravac_lab.compare.report import decisions_agree, summarise
 from gravac_lab.compare.study import Study
 from gravac_lab.compare.train import LINK_TEST_JOB
@@ -52,10 +54,6 @@ __all__ = ["CompareError", "cpu_name", "run_compare"]
 
 #: seconds between checks on the workers of a job
 _POLL_SECONDS = 0.1
-#: the workers' stdout goes to this file descriptor (stderr): stdout is the report's
-_STDERR_FD = 2
-#: the worker entry point
-_WORKER_MODULE = "gravac_lab.compare.worker"
 #: in a run's working directory: the workload's data, loaded once here and the same for every
 #: rank and job (each worker saves scikit-learn's import); each job's configuration is
 #: ``job<index>.json`` beside it
@@ -113,14 +111,38 @@ def _network(cfg: CompareConfig, unavailable: str | None) -> Iterator[netns.Netw
         yield network
 
 
-def _failure(job: str, rank: int, proc: subprocess.Popen[bytes], result: Path) -> str:
+def _failure(job: str, rank: int, status: int, result: Path) -> str:
     try:
         error = json.loads(result.read_text()).get("error")
     except (OSError, ValueError):
         error = None
     if error:
         return f"{job}: worker {rank} failed:\n{error}"
-    return f"{job}: worker {rank} exited with status {proc.returncode} without a result"
+    return f"{job}: worker {rank} exited with status {status} without a result"
+
+
+@contextlib.contextmanager
+def _hosts(cfg: CompareConfig, network: netns.Network) -> Iterator[list[Host]]:
+    """One :class:`~gravac_lab.compare.host.Host` a rank for the whole run, in the rank's
+    namespace, with its environment; on leaving, every worker still running (a job that failed
+    or was interrupted) is killed, then each server ended."""
+    hosts: list[Host] = []
+    try:
+        for rank in range(cfg.workers):
+            env = {
+                **os.environ,
+                **cfg.layout.torchrun_env(rank),
+                "GLOO_SOCKET_IFNAME": network.ifname(rank),
+                "OMP_NUM_THREADS": str(cfg.threads),
+            }
+            argv = network.wrap(rank, [sys.executable, "-m", SERVER_MODULE])
+            hosts.append(Host(rank, argv, env))
+        yield hosts
+    finally:
+        for host in hosts:
+            host.stop_worker()
+        for host in hosts:
+            host.close()
 
 
 def _run_job(
@@ -129,57 +151,46 @@ def _run_job(
     cfg: CompareConfig,
     network: netns.Network,
     workdir: Path,
+    hosts: list[Host],
     *,
     name: str | None = None,
 ) -> list[Any]:
-    """Run ``job`` (a mode, or the link test) with ``cfg`` on every rank; each rank's result, in
-    rank order. Errors name the job ``name`` (default: ``job``)."""
+    """Run ``job`` (a mode, or the link test) with ``cfg`` on every rank, a worker forked by
+    each rank's host; each rank's result, in rank order. Errors name the job ``name`` (default:
+    ``job``)."""
     name = job if name is None else name
     master = f"{network.address(0)}:{network.port(index)}"
     config, data = workdir / f"job{index}.json", workdir / _DATA_FILE
     config.write_text(cfg.to_json())
     results = [workdir / f"job{index}-rank{rank}.json" for rank in range(cfg.workers)]
-    procs: list[subprocess.Popen[bytes]] = []
+    deadline = time.monotonic() + cfg.timeout
     try:
-        for rank in range(cfg.workers):
+        for rank, host in enumerate(hosts):
             argv = [
-                sys.executable, "-m", _WORKER_MODULE, "--config", str(config),
-                "--data", str(data), "--job", job, "--rank", str(rank),
-                "--world-size", str(cfg.workers), "--master", master,
+                "--config", str(config), "--data", str(data), "--job", job,
+                "--rank", str(rank), "--world-size", str(cfg.workers), "--master", master,
                 "--result", str(results[rank]),
             ]  # fmt: skip
-            env = {
-                **os.environ,
-                **cfg.layout.torchrun_env(rank),
-                "GLOO_SOCKET_IFNAME": network.ifname(rank),
-                "OMP_NUM_THREADS": str(cfg.threads),
-            }
-            procs.append(
-                subprocess.Popen(
-                    network.wrap(rank, argv),
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=_STDERR_FD,
+            if not host.start(argv, deadline):
+                raise CompareError(
+                    f"{name}: workers did not start within --timeout {cfg.timeout:g} s"
                 )
-            )
-        deadline = time.monotonic() + cfg.timeout
-        while any(p.poll() is None for p in procs):
-            failed = next((r for r, p in enumerate(procs) if p.poll() not in (None, 0)), None)
-            if failed is not None:
-                raise CompareError(_failure(name, failed, procs[failed], results[failed]))
-            if time.monotonic() > deadline:
+        running = set(range(cfg.workers))
+        while running:
+            for rank in sorted(running):
+                status = hosts[rank].poll()
+                if status is None:
+                    continue
+                running.discard(rank)
+                if status != 0:
+                    raise CompareError(_failure(name, rank, status, results[rank]))
+            if running and time.monotonic() > deadline:
                 raise CompareError(
                     f"{name}: workers did not finish within --timeout {cfg.timeout:g} s"
                 )
             time.sleep(_POLL_SECONDS)
-        for rank, p in enumerate(procs):
-            if p.returncode != 0:
-                raise CompareError(_failure(name, rank, p, results[rank]))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
+    except HostError as e:
+        raise CompareError(f"{name}: {e}") from e
     return [json.loads(path.read_text())["result"] for path in results]
 
 
@@ -209,6 +220,7 @@ def run_compare(study: Study | CompareConfig) -> dict[str, Any]:
         _terminate_as_interrupt(),
         tempfile.TemporaryDirectory(prefix="gravac-compare-") as tmp,
         _network(cfg, unavailable) as network,
+        _hosts(cfg, network) as hosts,
     ):
         workdir = Path(tmp)
         torch.save(workload.data(), workdir / _DATA_FILE)
@@ -217,7 +229,7 @@ def run_compare(study: Study | CompareConfig) -> dict[str, Any]:
         link = None
         if network.shaped and cfg.link_test_mb:
             _log(f"measuring the link: gloo all_reduce of {cfg.link_test_mb} MiB")
-            link = _run_job(LINK_TEST_JOB, jobs, cfg, network, workdir)[0]
+            link = _run_job(LINK_TEST_JOB, jobs, cfg, network, workdir, hosts)[0]
             jobs += 1
             _log(f"link: {link['gbit_per_s']:.3f} Gbit/s")
         summaries = []
@@ -225,7 +237,7 @@ def run_compare(study: Study | CompareConfig) -> dict[str, Any]:
             _log(f"{job.name}: {cfg.layout.describe()}, {cfg.steps} steps")
             job_started = time.perf_counter()
             before = network.tx_bytes()
-            raws = _run_job(job.mode, jobs, job.config, network, workdir, name=job.name)
+            raws = _run_job(job.mode, jobs, job.config, network, workdir, hosts, name=job.name)
             after = network.tx_bytes()
             internode = None if before is None or after is None else after - before
             jobs += 1

@@ -1,13 +1,13 @@
-"""``python -m gravac_lab.compare.worker``: one process of a ``gravac compare`` job.
+"""One rank's work in a ``gravac compare`` job: :func:`main`, in a process of its own.
 
-The runner (:mod:`gravac_lab.compare.runner`) starts one per rank, inside the network namespace
-of the rank's node when links are shaped. A worker joins the gloo group at ``--master`` (with
+The rank's fork server (:mod:`gravac_lab.compare.forkserver`) forks one per job, inside the
+network namespace of the rank's node when links are shaped; ``python -m
+gravac_lab.compare.worker`` runs one alone. A worker joins the gloo group at ``--master`` (with
 ``GLOO_SOCKET_IFNAME`` naming its interface, and torchrun's variables for its node where there
 are several, set by the runner), runs ``--job`` (a mode's name,
 or :data:`gravac_lab.compare.train.LINK_TEST_JOB`) on the workload's data that the runner saved
 once at ``--data``, and writes ``{"ok": true, "result": ...}`` to ``--result``, or
-``{"ok": false, "error": traceback}`` when it fails (then exits with status 1).
-"""
+``{"ok": false, "error": traceback}`` when it fails (then exits with status 1)."""
 
 from __future__ import annotations
 

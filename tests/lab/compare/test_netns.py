@@ -16,7 +16,6 @@ import pytest
 
 from gravac.cli import main
 from gravac_lab.compare import netns
-from gravac_lab.compare.train import LINK_TEST_JOB
 from tests.lab.compare.namespaces import UNAVAILABLE
 
 RATE = "1gbit"
@@ -56,18 +55,20 @@ def _pids_in(namespace: str) -> list[int]:
     return [int(p) for p in out.stdout.split()]
 
 
-def _training_pids_in(namespace: str) -> list[int]:
-    """The processes inside ``namespace`` that run a training job (not the short link test,
-    whose end races the start of the next job)."""
-    pids = []
-    for pid in _pids_in(namespace):
+def _workers_in(namespace: str) -> list[int]:
+    """The workers inside ``namespace``: the processes its rank's fork server
+    (:mod:`gravac_lab.compare.forkserver`, itself inside) forked."""
+    pids = _pids_in(namespace)
+    workers = []
+    for pid in pids:
         try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            status = Path(f"/proc/{pid}/status").read_text()
         except OSError:  # it ended meanwhile
             continue
-        if b"--job" in argv and argv[argv.index(b"--job") + 1] != LINK_TEST_JOB.encode():
-            pids.append(pid)
-    return pids
+        ppid = next(line for line in status.splitlines() if line.startswith("PPid:"))
+        if int(ppid.split()[1]) in pids:
+            workers.append(pid)
+    return workers
 
 
 def _sigint_as_from_a_terminal() -> None:
@@ -133,7 +134,7 @@ def test_interrupted_run_kills_its_workers_and_removes_its_namespaces(signum: in
         # interrupt once a training worker runs inside its namespace
         namespace = f"{netns.prefix(proc.pid)}n0"
         deadline = time.monotonic() + APPEAR_TIMEOUT
-        while not (workers := _training_pids_in(namespace)):
+        while not (workers := _workers_in(namespace)):
             assert proc.poll() is None, "the run ended before starting its workers"
             assert time.monotonic() < deadline, "no worker started in the run's namespace"
             time.sleep(0.1)

@@ -1,0 +1,87 @@
+"""``python -m gravac_lab.compare.forkserver``: a rank's workers of every job of a compare run.
+
+A worker of a job (:mod:`gravac_lab.compare.worker`) started as a fresh interpreter spends
+about 2.3 s of CPU importing torch, gravac and the training code before its first step, and a
+twelve-seed study of three variants on 4 workers starts 144 of them. So the runner
+(:mod:`gravac_lab.compare.runner`) starts one fork server per rank for the whole run, inside the
+rank's network namespace and with the rank's environment (its handle:
+:class:`gravac_lab.compare.host.Host`); the server imports the worker's modules once and forks
+each job's worker from that state. Every job's workers still start fresh and alike: nothing of
+an earlier job is in them, and none ran a torch operation before its job. The server runs no
+torch operation and starts no thread itself (the one thread beside it is numpy's OpenBLAS pool,
+which OpenBLAS winds down around a fork), so forking it is as safe as forking a data loader's
+worker after ``import torch``.
+
+The protocol, one JSON line each way: the runner writes the worker's arguments (a list of
+strings, :func:`gravac_lab.compare.worker.main`'s ``argv``); the server forks the worker, writes
+``{"pid": pid}``, waits for it and writes ``{"pid": pid, "status": s}`` (the exit status as
+:attr:`subprocess.Popen.returncode` gives it: negative for a signal). At the end of its input it
+exits. A worker's stdout goes to stderr (the server's stdout carries the protocol), its stdin is
+``/dev/null``, and it is killed if its server dies (``PR_SET_PDEATHSIG``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import sys
+from typing import TextIO
+
+from gravac_lab.compare import worker
+
+__all__ = ["main", "serve"]
+
+#: Linux's prctl option: the signal a process receives when its parent dies
+_PR_SET_PDEATHSIG = 1
+#: the status of a worker whose job raised past :func:`gravac_lab.compare.worker.main`
+_FAILED = 1
+
+
+def _run_worker(argv: list[str], server: int) -> None:
+    """In the child forked by ``server`` (its pid): run the worker and exit with its status,
+    never returning. A server that died before the child asked to die with it leaves the child
+    another parent: then it ends at once."""
+    status = _FAILED
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != server:
+            return
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+        os.dup2(2, 1)
+        status = worker.main(argv)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+
+
+def _send(out: TextIO, message: dict[str, int]) -> None:
+    out.write(json.dumps(message) + "\n")
+    out.flush()
+
+
+def serve(requests: TextIO, out: TextIO) -> None:
+    """Fork a worker for each line of ``requests`` and report on ``out``, until the input ends."""
+    server = os.getpid()
+    for line in requests:
+        argv = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            _run_worker(argv, server)
+        _send(out, {"pid": pid})
+        _, wait_status = os.waitpid(pid, 0)
+        _send(out, {"pid": pid, "status": os.waitstatus_to_exitcode(wait_status)})
+
+
+def main() -> int:
+    """Serve on stdin and stdout; 0 at the end of the input."""
+    serve(sys.stdin, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

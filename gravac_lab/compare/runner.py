@@ -156,8 +156,8 @@ def _run_job(
     name: str | None = None,
 ) -> list[Any]:
     """Run ``job`` (a mode, or the link test) with ``cfg`` on every rank, a worker forked by
-    each rank's host; each rank's result, in rank order. Errors name the job ``name`` (default:
-    ``job``)."""
+    each rank's fork server (``hosts``); each rank's result, in rank order. Errors name the job
+    ``name`` (default: ``job``)."""
     name = job if name is None else name
     master = f"{network.address(0)}:{network.port(index)}"
     config, data = workdir / f"job{index}.json", workdir / _DATA_FILE

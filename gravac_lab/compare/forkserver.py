@@ -17,16 +17,19 @@ strings, :func:`gravac_lab.compare.worker.main`'s ``argv``); the server forks th
 ``{"pid": pid}``, waits for it and writes ``{"pid": pid, "status": s}`` (the exit status as
 :attr:`subprocess.Popen.returncode` gives it: negative for a signal). At the end of its input it
 exits. A worker's stdout goes to stderr (the server's stdout carries the protocol), its stdin is
-``/dev/null``, and it is killed if its server dies (``PR_SET_PDEATHSIG``).
+``/dev/null``, and it is killed if its server dies, as the server is if the runner dies
+(``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import json
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from typing import TextIO
 
 from gravac_lab.compare import worker
@@ -39,14 +42,19 @@ _PR_SET_PDEATHSIG = 1
 _FAILED = 1
 
 
+def _die_with(parent: int) -> bool:
+    """Ask for SIGKILL when the parent ends (``PR_SET_PDEATHSIG``); whether the parent is still
+    ``parent`` (one that ended before the request leaves the process another parent)."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    return os.getppid() == parent
+
+
 def _run_worker(argv: list[str], server: int) -> None:
     """In the child forked by ``server`` (its pid): run the worker and exit with its status,
-    never returning. A server that died before the child asked to die with it leaves the child
-    another parent: then it ends at once."""
+    never returning; at once if the server has ended (:func:`_die_with`)."""
     status = _FAILED
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != server:
+        if not _die_with(server):
             return
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
@@ -77,8 +85,15 @@ def serve(requests: TextIO, out: TextIO) -> None:
         _send(out, {"pid": pid, "status": os.waitstatus_to_exitcode(wait_status)})
 
 
-def main() -> int:
-    """Serve on stdin and stdout; 0 at the end of the input."""
+def main(argv: Sequence[str] | None = None) -> int:
+    """Serve on stdin and stdout for the runner whose pid is ``--parent``: 0 at the end of the
+    input; killed when the runner ends (a runner killed outright cannot end its servers), and
+    its worker with it; 1 at once where the runner has already ended."""
+    parser = argparse.ArgumentParser(prog=f"python -m {__name__}")
+    parser.add_argument("--parent", type=int, required=True, help="the runner's pid")
+    args = parser.parse_args(argv)
+    if not _die_with(args.parent):
+        return _FAILED
     serve(sys.stdin, sys.stdout)
     return 0
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["SERVER_MODULE", "Host", "HostError"]
+__all__ = ["SERVER_MODULE", "Host", "HostError", "server_argv"]
 
 #: the fork server's entry point (``python -m``)
 SERVER_MODULE = "gravac_lab.compare.forkserver"
@@ -32,8 +32,13 @@ class HostError(RuntimeError):
     """A rank's fork server ended."""
 
 
+def server_argv(python: str) -> list[str]:
+    """The fork server's command line, run by ``python``, for this process as its runner."""
+    return [python, "-m", SERVER_MODULE, "--parent", str(os.getpid())]
+
+
 class Host:
-    """Worker ``rank``'s fork server, started with ``argv`` (its command line, wrapped in the
+    """Worker ``rank``'s fork server, started with ``argv`` (:func:`server_argv`, wrapped in the
     rank's namespace) and ``env``; it runs one worker at a time."""
 
     def __init__(self, rank: int, argv: list[str], env: Mapping[str, str]) -> None:

@@ -45,7 +45,7 @@ import torch
 from gravac_lab.compare import modes, netns, workloads
 from gravac_lab.compare.aggregate import aggregate
 from gravac_lab.compare.config import CompareConfig
-from gravac_lab.compare.host import SERVER_MODULE, Host, HostError
+from gravac_lab.compare.host import Host, HostError, server_argv
 from gravac_lab.compare.report import decisions_agree, summarise
 from gravac_lab.compare.study import Study
 from gravac_lab.compare.train import LINK_TEST_JOB
@@ -135,7 +135,7 @@ def _hosts(cfg: CompareConfig, network: netns.Network) -> Iterator[list[Host]]:
                 "GLOO_SOCKET_IFNAME": network.ifname(rank),
                 "OMP_NUM_THREADS": str(cfg.threads),
             }
-            argv = network.wrap(rank, [sys.executable, "-m", SERVER_MODULE])
+            argv = network.wrap(rank, server_argv(sys.executable))
             hosts.append(Host(rank, argv, env))
         yield hosts
     finally:

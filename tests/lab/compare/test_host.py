@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,16 +18,27 @@ import pytest
 
 from gravac.launch import free_port
 from gravac_lab.compare.config import CompareConfig
-from gravac_lab.compare.host import SERVER_MODULE, Host, HostError
+from gravac_lab.compare.host import SERVER_MODULE, Host, HostError, server_argv
 
 pytestmark = pytest.mark.slow
 
 #: seconds a worker is given to start (the host imports torch first) or to end once killed
 START_SECONDS = 60.0
+#: a runner in a process of its own: it has its server start a worker that waits for a second
+#: rank (the worker's arguments in ``argv[1]``), prints the server's and the worker's pids and
+#: waits to be killed
+RUNNER = """
+import json, os, sys, time
+from gravac_lab.compare.host import Host, server_argv
+host = Host(0, server_argv(sys.executable), os.environ)
+assert host.start(json.loads(sys.argv[1]), time.monotonic() + 60)
+print(host._proc.pid, host.pid, flush=True)
+time.sleep(600)
+"""
 
 
 def _host() -> Host:
-    return Host(0, [sys.executable, "-m", SERVER_MODULE], os.environ)
+    return Host(0, server_argv(sys.executable), os.environ)
 
 
 def _argv(tmp: Path, name: str, *, world_size: int = 1, timeout: float = 60.0) -> list[str]:
@@ -116,3 +128,35 @@ def test_a_worker_not_started_by_the_deadline_is_reported_and_its_server_killed(
     finally:
         host.close()
     assert host._proc.returncode == -signal.SIGKILL
+
+
+def test_a_runner_killed_outright_takes_its_server_and_the_worker_with_it(tmp_path: Path) -> None:
+    argv = json.dumps(_argv(tmp_path, "waits", world_size=2))
+    runner = subprocess.Popen(
+        [sys.executable, "-c", RUNNER, argv], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert runner.stdout is not None
+        server, worker = map(int, runner.stdout.readline().split())
+        assert _alive(server) and _alive(worker)
+        runner.kill()
+        runner.wait()
+        deadline = time.monotonic() + START_SECONDS
+        while _alive(server) or _alive(worker):  # PR_SET_PDEATHSIG, twice
+            assert time.monotonic() < deadline, "the server or its worker outlived the runner"
+            time.sleep(0.05)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait()
+
+
+def test_a_server_whose_runner_is_not_its_parent_ends_at_once() -> None:
+    """Its runner ended before the server asked to end with it: it serves no one."""
+    done = subprocess.run(
+        [sys.executable, "-m", SERVER_MODULE, "--parent", str(os.getpid() + 10**6)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=START_SECONDS,
+    )
+    assert done.returncode == 1

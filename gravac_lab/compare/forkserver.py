@@ -38,7 +38,8 @@ __all__ = ["main", "serve"]
 
 #: Linux's prctl option: the signal a process receives when its parent dies
 _PR_SET_PDEATHSIG = 1
-#: the status of a worker whose job raised past :func:`gravac_lab.compare.worker.main`
+#: the exit status of a worker whose job raised past :func:`gravac_lab.compare.worker.main`,
+#: and of a server or worker whose parent had ended before it could ask to end with it
 _FAILED = 1
 
 

@@ -35,6 +35,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from gravac.gain import gain_from_terms, gain_terms
 from gravac_lab.compare import workloads
 from gravac_lab.compare.config import CompareConfig
 from gravac_lab.compare.train import MODEL_SEED, STOP_HOLD, batch_generator, shard
@@ -55,16 +56,11 @@ class Run(NamedTuple):
 
 def gains(sent: Sequence[Tensor], totals: Sequence[Tensor]) -> tuple[float, float]:
     """The per-rank and the aggregate window gains of the ranks' ``sent`` (``S_r``) and
-    ``totals`` (``X_r``), flat (see the module docstring); 1 where ``X`` is zero."""
-
-    def cos2(a: float, b: float, c: float) -> float:
-        return 1.0 if c == 0 else (a * a / (b * c) if b > 0 else 0.0)
-
-    inner = sum(float(s.double() @ x.double()) for s, x in zip(sent, totals, strict=True))
-    own = cos2(inner, sum(float(s.double() @ s.double()) for s in sent),
-               sum(float(x.double() @ x.double()) for x in totals))  # fmt: skip
-    s, x = torch.stack(list(sent)).double().sum(0), torch.stack(list(totals)).double().sum(0)
-    return own, cos2(float(s @ x), float(s @ s), float(x @ x))
+    ``totals`` (``X_r``), flat (see the module docstring; :func:`gravac.gain.gain_from_terms`:
+    1 where ``X`` is zero)."""
+    own = torch.stack([gain_terms(x, s) for s, x in zip(sent, totals, strict=True)]).sum(0)
+    whole = gain_terms(torch.stack(list(totals)).sum(0), torch.stack(list(sent)).sum(0))
+    return gain_from_terms(own), gain_from_terms(whole)
 
 
 def _topk(x: Tensor, cf: float) -> Tensor:

@@ -150,6 +150,16 @@ def run_compare(*args: str, timeout: float = 600) -> subprocess.CompletedProcess
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs: a zombie (ended, not yet reaped by the process that
+    inherited it) has ended."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
 def tmpdir_env(tmp: Path) -> dict[str, str]:
     """This process's environment with ``TMPDIR`` the folder ``tmp`` (made here if missing),
     for a process whose temporary files a test reads or keeps out of the machine's."""

@@ -140,8 +140,6 @@ def _hosts(cfg: CompareConfig, network: netns.Network) -> Iterator[list[Host]]:
         yield hosts
     finally:
         for host in hosts:
-            host.stop_worker()
-        for host in hosts:
             host.close()
 
 

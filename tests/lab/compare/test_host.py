@@ -19,6 +19,7 @@ import pytest
 from gravac.launch import free_port
 from gravac_lab.compare.config import CompareConfig
 from gravac_lab.compare.host import SERVER_MODULE, Host, HostError, server_argv
+from tests.helpers import alive
 
 pytestmark = pytest.mark.slow
 
@@ -60,14 +61,6 @@ def _wait_status(host: Host) -> int:
     return status
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
-
-
 def test_a_server_forks_a_worker_a_job_and_serves_on_after_a_failed_and_a_killed_one(
     tmp_path: Path,
 ) -> None:
@@ -86,7 +79,7 @@ def test_a_server_forks_a_worker_a_job_and_serves_on_after_a_failed_and_a_killed
         assert waiting is not None and waiting != first
         assert host.poll(1.0) is None  # waits for rank 1
         host.stop_worker()
-        assert host.pid is None and not _alive(waiting)
+        assert host.pid is None and not alive(waiting)
 
         assert host.start(_argv(tmp_path, "again"), time.monotonic() + START_SECONDS)
         assert _wait_status(host) == 1
@@ -107,7 +100,7 @@ def test_a_server_that_dies_is_an_error_naming_its_rank_and_takes_its_worker_wit
         with pytest.raises(HostError, match=r"^worker 0's fork server ended with status -9$"):
             host.poll(START_SECONDS)
         deadline = time.monotonic() + START_SECONDS
-        while _alive(waiting):  # PR_SET_PDEATHSIG
+        while alive(waiting):  # PR_SET_PDEATHSIG
             assert time.monotonic() < deadline, "the worker outlived its server"
             time.sleep(0.05)
         with pytest.raises(HostError, match=r"^worker 0's fork server ended with status -9$"):
@@ -138,11 +131,11 @@ def test_a_runner_killed_outright_takes_its_server_and_the_worker_with_it(tmp_pa
     try:
         assert runner.stdout is not None
         server, worker = map(int, runner.stdout.readline().split())
-        assert _alive(server) and _alive(worker)
+        assert alive(server) and alive(worker)
         runner.kill()
         runner.wait()
         deadline = time.monotonic() + START_SECONDS
-        while _alive(server) or _alive(worker):  # PR_SET_PDEATHSIG, twice
+        while alive(server) or alive(worker):  # PR_SET_PDEATHSIG, twice
             assert time.monotonic() < deadline, "the server or its worker outlived the runner"
             time.sleep(0.05)
     finally:

@@ -16,6 +16,7 @@ import pytest
 
 from gravac.cli import main
 from gravac_lab.compare import netns
+from tests.helpers import alive
 from tests.lab.compare.namespaces import UNAVAILABLE
 
 RATE = "1gbit"
@@ -78,16 +79,6 @@ def _sigint_as_from_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` still runs: a zombie (ended, not yet reaped by the process that
-    inherited it) has ended."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
-
-
 def test_shaped_run_measures_the_rate_and_removes_its_namespaces(tmp_path: Path) -> None:
     out = tmp_path / "shaped.json"
     stdout = io.StringIO()
@@ -145,7 +136,7 @@ def test_interrupted_run_kills_its_workers_and_removes_its_namespaces(signum: in
             proc.kill()
             proc.wait()
     assert _leftovers(proc.pid) == []
-    assert not any(_alive(pid) for pid in workers)
+    assert not any(alive(pid) for pid in workers)
 
 
 def _dead_pid() -> int:

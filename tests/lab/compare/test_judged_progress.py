@@ -131,3 +131,12 @@ def test_rejudged_counts_the_held_back_energy_by_the_aggregates_signal_share() -
     # a share under the search's floor (MIN_SIGNAL_SHARE, 0.5) counts as the floor
     low = script.rejudged({"signal_by_step": [0.1], "judged_by_step": [{"10": [0.9, 1.0]}]}, 2)
     assert low["judged_by_step"][0]["10"][0] == pytest.approx(1 - 0.2 * (1 / 1.5))
+
+
+def test_ranks_below_one_are_refused_naming_the_option_and_its_value(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        _script().main(["any.json", "--ranks", "0"])
+    assert exc.value.code == 2
+    assert "--ranks must be an integer >= 1, got 0" in capsys.readouterr().err
